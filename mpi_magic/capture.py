@@ -1,0 +1,208 @@
+"""Which notebook names a cell needs, and packing exactly those for the ranks.
+
+A name is taken from the notebook when the cell may read it before defining it (``x += 1``
+reads ``x``; ``x = 1; print(x)`` does not). Names the cell never reads are left alone, even
+when they could not be pickled. Every taken name is pickled here, before anything starts,
+so a value that cannot travel is reported with its type, the reason and what to do.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import socket
+import symtable
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import payload
+from .errors import CaptureError
+
+# Names IPython puts in every namespace; the ranks have their own (or no use for them).
+_SHELL_NAMES = frozenset(
+    {"In", "Out", "get_ipython", "exit", "quit", "_ih", "_oh", "_dh", "__builtins__", "__builtin__",
+     "__name__", "__doc__", "__spec__", "__loader__", "__package__"}
+)
+LARGE_VALUE_BYTES = 16 * 2**20
+
+
+@dataclass
+class CellCode:
+    """A cell's Python source and what it reads and assigns at the top level."""
+
+    source: str
+    reads: set[str]
+    assigns: list[str]
+    ends_with_expression: bool
+    display_result: bool
+
+
+def analyze(source: str) -> CellCode:
+    """Parse ``source`` (already transformed from IPython syntax) into a ``CellCode``.
+
+    Raises ``SyntaxError`` as Python would, so the cell fails before anything starts.
+    """
+    tree = ast.parse(source, "<mpirun_remote cell>", "exec")
+    reads: set[str] = set()
+    late: set[str] = set()
+    definite: set[str] = set()
+    _scan(tree.body, definite, reads, late)
+    reads |= late - definite
+    ends = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
+    display = ends and not source.rstrip().endswith(";")
+    return CellCode(source, reads, _assigned(source), ends, display)
+
+
+def _assigned(source: str) -> list[str]:
+    """Names the cell binds in the notebook namespace, in order of first appearance."""
+    table = symtable.symtable(source, "<cell>", "exec")
+    names = [s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()]
+    seen = set(names)
+    stack = list(table.get_children())
+    while stack:  # `global x` inside a function body assigns the notebook's x
+        child = stack.pop()
+        stack.extend(child.get_children())
+        for s in child.get_symbols():
+            if s.is_declared_global() and s.is_assigned() and s.get_name() not in seen:
+                seen.add(s.get_name())
+                names.append(s.get_name())
+    return names
+
+
+def _reads_now(node: ast.AST) -> set[str]:
+    """Module-level names ``node`` reads, including inside its lambdas and comprehensions."""
+    table = symtable.symtable(ast.unparse(node), "<cell>", "exec")
+    names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+    return names | _reads_later(table)
+
+
+def _reads_later(table: symtable.SymbolTable) -> set[str]:
+    """Module-level names read inside nested scopes (function bodies run later)."""
+    names: set[str] = set()
+    stack = list(table.get_children())
+    while stack:
+        child = stack.pop()
+        stack.extend(child.get_children())
+        names |= {s.get_name() for s in child.get_symbols() if s.is_global() and s.is_referenced()}
+    return names
+
+
+def _targets(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[str]) -> None:
+    """Walk statements in order: collect reads not preceded by a definite definition."""
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            table = symtable.symtable(ast.unparse(stmt), "<cell>", "exec")
+            reads |= {s.get_name() for s in table.get_symbols() if s.is_referenced()} - defined
+            if isinstance(stmt, ast.ClassDef):  # a class body runs now
+                reads |= _reads_later(table) - defined
+            else:
+                late |= _reads_later(table) - defined
+            defined.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in stmt.names if a.name != "*"}
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            reads |= _reads_now(stmt) - defined
+            if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                reads |= {stmt.target.id} - defined  # symtable counts `x += 1` as a store only
+            if not isinstance(stmt, ast.AnnAssign) or stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+                defined |= {n.id for t in targets if isinstance(t, (ast.Tuple, ast.List)) for n in ast.walk(t)
+                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            reads |= _reads_now(stmt.iter) - defined
+            _scan(stmt.body, defined | _targets(stmt.target), reads, late)
+            _scan(stmt.orelse, set(defined), reads, late)
+        elif isinstance(stmt, ast.While):
+            reads |= _reads_now(stmt.test) - defined
+            _scan(stmt.body, set(defined), reads, late)
+            _scan(stmt.orelse, set(defined), reads, late)
+        elif isinstance(stmt, ast.If):
+            reads |= _reads_now(stmt.test) - defined
+            then, otherwise = set(defined), set(defined)
+            _scan(stmt.body, then, reads, late)
+            _scan(stmt.orelse, otherwise, reads, late)
+            defined |= then & otherwise
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                reads |= _reads_now(item.context_expr) - defined
+                if item.optional_vars is not None:
+                    defined |= _targets(item.optional_vars)
+            _scan(stmt.body, defined, reads, late)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            _scan(stmt.body, set(defined), reads, late)
+            for handler in stmt.handlers:
+                if handler.type is not None:
+                    reads |= _reads_now(handler.type) - defined
+                _scan(handler.body, defined | ({handler.name} if handler.name else set()), reads, late)
+            _scan(stmt.orelse, set(defined), reads, late)
+            _scan(stmt.finalbody, set(defined), reads, late)
+        else:
+            reads |= _reads_now(stmt) - defined
+
+
+@dataclass
+class Captured:
+    """The packed names, ready for a payload, and what the user should hear about them."""
+
+    packed: list[payload.Packed] = field(default_factory=list)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(p.size for p in self.packed)
+
+    def large_values(self, threshold: int = LARGE_VALUE_BYTES) -> list[tuple[str, str, int]]:
+        return [(p.name, self.kinds[p.name], p.size) for p in self.packed if p.size >= threshold]
+
+
+def capture(code: CellCode, namespace: Mapping[str, Any]) -> Captured:
+    """Pack every name ``code`` reads from ``namespace``; raise ``CaptureError`` listing those that cannot travel."""
+    captured = Captured()
+    problems = []
+    for name in sorted(code.reads):
+        if name in _SHELL_NAMES or name not in namespace:
+            continue  # builtins, or a NameError the ranks will raise as Python would
+        value = namespace[name]
+        captured.kinds[name] = type(value).__name__
+        reason = _why_not_travelling(value)
+        if reason is None:
+            try:
+                captured.packed.append(payload.pack(name, value))
+                continue
+            except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
+                reason = f"{type(exc).__name__}: {exc}"
+        problems.append(f"{name} ({_type_name(value)}) cannot be sent to the ranks: {reason}. {_hint(value)}")
+    if problems:
+        raise CaptureError("; ".join(problems) if len(problems) == 1 else "\n".join(["cannot start:"] + problems))
+    return captured
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _why_not_travelling(value: Any) -> str | None:
+    """Things cloudpickle would accept but that make no sense in another process."""
+    if isinstance(value, io.IOBase):
+        return "a file handle belongs to this process" + (" (and it is closed)" if value.closed else "")
+    return None
+
+
+def _hint(value: Any) -> str:
+    if isinstance(value, io.IOBase):
+        return "Pass the file's path instead and open it inside the cell"
+    if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
+        return "Turn it into a list first (name = list(name)) or create the generator inside the cell"
+    if isinstance(value, socket.socket) or "connect" in type(value).__name__.lower():
+        return "Open the connection inside the cell instead, on each rank"
+    if isinstance(value, (type(threading.Lock()), type(threading.RLock()))) or "lock" in type(value).__name__.lower():
+        return "Create the lock inside the cell instead; a lock cannot be shared between processes"
+    return "Create it inside the cell instead, or stop the cell from reading it"

@@ -1,0 +1,135 @@
+"""Every error mpi_magic raises, in one tree.
+
+    MpiMagicError
+    ├── CaptureError (+TypeError)      a name the cell reads cannot travel to the ranks
+    ├── LauncherNotFound (+FileNotFoundError)   no usable mpirun
+    ├── PayloadError (+ValueError)     a payload or result file is damaged or incompatible
+    └── JobError                       the job ran and did not succeed
+        ├── RemoteRankError            one or more ranks raised; shows their tracebacks
+        ├── RankExitError              ranks died without reporting (signal, os._exit)
+        ├── JobTimeoutError (+TimeoutError)   --timeout elapsed; ranks were stopped
+        └── BackendNotAvailable        the chosen backend is not usable here
+
+Option mistakes raise IPython's ``UsageError`` instead, which IPython shows as one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class MpiMagicError(Exception):
+    """Base class of mpi_magic's errors."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows the message alone: the local stack says nothing the user can act on."""
+        return [f"{_RED}{type(self).__name__}{_RESET}: {self}"]
+
+
+class CaptureError(MpiMagicError, TypeError):
+    """A notebook name the cell reads cannot be sent to the ranks."""
+
+
+class LauncherNotFound(MpiMagicError, FileNotFoundError):
+    """No MPI launcher could be found or run."""
+
+
+class PayloadError(MpiMagicError, ValueError):
+    """A payload or result file is damaged, tampered with, or from an incompatible Python."""
+
+
+class JobError(MpiMagicError):
+    """The job ran and did not succeed."""
+
+
+class BackendNotAvailable(JobError):
+    """The chosen backend cannot be used (not built yet, or a missing extra)."""
+
+
+class JobTimeoutError(JobError, TimeoutError):
+    """The job ran past --timeout; all ranks were stopped."""
+
+
+@dataclass
+class RankFailure:
+    """What one rank reported (or what the launcher said) when it failed."""
+
+    rank: int
+    instance: int
+    host: str = ""
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    exit_status: int | None = None
+
+    def headline(self) -> str:
+        where = f"rank {self.rank} (instance {self.instance}{', ' + self.host if self.host else ''})"
+        if self.error_type:
+            return f"{where} raised {self.error_type}: {self.message}".rstrip(": ")
+        return f"{where} {self.message or 'exited without reporting'}"
+
+
+class RankExitError(JobError):
+    """Ranks ended without reporting a Python exception (killed by a signal, os._exit)."""
+
+    def __init__(self, failures: list[RankFailure], summary: str = ""):
+        self.failures = failures
+        lines = [f.headline() for f in failures] or [summary or "the launcher failed"]
+        super().__init__("; ".join(lines))
+
+
+class RemoteRankError(JobError):
+    """One or more ranks raised. IPython shows the remote traceback, not the launcher's.
+
+    ``rank``, ``instance``, ``error_type`` and ``message`` describe the first failing rank;
+    ``failures`` holds every rank that reported an exception.
+    """
+
+    def __init__(self, failures: list[RankFailure], world_size: int):
+        if not failures:
+            raise ValueError("RemoteRankError needs at least one failure")
+        self.failures = sorted(failures, key=lambda f: f.rank)
+        self.world_size = world_size
+        first = self.failures[0]
+        self.rank, self.instance, self.host = first.rank, first.instance, first.host
+        self.error_type, self.message = first.error_type, first.message
+        self.remote_traceback = first.traceback
+        super().__init__(self._summary())
+
+    def _summary(self) -> str:
+        first = self.failures[0]
+        text = first.headline()
+        others = len(self.failures) - 1
+        if others:
+            ranks = _compact_ranks([f.rank for f in self.failures[1:]])
+            text += f" (and {others} more of {self.world_size} ranks: {ranks})"
+        return text
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython calls this instead of formatting the local (launcher) traceback."""
+        first = self.failures[0]
+        lines = [f"{_RED}RemoteRankError{_RESET}: {self._summary()}", ""]
+        lines.append(f"--- traceback of {first.headline().split(' raised')[0]} ---")
+        lines.extend(first.traceback.rstrip("\n").splitlines() or [f"{first.error_type}: {first.message}"])
+        kinds: dict[tuple[str, str], list[int]] = {}
+        for failure in self.failures[1:]:
+            kinds.setdefault((failure.error_type, failure.message), []).append(failure.rank)
+        for (error_type, message), ranks in kinds.items():
+            lines.append(f"ranks {_compact_ranks(ranks)} also raised {error_type}: {message}")
+        return lines
+
+
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+def _compact_ranks(ranks: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    ranks = sorted(set(ranks))
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+

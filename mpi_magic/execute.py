@@ -1,0 +1,143 @@
+"""Run one cell as a job: capture, pack, submit, watch, collect. No IPython in here.
+
+Everything that can be wrong with the input is found before the job folder is even made;
+an interrupt or a timeout stops every rank before the cell raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from . import capture, jobdir, payload
+from .backends import get_backend
+from .errors import JobTimeoutError, PayloadError
+from .job import Job
+from .options import Config, LaunchOptions
+from .runtime.rank import VALUE_NAME, result_path
+from .view.console import ConsoleEcho
+
+# After a rank reports an exception, the launcher normally stops the others at once; if it
+# has not within this many seconds (a rank ignoring signals), the job is stopped from here.
+ABORT_GRACE_SECONDS = 3.0
+
+
+@dataclass
+class CellRun:
+    job: Job
+    values: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    has_output: bool = False
+
+
+def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, config: Config,
+             on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
+             clock: Callable[[], float] = time.monotonic) -> CellRun:
+    """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring."""
+    code = capture.analyze(source)
+    backend = get_backend(options.backend, config)
+    captured = capture.capture(code, namespace)
+    echo = echo or ConsoleEcho()
+    for name, kind, size in captured.large_values():
+        echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
+
+    cache_dir = config.get("cache_dir")
+    jobdir.prune(cache_dir, config.get("keep_jobs"))
+    name = jobdir.new_job_name()
+    job_dir = jobdir.create(cache_dir, name)
+    meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
+    digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta)
+    jobdir.record(job_dir, name=name, backend=backend.name, world_size=options.world_size,
+                  instances=options.instances, gpus=options.gpus, digest=digest, status="running",
+                  started=time.time())
+
+    backend_job = backend.submit(job_dir, name, digest, options)
+    job = Job(name, backend.name, job_dir, options.world_size, options.gpus, backend_job.cancel, clock)
+    jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
+                  launcher_started=getattr(backend_job, "started", None))
+    on_job(job)
+    show = (lambda event: None) if options.quiet else echo.show
+    error = None
+    try:
+        error = _watch(job, backend_job, show, options.timeout, clock)
+    except KeyboardInterrupt:
+        echo.say(f"interrupted: stopping job {name} ({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
+        _stop(job, backend_job, show)
+        echo.say(f"job {name} stopped; nothing of it is left running")
+        raise
+    finally:
+        jobdir.record(job_dir, status=job.status, ended=time.time())
+    if error is not None:
+        raise error
+
+    run = CellRun(job)
+    _collect(run, code, options, echo)
+    return run
+
+
+def _watch(job: Job, backend_job, show, timeout: float | None, clock) -> Exception | None:
+    deadline = clock() + timeout if timeout else None
+    while not backend_job.finished:
+        for event in backend_job.poll(0.1):
+            job.record(event)
+            show(event)
+        now = clock()
+        if deadline is not None and now > deadline and not backend_job.finished:
+            _stop(job, backend_job, show)
+            return JobTimeoutError(
+                f"job {job.name} ran past --timeout {timeout:g}s; all {job.world_size} ranks were stopped "
+                "(raise --timeout, or see the job's logs for where it spent the time)"
+            )
+        if job.first_failure_at is not None and now - job.first_failure_at > ABORT_GRACE_SECONDS:
+            backend_job.cancel()
+    return job.finish()
+
+
+def _stop(job: Job, backend_job, show) -> None:
+    backend_job.cancel()
+    while not backend_job.finished:
+        for event in backend_job.poll(0.1):
+            job.record(event)
+            show(event)
+    job.finish(stopped=True)
+
+
+def _collect(run: CellRun, code: capture.CellCode, options: LaunchOptions, echo: ConsoleEcho) -> None:
+    """Read rank 0's results (every rank's with --gather) into ``run``."""
+    ranks = range(run.job.world_size) if options.gather else [0]
+    per_rank = []
+    for rank in ranks:
+        try:
+            values, problems = payload.read(result_path(run.job.job_dir, rank)).load_all()
+        except (OSError, PayloadError) as exc:
+            values, problems = {}, {"(all)": f"rank {rank}'s results could not be read: {exc}"}
+        for name, reason in problems.items():
+            run.job.unreturned.setdefault(name, f"could not be unpickled here: {reason}")
+        per_rank.append(values)
+    first = per_rank[0]
+    if VALUE_NAME in first:
+        run.output, run.has_output = first.pop(VALUE_NAME), True
+    for name in code.assigns:
+        if options.gather:
+            missing = [r for r, values in zip(ranks, per_rank) if name not in values]
+            if not missing:
+                run.values[name] = [values[name] for values in per_rank]
+            elif len(missing) < len(per_rank):
+                run.job.unreturned.setdefault(name, f"missing on ranks {missing}")
+        elif name in first:
+            run.values[name] = first[name]
+    for name, reason in run.job.unreturned.items():
+        shown = "the cell's output" if name == VALUE_NAME else name
+        echo.say(f"{shown} was not brought back: {reason}")
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")

@@ -1,0 +1,146 @@
+"""The job handle a cell gives back (``--out NAME``): status, ranks, logs, cancel.
+
+It folds the backend's events into per-rank state and writes every rank's output to the
+job folder as it arrives, so the full logs survive while memory holds only recent lines.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import events, launcher
+from .errors import JobError, RankExitError, RankFailure, RemoteRankError
+
+_FLUSH_BYTES = 1 << 20
+_FLUSH_SECONDS = 0.5
+
+
+@dataclass
+class RankState:
+    rank: int
+    instance: int
+    local_rank: int
+    host: str = ""
+    pid: int = 0
+    status: str = "starting"  # starting, running, completed, failed, stopped
+    failure: RankFailure | None = None
+
+
+class Job:
+    """One run of a cell. ``status`` is running, completed, failed or stopped."""
+
+    def __init__(self, name: str, backend: str, job_dir: str, world_size: int, procs_per_instance: int,
+                 cancel: Callable[[], None], clock: Callable[[], float] = time.monotonic):
+        self.name, self.backend, self.job_dir, self.world_size = name, backend, job_dir, world_size
+        self.status = "running"
+        self.ranks = [RankState(r, r // procs_per_instance, r % procs_per_instance) for r in range(world_size)]
+        self.unreturned: dict[str, str] = {}
+        self.returncode: int | None = None
+        self.first_failure_at: float | None = None
+        self._cancel = cancel
+        self._clock = clock
+        self._launcher_lines: list[str] = []
+        self._pending: dict[str, list[str]] = {}
+        self._pending_bytes = 0
+        self._last_flush = clock()
+
+    # -- folding events -------------------------------------------------------------------
+
+    def record(self, event: events.Event) -> None:
+        if isinstance(event, events.Output):
+            prefix = "" if event.stream == "stdout" else "[stderr] "
+            self._log(f"rank-{event.rank}.log", prefix + event.text)
+            self._log("all.log", f"[rank {event.rank}] {prefix}{event.text}")
+        elif isinstance(event, events.LauncherOutput):
+            self._launcher_lines.append(event.text)
+            self._log("launcher.log", event.text)
+        elif isinstance(event, events.RankStarted) and 0 <= event.rank < self.world_size:
+            state = self.ranks[event.rank]
+            state.host, state.pid, state.status = event.host, event.pid, "running"
+        elif isinstance(event, events.RankFinished) and 0 <= event.rank < self.world_size:
+            state = self.ranks[event.rank]
+            if event.ok:
+                state.status = "completed"
+                if event.rank == 0:
+                    self.unreturned.update(event.unreturned)
+            else:
+                state.status = "failed"
+                state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
+                                            event.message, event.traceback)
+                if self.first_failure_at is None:
+                    self.first_failure_at = self._clock()
+        elif isinstance(event, events.LauncherExited):
+            self.returncode = event.returncode
+            self.flush_logs()
+        if self._pending_bytes > _FLUSH_BYTES or self._clock() - self._last_flush > _FLUSH_SECONDS:
+            self.flush_logs()
+
+    def _log(self, filename: str, line: str) -> None:
+        self._pending.setdefault(filename, []).append(line + "\n")
+        self._pending_bytes += len(line) + 1
+
+    def flush_logs(self) -> None:
+        for filename, lines in self._pending.items():
+            with open(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
+                f.writelines(lines)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._last_flush = self._clock()
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def finish(self, stopped: bool = False) -> JobError | None:
+        """Settle every rank's status once the launcher is gone; the error to raise, if any."""
+        self.flush_logs()
+        reports = launcher.exit_reports("\n".join(self._launcher_lines))
+        for state in self.ranks:
+            if state.status in ("starting", "running"):
+                if state.rank in reports and not stopped:
+                    state.status = "failed"
+                    state.failure = RankFailure(state.rank, state.instance, state.host, message=reports[state.rank])
+                else:
+                    state.status = "stopped"
+        failed = [s.failure for s in self.ranks if s.failure is not None]
+        raised = [f for f in failed if f.error_type]
+        if stopped:
+            self.status = "stopped"
+            return None
+        if raised:
+            self.status = "failed"
+            return RemoteRankError(raised, self.world_size)
+        if failed:
+            self.status = "failed"
+            return RankExitError(failed)
+        if self.returncode != 0 or any(s.status != "completed" for s in self.ranks):
+            self.status = "failed"
+            tail = "\n".join(line for line in self._launcher_lines[-20:] if line.strip())
+            return RankExitError([], f"the launcher exited with status {self.returncode}" + (f":\n{tail}" if tail else ""))
+        self.status = "completed"
+        return None
+
+    # -- for the user -----------------------------------------------------------------------
+
+    def logs(self, rank: int | None = None) -> str:
+        """One rank's output (stderr lines marked), or every rank's with rank prefixes."""
+        self.flush_logs()
+        filename = "all.log" if rank is None else f"rank-{rank}.log"
+        try:
+            with open(os.path.join(self.job_dir, "logs", filename), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def cancel(self) -> None:
+        """Stop every rank of this job now."""
+        if self.status == "running":
+            self._cancel()
+
+    def __repr__(self) -> str:
+        counts = {}
+        for state in self.ranks:
+            counts[state.status] = counts.get(state.status, 0) + 1
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        return f"<mpi_magic.Job {self.name} {self.backend} {self.status}: {self.world_size} ranks ({summary})>"

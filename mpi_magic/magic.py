@@ -1,0 +1,64 @@
+"""The IPython magics: glue only (parse the line, run the cell, write the namespace)."""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import magic_arguments
+
+from . import execute
+from .errors import BackendNotAvailable, LauncherNotFound
+from .options import Config, launch_arguments, parse_line
+
+
+@magics_class
+class MpiMagics(Magics):
+    def __init__(self, shell, config: Config | None = None):
+        super().__init__(shell)
+        self.defaults = config or Config()
+
+    @cell_magic
+    @magic_arguments()
+    @launch_arguments
+    def mpirun_remote(self, line: str, cell: str):
+        """Run this cell as MPI ranks (instances x gpus), bring what it assigns back.
+
+        Names the cell reads travel to every rank; after a successful run, the names it
+        assigns come back from rank 0 (with --gather, as lists by rank). Inside the cell,
+        mpi_magic.rank(), world_size(), local_rank(), instance() and num_instances() say
+        where a rank runs; mpi4py works as usual. Defaults: %mpirun_config.
+        """
+        options = parse_line(self.mpirun_remote, line, self.defaults)
+        source = self.shell.transform_cell(cell)
+        user_ns = self.shell.user_ns
+
+        def keep_handle(job):
+            if options.out:
+                user_ns[options.out] = job
+
+        try:
+            run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle)
+        except (BackendNotAvailable, LauncherNotFound) as exc:
+            raise UsageError(str(exc)) from None
+        user_ns.update(run.values)
+        return run.output if run.has_output else None
+
+    @line_magic
+    def mpirun_config(self, line: str):
+        """Show or set defaults for later %%mpirun_remote cells.
+
+        %mpirun_config                      show every setting and where its value comes from
+        %mpirun_config instances=2 gpus=4   set defaults (key= with no value unsets one)
+        %mpirun_config --reset              forget everything set here
+
+        Each setting can also come from an MPI_MAGIC_<NAME> environment variable; a cell's
+        own options win over both.
+        """
+        line = line.strip()
+        if line == "--reset":
+            self.defaults.reset()
+        elif line:
+            self.defaults.update(line)
+            return None
+        print(self.defaults.describe())
+        return None

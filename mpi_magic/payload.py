@@ -1,0 +1,166 @@
+"""Named values <-> one self-describing, versioned file (payloads in, results out).
+
+Layout: ``MAGIC``, an 8-byte header length, a JSON header (format, Python and cloudpickle
+versions, free-form ``meta``, one entry per name with its sizes), then each name's pickle
+followed by its out-of-band buffers (pickle protocol 5). Buffers are written straight from
+the objects that own them, so a 1 GiB array is never copied into one big bytes object.
+The file's SHA-256 is returned on write and checked on read before anything is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import struct
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from .errors import PayloadError
+
+MAGIC = b"MPIMAGIC"
+FORMAT_VERSION = 1
+PAYLOAD_FILE = "payload.bin"
+_LENGTH = struct.Struct("<Q")
+
+
+@dataclass
+class Packed:
+    """One value pickled, its big buffers kept out of band (not copied)."""
+
+    name: str
+    data: bytes
+    buffers: list[memoryview] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + sum(b.nbytes for b in self.buffers)
+
+
+def pack(name: str, value: Any) -> Packed:
+    """Pickle ``value`` with cloudpickle; raises what pickling raises."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    return Packed(name, data, [b.raw() for b in buffers])
+
+
+def python_version() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
+
+
+def write(path: str, packed: list[Packed], meta: dict[str, Any]) -> str:
+    """Write ``packed`` values and ``meta`` to ``path`` (mode 0600); returns the SHA-256."""
+    header = {
+        "format": FORMAT_VERSION,
+        "python": python_version(),
+        "cloudpickle": cloudpickle.__version__,
+        "meta": meta,
+        "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
+    }
+    head = json.dumps(header).encode()
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb", buffering=0) as out:
+        for chunk in _chunks(head, packed):
+            digest.update(chunk)
+            view = memoryview(chunk)
+            while view.nbytes:  # unbuffered writes may be partial
+                view = view[out.write(view):]
+    return digest.hexdigest()
+
+
+def _chunks(head: bytes, packed: list[Packed]):
+    yield MAGIC
+    yield _LENGTH.pack(len(head))
+    yield head
+    for p in packed:
+        yield p.data
+        yield from p.buffers
+
+
+@dataclass
+class Bundle:
+    """A read file: its header and, per name, the bytes to unpickle."""
+
+    header: dict[str, Any]
+    raw: dict[str, tuple[bytearray, list[bytearray]]]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.header["meta"]
+
+    def load(self, name: str) -> Any:
+        data, buffers = self.raw[name]
+        return pickle.loads(data, buffers=buffers)
+
+    def load_all(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """Every value that unpickles, and {name: reason} for those that do not."""
+        values, problems = {}, {}
+        for name in self.raw:
+            try:
+                values[name] = self.load(name)
+            except Exception as exc:  # noqa: BLE001 - reported per name
+                problems[name] = f"{type(exc).__name__}: {exc}"
+        return values, problems
+
+
+def read(path: str, expected_digest: str | None = None) -> Bundle:
+    """Read and check a file written by ``write``; nothing is unpickled yet.
+
+    Refuses (``PayloadError``) a damaged file, a digest that does not match, or a file
+    written by another Python minor version, whose pickles would fail obscurely.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as src:
+        magic = _read_exact(src, len(MAGIC), digest)
+        if magic != MAGIC:
+            raise PayloadError(f"{path} is not an mpi_magic payload")
+        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, digest))
+        header = json.loads(_read_exact(src, head_len, digest))
+        _check_compatible(header)
+        raw = {}
+        for entry in header["entries"]:
+            data = _read_exact(src, entry["pickle"], digest)
+            raw[entry["name"]] = (data, [_read_exact(src, n, digest) for n in entry["buffers"]])
+        if src.read(1):
+            raise PayloadError(f"{path} has trailing bytes; it was modified after it was written")
+    if expected_digest and digest.hexdigest() != expected_digest:
+        raise PayloadError(
+            f"{path} does not match the digest it was submitted with "
+            f"(expected {expected_digest[:12]}..., found {digest.hexdigest()[:12]}...); "
+            "it was modified after submission, so it is not loaded"
+        )
+    return Bundle(header, raw)
+
+
+def _check_compatible(header: dict[str, Any]) -> None:
+    if header.get("format") != FORMAT_VERSION:
+        raise PayloadError(
+            f"payload format {header.get('format')} is not {FORMAT_VERSION}: "
+            "install the same mpi-magic version on the ranks as in the notebook"
+        )
+    theirs = header.get("python", "?")
+    if theirs.split(".")[:2] != python_version().split(".")[:2]:
+        raise PayloadError(
+            f"the notebook runs Python {theirs} but this rank runs Python {python_version()}; "
+            "pickled values only load under the same Python minor version: use a rank "
+            "environment (or image) with Python " + ".".join(theirs.split(".")[:2])
+        )
+
+
+def _read_exact(src: io.RawIOBase, size: int, digest) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = src.readinto(view[got:])
+        if not n:
+            raise PayloadError(f"payload is truncated: expected {size} more bytes, got {got}")
+        got += n
+    digest.update(buf)
+    return buf

@@ -1,0 +1,1 @@
+"""Ways to show a running job. Views read events; they never import a backend."""
