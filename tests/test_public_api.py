@@ -1,0 +1,41 @@
+"""What users may import, and what importing costs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mpi_magic
+
+HEAVY = ["boto3", "botocore", "sagemaker", "pandas", "ipywidgets"]
+
+
+def test_all_lists_exactly_the_public_names():
+    public = {name for name in vars(mpi_magic) if not name.startswith("_")}
+    modules = {name for name in public if type(getattr(mpi_magic, name)).__name__ == "module"}
+    assert set(mpi_magic.__all__) == public - modules
+    for name in mpi_magic.__all__:
+        assert getattr(mpi_magic, name).__doc__, f"{name} needs a docstring"
+
+
+def test_import_and_load_ext_stay_light():
+    code = (
+        "import sys, json\n"
+        "import mpi_magic\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.instance().run_line_magic('load_ext', 'mpi_magic')\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(out.splitlines()[-1]) == []
+
+
+def test_rank_runtime_imports_neither_ipython_nor_cloud_sdks(ip):
+    ip.run_cell_magic("mpirun_remote", "--quiet", f"import sys\nloaded = [m for m in {['IPython', *HEAVY]!r} if m in sys.modules]")
+    assert ip.user_ns["loaded"] == []
+
+
+def test_rank_info_outside_a_job():
+    assert (mpi_magic.rank(), mpi_magic.world_size(), mpi_magic.local_rank(), mpi_magic.instance(),
+            mpi_magic.num_instances()) == (0, 1, 0, 0, 1)
