@@ -48,7 +48,8 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     name = jobdir.new_job_name()
     job_dir = jobdir.create(cache_dir, name)
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
-    digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta)
+    digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
+                           digest=backend.pins_digest)
     jobdir.record(job_dir, name=name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())

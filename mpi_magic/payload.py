@@ -4,7 +4,11 @@ Layout: ``MAGIC``, an 8-byte header length, a JSON header (format, Python and cl
 versions, free-form ``meta``, one entry per name with its sizes), then each name's pickle
 followed by its out-of-band buffers (pickle protocol 5). Buffers are written straight from
 the objects that own them, so a 1 GiB array is never copied into one big bytes object.
-The file's SHA-256 is returned on write and checked on read before anything is unpickled.
+
+Large buffers start on a page boundary and are read back as private (copy-on-write) memory
+maps: ranks on one machine share the file's pages until they write, and nothing is read
+that the cell does not touch. When the file travels beyond the user's private folder, its
+SHA-256 is pinned at submission and checked on read before anything is unpickled.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import os
 import pickle
 import struct
@@ -27,6 +32,7 @@ MAGIC = b"MPIMAGIC"
 FORMAT_VERSION = 1
 PAYLOAD_FILE = "payload.bin"
 _LENGTH = struct.Struct("<Q")
+MAP_THRESHOLD = 1 << 20  # buffers this big are page-aligned in the file and memory-mapped
 
 
 @dataclass
@@ -53,8 +59,8 @@ def python_version() -> str:
     return ".".join(map(str, sys.version_info[:3]))
 
 
-def write(path: str, packed: list[Packed], meta: dict[str, Any]) -> str:
-    """Write ``packed`` values and ``meta`` to ``path`` (mode 0600); returns the SHA-256."""
+def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = True) -> str | None:
+    """Write ``packed`` values and ``meta`` to ``path`` (mode 0600); returns the SHA-256 if asked."""
     header = {
         "format": FORMAT_VERSION,
         "python": python_version(),
@@ -63,24 +69,34 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any]) -> str:
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
     }
     head = json.dumps(header).encode()
-    digest = hashlib.sha256()
+    hasher = hashlib.sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as out:
-        for chunk in _chunks(head, packed):
-            digest.update(chunk)
-            view = memoryview(chunk)
-            while view.nbytes:  # unbuffered writes may be partial
-                view = view[out.write(view):]
-    return digest.hexdigest()
+        position = 0
+        for chunk, is_buffer in _chunks(head, packed):
+            if is_buffer and chunk.nbytes >= MAP_THRESHOLD and position % mmap.PAGESIZE:
+                position += _write_all(out, memoryview(bytes(-position % mmap.PAGESIZE)), hasher)
+            position += _write_all(out, chunk, hasher)
+    return hasher.hexdigest() if hasher else None
+
+
+def _write_all(out, view: memoryview, hasher) -> int:
+    if hasher is not None:
+        hasher.update(view)
+    size = view.nbytes
+    while view.nbytes:  # unbuffered writes may be partial
+        view = view[out.write(view):]
+    return size
 
 
 def _chunks(head: bytes, packed: list[Packed]):
-    yield MAGIC
-    yield _LENGTH.pack(len(head))
-    yield head
+    """(bytes to write, whether it is an out-of-band buffer), in file order."""
+    for part in (MAGIC, _LENGTH.pack(len(head)), head):
+        yield memoryview(part), False
     for p in packed:
-        yield p.data
-        yield from p.buffers
+        yield memoryview(p.data), False
+        for buffer in p.buffers:
+            yield buffer, True
 
 
 @dataclass
@@ -88,7 +104,7 @@ class Bundle:
     """A read file: its header and, per name, the bytes to unpickle."""
 
     header: dict[str, Any]
-    raw: dict[str, tuple[bytearray, list[bytearray]]]
+    raw: dict[str, tuple[bytearray, list[bytearray | memoryview]]]
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -115,27 +131,45 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
     Refuses (``PayloadError``) a damaged file, a digest that does not match, or a file
     written by another Python minor version, whose pickles would fail obscurely.
     """
-    digest = hashlib.sha256()
+    hasher = hashlib.sha256() if expected_digest else None
     with open(path, "rb", buffering=0) as src:
-        magic = _read_exact(src, len(MAGIC), digest)
+        magic = _read_exact(src, len(MAGIC), hasher)
         if magic != MAGIC:
             raise PayloadError(f"{path} is not an mpi_magic payload")
-        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, digest))
-        header = json.loads(_read_exact(src, head_len, digest))
+        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, hasher))
+        header = json.loads(_read_exact(src, head_len, hasher))
         _check_compatible(header)
         raw = {}
         for entry in header["entries"]:
-            data = _read_exact(src, entry["pickle"], digest)
-            raw[entry["name"]] = (data, [_read_exact(src, n, digest) for n in entry["buffers"]])
+            data = _read_exact(src, entry["pickle"], hasher)
+            raw[entry["name"]] = (data, [_read_buffer(src, n, hasher) for n in entry["buffers"]])
         if src.read(1):
             raise PayloadError(f"{path} has trailing bytes; it was modified after it was written")
-    if expected_digest and digest.hexdigest() != expected_digest:
+    if hasher is not None and hasher.hexdigest() != expected_digest:
         raise PayloadError(
             f"{path} does not match the digest it was submitted with "
-            f"(expected {expected_digest[:12]}..., found {digest.hexdigest()[:12]}...); "
+            f"(expected {expected_digest[:12]}..., found {hasher.hexdigest()[:12]}...); "
             "it was modified after submission, so it is not loaded"
         )
     return Bundle(header, raw)
+
+
+def _read_buffer(src: io.RawIOBase, size: int, hasher) -> bytearray | memoryview:
+    """A small buffer is read; a large one is mapped copy-on-write from its page."""
+    if size < MAP_THRESHOLD:
+        return _read_exact(src, size, hasher)
+    position = src.tell()
+    if position % mmap.PAGESIZE:
+        _read_exact(src, -position % mmap.PAGESIZE, hasher)
+        position = src.tell()
+    if os.fstat(src.fileno()).st_size < position + size:
+        raise PayloadError(f"payload is truncated: a buffer of {size} bytes at {position} is missing")
+    mapped = mmap.mmap(src.fileno(), size, flags=mmap.MAP_PRIVATE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=position)
+    src.seek(position + size)
+    if hasher is not None:
+        hasher.update(mapped)
+    return memoryview(mapped)
 
 
 def _check_compatible(header: dict[str, Any]) -> None:
@@ -153,7 +187,7 @@ def _check_compatible(header: dict[str, Any]) -> None:
         )
 
 
-def _read_exact(src: io.RawIOBase, size: int, digest) -> bytearray:
+def _read_exact(src: io.RawIOBase, size: int, hasher) -> bytearray:
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
@@ -162,5 +196,6 @@ def _read_exact(src: io.RawIOBase, size: int, digest) -> bytearray:
         if not n:
             raise PayloadError(f"payload is truncated: expected {size} more bytes, got {got}")
         got += n
-    digest.update(buf)
+    if hasher is not None:
+        hasher.update(buf)
     return buf

@@ -77,3 +77,24 @@ def test_the_file_is_private(tmp_path):
     path = tmp_path / "p.bin"
     payload.write(str(path), [], {})
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_large_buffers_are_mapped_copy_on_write_and_still_checked(tmp_path):
+    arr = np.arange(2**20, dtype=np.int64)  # 8 MiB: above the mapping threshold
+    path = tmp_path / "p.bin"
+    digest = payload.write(str(path), [payload.pack("small", b"abc"), payload.pack("arr", arr)], {})
+    loaded = payload.read(str(path), digest).load("arr")
+    loaded[:10] = -1  # private to this process: the file keeps the original
+    np.testing.assert_array_equal(payload.read(str(path), digest).load("arr"), arr)
+    raw = bytearray(path.read_bytes())
+    raw[-8 * 1000] ^= 0x01  # inside the mapped buffer
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PayloadError, match="does not match the digest"):
+        payload.read(str(path), digest)
+    path.write_bytes(bytes(raw[:-4096]))
+    with pytest.raises(PayloadError, match="truncated"):
+        payload.read(str(path))
+
+
+def test_without_a_digest_nothing_is_hashed_and_none_is_returned(tmp_path):
+    assert payload.write(str(tmp_path / "p.bin"), [payload.pack("x", 1)], {}, digest=False) is None

@@ -26,6 +26,7 @@ class BackendJob(Protocol):
 class Backend(Protocol):
     name: str
     tag_style: str
+    pins_digest: bool  # True where the payload leaves the user's private folder
 
-    def submit(self, job_dir: str, job_name: str, digest: str, options: LaunchOptions) -> BackendJob:
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> BackendJob:
         """Start the job whose payload is in ``job_dir``."""

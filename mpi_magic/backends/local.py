@@ -21,16 +21,20 @@ STOP_WAITS = (2.0, 2.0, 2.0)
 
 
 class LocalBackend:
+    """The payload stays in the user's private job folder (0700), so ranks skip the digest
+    check: hashing a large payload once per rank would cost more than loading it."""
+
     name = "local"
+    pins_digest = False
 
     def __init__(self, config: Config):
         self.launcher = launchers.find_launcher(config.get("mpirun"))
         self.tag_style = self.launcher.tag_style
 
-    def command(self, job_dir: str, digest: str) -> list[str]:
-        return [sys.executable, "-m", "mpi_magic.runtime", job_dir, "--digest", digest]
+    def command(self, job_dir: str, digest: str | None) -> list[str]:
+        return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
-    def submit(self, job_dir: str, job_name: str, digest: str, options: LaunchOptions) -> "LocalJob":
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
         argv = launchers.mpirun_argv(
             self.launcher, options.world_size, self.command(job_dir, digest), options.mpirun_args, os.cpu_count() or 1
         )

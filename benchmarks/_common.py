@@ -1,0 +1,50 @@
+"""Shared pieces of the benchmarks: a shell with the extension, and bare mpirun for baselines."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from IPython.core.interactiveshell import InteractiveShell
+
+from mpi_magic import launcher
+
+
+def shell() -> InteractiveShell:
+    os.environ.setdefault("MPI_MAGIC_CACHE_DIR", tempfile.mkdtemp(prefix="mpi_magic_bench_"))
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "mpi_magic")
+    return ip
+
+
+def bare_mpirun(world_size: int, code: str, tuned: bool) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of mpirun running ``python -c code`` as our local backend would launch it."""
+    found = launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN"))
+    argv = launcher.mpirun_argv(found, world_size, [sys.executable, "-c", code], [], os.cpu_count() or 1)
+    env = dict(os.environ)
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    if tuned:
+        env = launcher.launcher_environ(found, env, os.geteuid() == 0)
+    return argv, env
+
+
+def timed(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_bare(world_size: int, code: str, tuned: bool) -> None:
+    argv, env = bare_mpirun(world_size, code, tuned)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
