@@ -7,6 +7,7 @@ an interrupt or a timeout stops every rank before the cell raises.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -106,14 +107,22 @@ def _stop(job: Job, backend_job, show) -> None:
 
 
 def _collect(run: CellRun, code: capture.CellCode, options: LaunchOptions, echo: ConsoleEcho) -> None:
-    """Read rank 0's results (every rank's with --gather) into ``run``."""
+    """Read rank 0's results (every rank's with --gather) into ``run``.
+
+    A module the cell imported comes back only if the notebook has imported it already:
+    importing, say, mpi4py.MPI here would initialise MPI inside the notebook's kernel.
+    """
     ranks = range(run.job.world_size) if options.gather else [0]
     per_rank = []
     for rank in ranks:
         try:
-            values, problems = payload.read(result_path(run.job.job_dir, rank)).load_all()
+            bundle = payload.read(result_path(run.job.job_dir, rank))
+            values, problems = bundle.load_all()
         except (OSError, PayloadError) as exc:
             values, problems = {}, {"(all)": f"rank {rank}'s results could not be read: {exc}"}
+        else:
+            modules = {name: sys.modules.get(module) for name, module in bundle.meta.get("modules", {}).items()}
+            run.values.update({name: module for name, module in modules.items() if module is not None})
         for name, reason in problems.items():
             run.job.unreturned.setdefault(name, f"could not be unpickled here: {reason}")
         per_rank.append(values)

@@ -312,3 +312,19 @@ def test_ranks_refuse_a_payload_from_another_python_minor_version(ip, tmp_path):
     minor = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert f"the notebook runs Python {header['python']} but this rank runs Python {minor}" in proc.stdout
     assert "PayloadError" in proc.stdout
+
+
+def test_modules_the_cell_imports_come_back_only_if_the_notebook_has_them(ip):
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'mpi_magic')\n"
+        "ip.run_cell_magic('mpirun_remote', '-g 2 --quiet', 'import json as j\\nfrom mpi4py import MPI\\nn = MPI.COMM_WORLD.size')\n"
+        "print(ip.user_ns['n'], ip.user_ns['j'].__name__, 'MPI' in ip.user_ns, 'mpi4py.MPI' in sys.modules)\n"
+    )
+    env = {**os.environ, "MPI_MAGIC_CACHE_DIR": os.environ["MPI_MAGIC_CACHE_DIR"]}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert out.stdout.split() == ["2", "json", "False", "False"], "MPI must not be initialised in the notebook"

@@ -150,18 +150,24 @@ def run_source(source: str, namespace: dict):
 
 
 def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -> dict[str, str]:
-    """Pack what the cell assigned; returns {name: reason} for values that cannot come back."""
+    """Pack what the cell assigned; returns {name: reason} for values that cannot come back.
+
+    Modules are sent by name only: the notebook takes them from its own imports.
+    """
     values = {name: namespace[name] for name in meta["returns"] if name in namespace}
     if meta.get("display") and value is not None:
         values[VALUE_NAME] = value
-    packed, unreturned = [], {}
+    packed, unreturned, modules = [], {}, {}
     for name, val in values.items():
+        if isinstance(val, types.ModuleType):
+            modules[name] = val.__name__
+            continue
         try:
             packed.append(payload.pack(name, val))
         except Exception as exc:  # noqa: BLE001 - reported per name; the rest still come back
             unreturned[name] = f"{type(val).__name__}: {type(exc).__name__}: {exc}"
     os.makedirs(os.path.join(job_dir, "results"), exist_ok=True)
-    payload.write(result_path(job_dir, rank), packed, {"rank": rank})
+    payload.write(result_path(job_dir, rank), packed, {"rank": rank, "modules": modules}, digest=False)
     return unreturned
 
 
