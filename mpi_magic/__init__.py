@@ -15,6 +15,7 @@ from .errors import (
     RemoteRankError,
 )
 from .rankinfo import instance, local_rank, num_instances, rank, world_size
+from .reporting import progress
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "load_ipython_extension",
     "local_rank",
     "num_instances",
+    "progress",
     "rank",
     "world_size",
 ]

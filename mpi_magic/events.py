@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -195,8 +196,10 @@ class Emitter:
         self.rank = rank
         self._write = write
         self._seq = 0
+        self._lock = threading.Lock()
 
     def emit(self, cls: type, **values) -> None:
-        event = cls(rank=self.rank, seq=self._seq, time=time.time(), **values)
-        self._seq += 1
-        self._write(encode(event) + "\n")
+        with self._lock:  # threads of one rank must not share a sequence number
+            event = cls(rank=self.rank, seq=self._seq, time=time.time(), **values)
+            self._seq += 1
+            self._write(encode(event) + "\n")

@@ -8,35 +8,30 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 from . import events, launcher
 from .errors import JobError, RankExitError, RankFailure, RemoteRankError
+from .view.model import JobModel, RankState
 
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5
 
 
-@dataclass
-class RankState:
-    rank: int
-    instance: int
-    local_rank: int
-    host: str = ""
-    pid: int = 0
-    status: str = "starting"  # starting, running, completed, failed, stopped
-    failure: RankFailure | None = None
-
-
 class Job:
-    """One run of a cell. ``status`` is running, completed, failed or stopped."""
+    """One run of a cell. ``status`` is running, completed, failed or stopped.
+
+    ``ranks[r]`` has ``rank``, ``instance``, ``local_rank``, ``host``, ``pid``, ``status``,
+    ``n`` and ``total`` (its progress); ``progress`` is the fraction done over all ranks;
+    ``widget`` is the live dashboard (None where none is shown).
+    """
 
     def __init__(self, name: str, backend: str, job_dir: str, world_size: int, procs_per_instance: int,
                  cancel: Callable[[], None], clock: Callable[[], float] = time.monotonic):
         self.name, self.backend, self.job_dir, self.world_size = name, backend, job_dir, world_size
         self.status = "running"
-        self.ranks = [RankState(r, r // procs_per_instance, r % procs_per_instance) for r in range(world_size)]
+        self.model = JobModel(name, backend, world_size, procs_per_instance, clock)
+        self.widget = None
         self.unreturned: dict[str, str] = {}
         self.returncode: int | None = None
         self.first_failure_at: float | None = None
@@ -49,7 +44,16 @@ class Job:
 
     # -- folding events -------------------------------------------------------------------
 
+    @property
+    def ranks(self) -> list[RankState]:
+        return self.model.ranks
+
+    @property
+    def progress(self) -> float | None:
+        return self.model.progress()
+
     def record(self, event: events.Event) -> None:
+        self.model.fold(event)
         if isinstance(event, events.Output):
             prefix = "" if event.stream == "stdout" else "[stderr] "
             self._log(f"rank-{event.rank}.log", prefix + event.text)
@@ -57,21 +61,11 @@ class Job:
         elif isinstance(event, events.LauncherOutput):
             self._launcher_lines.append(event.text)
             self._log("launcher.log", event.text)
-        elif isinstance(event, events.RankStarted) and 0 <= event.rank < self.world_size:
-            state = self.ranks[event.rank]
-            state.host, state.pid, state.status = event.host, event.pid, "running"
-        elif isinstance(event, events.RankFinished) and 0 <= event.rank < self.world_size:
-            state = self.ranks[event.rank]
-            if event.ok:
-                state.status = "completed"
-                if event.rank == 0:
-                    self.unreturned.update(event.unreturned)
-            else:
-                state.status = "failed"
-                state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
-                                            event.message, event.traceback)
-                if self.first_failure_at is None:
-                    self.first_failure_at = self._clock()
+        elif isinstance(event, events.RankFinished):
+            if event.ok and event.rank == 0:
+                self.unreturned.update(event.unreturned)
+            elif not event.ok and self.first_failure_at is None:
+                self.first_failure_at = self._clock()
         elif isinstance(event, events.LauncherExited):
             self.returncode = event.returncode
             self.flush_logs()
@@ -103,22 +97,23 @@ class Job:
                     state.failure = RankFailure(state.rank, state.instance, state.host, message=reports[state.rank])
                 else:
                     state.status = "stopped"
+        error = self._error(stopped)
+        self.status = "stopped" if stopped else "failed" if error else "completed"
+        self.model.fold(events.Phase(self.status))
+        return error
+
+    def _error(self, stopped: bool) -> JobError | None:
         failed = [s.failure for s in self.ranks if s.failure is not None]
         raised = [f for f in failed if f.error_type]
         if stopped:
-            self.status = "stopped"
             return None
         if raised:
-            self.status = "failed"
             return RemoteRankError(raised, self.world_size)
         if failed:
-            self.status = "failed"
             return RankExitError(failed)
         if self.returncode != 0 or any(s.status != "completed" for s in self.ranks):
-            self.status = "failed"
             tail = "\n".join(line for line in self._launcher_lines[-20:] if line.strip())
             return RankExitError([], f"the launcher exited with status {self.returncode}" + (f":\n{tail}" if tail else ""))
-        self.status = "completed"
         return None
 
     # -- for the user -----------------------------------------------------------------------

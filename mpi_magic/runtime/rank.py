@@ -17,7 +17,8 @@ import traceback
 import types
 from dataclasses import dataclass
 
-from .. import events, payload
+from .. import events, payload, reporting
+from . import tqdm_hook
 from .shell import RankShell
 
 CELL_FILENAME = "<mpirun_remote cell>"
@@ -81,6 +82,9 @@ def main(argv: list[str]) -> int:
     emitter = events.Emitter(place.rank, lambda line: (out.write(line), out.flush()))
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
                  world_size=place.world_size, host=socket.gethostname(), pid=os.getpid())
+    reporter = reporting.Reporter(emitter)
+    reporting.install(reporter)
+    tqdm_hook.install(reporter)
     try:
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), digest)
         namespace = build_namespace(bundle)
@@ -89,7 +93,9 @@ def main(argv: list[str]) -> int:
         if isinstance(exc, SystemExit) and exc.code in (None, 0):
             value = None
         else:
+            reporter.flush()
             return _fail(emitter, exc)
+    reporter.flush()
     unreturned = {}
     if place.rank == 0 or bundle.meta.get("gather"):
         unreturned = write_results(job_dir, place.rank, bundle.meta, namespace, value)

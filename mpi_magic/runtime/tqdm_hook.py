@@ -1,0 +1,95 @@
+"""On a rank, tqdm bars (tqdm, tqdm.auto, tqdm.notebook) report to the dashboard instead of
+drawing into the log. Nothing is imported until the cell imports tqdm itself.
+
+An import hook patches each tqdm module right after it runs: ``tqdm.std.tqdm`` becomes a
+subclass whose ``display`` sends a progress event and whose own output goes nowhere, and the
+notebook variant (which would need a browser) is replaced by the same class.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import io
+import sys
+
+from ..reporting import Reporter
+
+_PATCHED_MODULES = ("tqdm.std", "tqdm.notebook", "tqdm.autonotebook", "tqdm.auto")
+
+
+class _Discard(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def make_rank_tqdm(base: type, reporter: Reporter) -> type:
+    class RankTqdm(base):  # type: ignore[misc, valid-type]
+        """tqdm that reports each refresh as a progress event and prints nothing."""
+
+        def __init__(self, *args, **kwargs):
+            kwargs["file"] = _Discard()
+            kwargs.pop("display", None)  # a tqdm.notebook argument
+            self._mpi_magic_bar = reporter.new_bar()
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg=None, pos=None):
+            if not self.disable:
+                reporter.update(self._mpi_magic_bar, self.n, self.total, self.desc or "")
+            return True
+
+        def close(self):
+            if not self.disable and not getattr(self, "_mpi_magic_closed", False):
+                self._mpi_magic_closed = True
+                reporter.update(self._mpi_magic_bar, self.n, self.total, self.desc or "", final=True)
+            super().close()
+
+    # Named as the class it replaces, so a cell that assigns it sends the notebook tqdm's own.
+    RankTqdm.__name__ = RankTqdm.__qualname__ = "tqdm"
+    RankTqdm.__module__ = "tqdm.std"
+    return RankTqdm
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, wrapped: importlib.abc.Loader, patch):
+        self._wrapped, self._patch = wrapped, patch
+
+    def create_module(self, spec):
+        return self._wrapped.create_module(spec)
+
+    def exec_module(self, module):
+        self._wrapped.exec_module(module)
+        self._patch(module)
+
+
+class TqdmHook(importlib.abc.MetaPathFinder):
+    def __init__(self, reporter: Reporter):
+        self._reporter = reporter
+        self._rank_tqdm: type | None = None
+
+    def find_spec(self, name, path, target=None):
+        if name not in _PATCHED_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader, self._patch)
+        return spec
+
+    def _patch(self, module) -> None:
+        if module.__name__ == "tqdm.std":
+            rank_tqdm = self._rank_tqdm = make_rank_tqdm(module.tqdm, self._reporter)
+
+            def trange(*args, **kwargs):
+                return rank_tqdm(range(*args), **kwargs)
+
+            trange.__module__, trange.__doc__ = "tqdm.std", module.trange.__doc__
+            module.tqdm, module.trange = rank_tqdm, trange
+        elif module.__name__ == "tqdm.notebook" and self._rank_tqdm is not None:
+            module.tqdm = module.tqdm_notebook = self._rank_tqdm
+            module.trange = module.tnrange = sys.modules["tqdm.std"].trange
+
+
+def install(reporter: Reporter) -> TqdmHook:
+    hook = TqdmHook(reporter)
+    sys.meta_path.insert(0, hook)
+    return hook

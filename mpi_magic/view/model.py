@@ -1,0 +1,175 @@
+"""Job state folded from events. It draws nothing; the widget and text views render it.
+
+Rates and ETAs come from the ranks' own timestamps, elapsed times from an injected clock,
+so tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import events
+from ..errors import RankFailure
+
+ACTIVE = ("starting", "running")
+PHASES = ("packaging", "submitting", "starting", "running", "collecting results", "completed", "failed", "stopped")
+OUTPUT_TAIL = 200
+
+
+@dataclass
+class Bar:
+    n: float = 0.0
+    total: float | None = None
+    desc: str = ""
+    first: tuple[float, float] | None = None  # (time, n) of the first update, for the rate
+    last_time: float = 0.0
+
+    @property
+    def rate(self) -> float | None:
+        if self.first is None or self.last_time <= self.first[0]:
+            return None
+        return (self.n - self.first[1]) / (self.last_time - self.first[0])
+
+
+@dataclass
+class RankState:
+    """One rank as the user sees it (also ``job.ranks[r]``)."""
+
+    rank: int
+    instance: int
+    local_rank: int
+    host: str = ""
+    pid: int = 0
+    status: str = "starting"  # starting, running, completed, failed, stopped
+    failure: RankFailure | None = None
+    bars: dict[int, Bar] = field(default_factory=dict)
+    last_line: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
+
+    @property
+    def bar(self) -> Bar | None:
+        """The rank's outermost progress bar (the first one it opened)."""
+        return self.bars[min(self.bars)] if self.bars else None
+
+    @property
+    def n(self) -> float:
+        return self.bar.n if self.bar else 0.0
+
+    @property
+    def total(self) -> float | None:
+        return self.bar.total if self.bar else None
+
+    @property
+    def fraction(self) -> float | None:
+        bar = self.bar
+        if self.status == "completed" and (bar is None or not bar.total):
+            return 1.0
+        if bar is None or not bar.total:
+            return None
+        return min(1.0, bar.n / bar.total)
+
+    @property
+    def rate(self) -> float | None:
+        return self.bar.rate if self.bar else None
+
+    @property
+    def eta(self) -> float | None:
+        bar, rate = self.bar, self.rate
+        if bar is None or not bar.total or not rate or self.status not in ACTIVE:
+            return None
+        return max(0.0, (bar.total - bar.n) / rate)
+
+
+class JobModel:
+    def __init__(self, name: str, backend: str, world_size: int, procs_per_instance: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name, self.backend, self.world_size = name, backend, world_size
+        self.procs_per_instance = procs_per_instance
+        self.ranks = [RankState(r, r // procs_per_instance, r % procs_per_instance) for r in range(world_size)]
+        self.phase = "packaging"
+        self.phase_detail = ""
+        self.clock = clock
+        self.started_at = clock()
+        self.ended_at: float | None = None
+        self.version = 0  # bumped on every change, so views redraw only when needed
+
+    @property
+    def num_instances(self) -> int:
+        return (self.world_size + self.procs_per_instance - 1) // self.procs_per_instance
+
+    def fold(self, event: events.Event) -> None:
+        if isinstance(event, events.Phase):
+            self.phase, self.phase_detail = event.name, event.detail
+            if event.name in ("completed", "failed", "stopped"):
+                self.ended_at = self.clock()
+                self._stop_active()
+        elif isinstance(event, events.Output) and self._valid(event.rank):
+            if event.text.strip():
+                state = self.ranks[event.rank]
+                state.last_line = event.text
+                state.tail.append((event.stream, event.text))
+        elif isinstance(event, events.RankStarted) and self._valid(event.rank):
+            state = self.ranks[event.rank]
+            state.host, state.pid, state.started_at = event.host, event.pid, event.time
+            if state.status == "starting":
+                state.status = "running"
+            if self.phase == "starting":
+                self.phase = "running"
+        elif isinstance(event, events.Progress) and self._valid(event.rank):
+            state = self.ranks[event.rank]
+            bar = state.bars.setdefault(event.bar, Bar())
+            if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
+                bar.first = (event.time, event.n)
+            bar.n, bar.total, bar.last_time = event.n, event.total, event.time
+            bar.desc = event.desc or bar.desc
+            if state.status == "starting":
+                state.status = "running"
+        elif isinstance(event, events.RankFinished) and self._valid(event.rank):
+            state = self.ranks[event.rank]
+            state.ended_at = event.time
+            if event.ok:
+                state.status = "completed"
+            else:
+                state.status = "failed"
+                state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
+                                            event.message, event.traceback)
+        else:
+            return
+        self.version += 1
+
+    def _valid(self, rank: int | None) -> bool:
+        return rank is not None and 0 <= rank < self.world_size
+
+    def _stop_active(self) -> None:
+        for state in self.ranks:
+            if state.status in ACTIVE:
+                state.status = "stopped"
+
+    # -- what views show ------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return (self.ended_at or self.clock()) - self.started_at
+
+    def counts(self) -> dict[str, int]:
+        counts = {s: 0 for s in ("starting", "running", "completed", "failed", "stopped")}
+        for state in self.ranks:
+            counts[state.status] += 1
+        return counts
+
+    def progress(self) -> float | None:
+        """Mean fraction done over ranks that report one (None when none does)."""
+        fractions = [f for f in (s.fraction for s in self.ranks) if f is not None]
+        return sum(fractions) / len(fractions) if fractions else None
+
+    def slowest(self, count: int = 5) -> list[RankState]:
+        """Running ranks furthest behind, by fraction done."""
+        running = [s for s in self.ranks if s.status == "running" and s.fraction is not None]
+        return sorted(running, key=lambda s: (s.fraction, s.rank))[:count]
+
+    def by_instance(self) -> list[list[RankState]]:
+        return [self.ranks[i:i + self.procs_per_instance] for i in range(0, self.world_size, self.procs_per_instance)]
