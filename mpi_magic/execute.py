@@ -15,9 +15,11 @@ from typing import Any, Callable, Mapping
 from . import capture, jobdir, payload
 from .backends import get_backend
 from .errors import JobTimeoutError, PayloadError
+from .events import Phase
 from .job import Job
 from .options import Config, LaunchOptions
 from .runtime.rank import VALUE_NAME, result_path
+from .view import make_view
 from .view.console import ConsoleEcho
 
 # After a rank reports an exception, the launcher normally stops the others at once; if it
@@ -39,52 +41,72 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring."""
     code = capture.analyze(source)
     backend = get_backend(options.backend, config)
-    captured = capture.capture(code, namespace)
     echo = echo or ConsoleEcho()
+    job = Job(jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
+    view = None if options.quiet else make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    job.model.fold(Phase("packaging"))
+    captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
         echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
 
     cache_dir = config.get("cache_dir")
     jobdir.prune(cache_dir, config.get("keep_jobs"))
-    name = jobdir.new_job_name()
-    job_dir = jobdir.create(cache_dir, name)
+    job_dir = jobdir.create(cache_dir, job.name)
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
-    jobdir.record(job_dir, name=name, backend=backend.name, world_size=options.world_size,
+    jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())
 
-    backend_job = backend.submit(job_dir, name, digest, options)
-    job = Job(name, backend.name, job_dir, options.world_size, options.gpus, backend_job.cancel, clock)
+    job.model.fold(Phase("submitting"))
+    backend_job = backend.submit(job_dir, job.name, digest, options)
+    job.start(job_dir, backend_job.cancel)
+    job.model.fold(Phase("starting"))
+    job.widget = getattr(view, "widget", None)
     jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
                   launcher_started=getattr(backend_job, "started", None))
     on_job(job)
-    show = (lambda event: None) if options.quiet else echo.show
+
+    def show(event) -> None:
+        job.record(event)
+        if not options.quiet:
+            echo.show(event)
+
+    def tick() -> None:
+        if view is not None:
+            view.update()
+            job.widget = view.widget
+
     error = None
     try:
-        error = _watch(job, backend_job, show, options.timeout, clock)
+        error = _watch(job, backend_job, show, tick, options.timeout, clock)
+        if error is None:
+            job.model.fold(Phase("collecting results"))
+            run = CellRun(job)
+            _collect(run, code, options, echo)
+            job.model.fold(Phase(job.status))
     except KeyboardInterrupt:
-        echo.say(f"interrupted: stopping job {name} ({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
+        echo.say(f"interrupted: stopping job {job.name} ({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
         _stop(job, backend_job, show)
-        echo.say(f"job {name} stopped; nothing of it is left running")
+        echo.say(f"job {job.name} stopped; nothing of it is left running")
         raise
     finally:
         jobdir.record(job_dir, status=job.status, ended=time.time())
+        if view is not None:
+            view.close()
+            job.widget = view.widget
     if error is not None:
         raise error
-
-    run = CellRun(job)
-    _collect(run, code, options, echo)
     return run
 
 
-def _watch(job: Job, backend_job, show, timeout: float | None, clock) -> Exception | None:
+def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> Exception | None:
     deadline = clock() + timeout if timeout else None
     while not backend_job.finished:
         for event in backend_job.poll(0.1):
-            job.record(event)
             show(event)
+        tick()
         now = clock()
         if deadline is not None and now > deadline and not backend_job.finished:
             _stop(job, backend_job, show)
@@ -101,7 +123,6 @@ def _stop(job: Job, backend_job, show) -> None:
     backend_job.cancel()
     while not backend_job.finished:
         for event in backend_job.poll(0.1):
-            job.record(event)
             show(event)
     job.finish(stopped=True)
 

@@ -26,16 +26,17 @@ class Job:
     ``widget`` is the live dashboard (None where none is shown).
     """
 
-    def __init__(self, name: str, backend: str, job_dir: str, world_size: int, procs_per_instance: int,
-                 cancel: Callable[[], None], clock: Callable[[], float] = time.monotonic):
-        self.name, self.backend, self.job_dir, self.world_size = name, backend, job_dir, world_size
+    def __init__(self, name: str, backend: str, world_size: int, procs_per_instance: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name, self.backend, self.world_size = name, backend, world_size
+        self.job_dir = ""
         self.status = "running"
         self.model = JobModel(name, backend, world_size, procs_per_instance, clock)
         self.widget = None
         self.unreturned: dict[str, str] = {}
         self.returncode: int | None = None
         self.first_failure_at: float | None = None
-        self._cancel = cancel
+        self._cancel: Callable[[], None] | None = None
         self._clock = clock
         self._launcher_lines: list[str] = []
         self._pending: dict[str, list[str]] = {}
@@ -43,6 +44,10 @@ class Job:
         self._last_flush = clock()
 
     # -- folding events -------------------------------------------------------------------
+
+    def start(self, job_dir: str, cancel: Callable[[], None]) -> None:
+        """The job was submitted: its folder and how to stop it are known now."""
+        self.job_dir, self._cancel = job_dir, cancel
 
     @property
     def ranks(self) -> list[RankState]:
@@ -77,6 +82,8 @@ class Job:
         self._pending_bytes += len(line) + 1
 
     def flush_logs(self) -> None:
+        if not self.job_dir:
+            return
         for filename, lines in self._pending.items():
             with open(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
                 f.writelines(lines)
@@ -121,6 +128,8 @@ class Job:
     def logs(self, rank: int | None = None) -> str:
         """One rank's output (stderr lines marked), or every rank's with rank prefixes."""
         self.flush_logs()
+        if not self.job_dir:
+            return ""
         filename = "all.log" if rank is None else f"rank-{rank}.log"
         try:
             with open(os.path.join(self.job_dir, "logs", filename), encoding="utf-8") as f:
@@ -130,7 +139,7 @@ class Job:
 
     def cancel(self) -> None:
         """Stop every rank of this job now."""
-        if self.status == "running":
+        if self.status == "running" and self._cancel is not None:
             self._cancel()
 
     def __repr__(self) -> str:

@@ -63,6 +63,13 @@ def _text(text: str, what: str) -> str:
     return text
 
 
+def _view(text: str, what: str) -> str:
+    views = ("auto", "widgets", "text")
+    if text not in views:
+        raise UsageError(f"{what} {text!r} is not a view; choose one of {', '.join(views)}")
+    return text
+
+
 @dataclass(frozen=True)
 class Setting:
     """A default that %mpirun_config and an MPI_MAGIC_* variable can set."""
@@ -91,6 +98,7 @@ SETTINGS = {s.name: s for s in [
     Setting("mpirun_args", "", _split_args, "extra launcher arguments for every job"),
     Setting("cache_dir", None, _text, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
+    Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
 ]}
 
 

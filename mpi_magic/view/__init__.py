@@ -1,1 +1,33 @@
-"""Ways to show a running job. Views read events; they never import a backend."""
+"""Ways to show a running job. Views read the model (and events); they never import a backend."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable
+
+from .model import JobModel
+
+VIEWS = ("auto", "widgets", "text")
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel, where widgets can be shown (not a terminal, not plain Python)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def make_view(kind: str, model: JobModel, log_dir: Callable[[], str]):
+    """The widget dashboard in a kernel with ipywidgets (or when asked for), else text lines."""
+    from IPython.display import display
+
+    if kind == "widgets" or (kind == "auto" and in_kernel() and importlib.util.find_spec("ipywidgets")):
+        from .widgets import WidgetView
+
+        return WidgetView(model, log_dir, display)
+    from .text import TextView
+
+    return TextView(model, show=display if in_kernel() else None)

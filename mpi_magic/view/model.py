@@ -97,6 +97,7 @@ class JobModel:
         self.started_at = clock()
         self.ended_at: float | None = None
         self.version = 0  # bumped on every change, so views redraw only when needed
+        self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
 
     @property
     def num_instances(self) -> int:
@@ -113,6 +114,7 @@ class JobModel:
                 state = self.ranks[event.rank]
                 state.last_line = event.text
                 state.tail.append((event.stream, event.text))
+                self.tail.append((event.rank, event.stream, event.text))
         elif isinstance(event, events.RankStarted) and self._valid(event.rank):
             state = self.ranks[event.rank]
             state.host, state.pid, state.started_at = event.host, event.pid, event.time

@@ -1,0 +1,91 @@
+"""The end-of-job summary, as HTML (kept in a saved notebook) and as text, and the shared
+wording both views use (durations, rates, one-line status)."""
+
+from __future__ import annotations
+
+import html
+
+from .model import JobModel, RankState
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}/s" if value < 100 else f"{value:,.0f}/s"
+
+
+def count(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
+def percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def headline(model: JobModel) -> str:
+    """'job NAME (local) running 12.3s: 2/4 ranks done, 1 failed, 57%'."""
+    counts = model.counts()
+    parts = [f"{counts['completed']}/{model.world_size} ranks done"]
+    if counts["failed"]:
+        parts.append(f"{counts['failed']} failed")
+    if counts["stopped"]:
+        parts.append(f"{counts['stopped']} stopped")
+    progress = model.progress()
+    if progress is not None and model.phase not in ("completed",):
+        parts.append(percent(progress))
+    return f"job {model.name} ({model.backend}, {model.num_instances} x {model.procs_per_instance}) " \
+           f"{model.phase} {duration(model.elapsed())}: " + ", ".join(parts)
+
+
+def rank_time(state: RankState) -> float | None:
+    if state.started_at is None or state.ended_at is None:
+        return None
+    return state.ended_at - state.started_at
+
+
+class Summary:
+    """Displayed once when the job ends: HTML in a notebook, text elsewhere."""
+
+    def __init__(self, model: JobModel):
+        self.model = model
+
+    def __repr__(self) -> str:
+        lines = [f"mpi_magic: {headline(self.model)}"]
+        if self.model.phase == "completed":
+            return lines[0]
+        for state in self.model.ranks:
+            if state.status != "completed":
+                detail = state.failure.headline() if state.failure else state.status
+                lines.append(f"  rank {state.rank} (instance {state.instance}): {detail}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        model = self.model
+        rows = []
+        for state in model.ranks:
+            error = ""
+            if state.failure is not None:
+                error = html.escape(state.failure.headline())
+            progress = f"{count(state.n)}/{count(state.total)}" if state.bar else "-"
+            rows.append(
+                f"<tr class='mpi-magic-{state.status}'><td>{state.rank}</td><td>{state.instance}</td>"
+                f"<td>{html.escape(state.host)}</td><td>{state.status}</td><td>{duration(rank_time(state))}</td>"
+                f"<td>{progress}</td><td>{error}</td></tr>"
+            )
+        head = "<tr><th>rank</th><th>instance</th><th>host</th><th>status</th><th>time</th><th>progress</th><th>error</th></tr>"
+        return (
+            f"<div class='mpi-magic-summary'><b>mpi_magic</b> {html.escape(headline(model))}"
+            f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
+            f"<table>{head}{''.join(rows)}</table></details></div>"
+        )

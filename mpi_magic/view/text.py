@@ -1,0 +1,64 @@
+"""Progress as compact lines, for terminals, headless runs and kernels without ipywidgets."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, TextIO
+
+from .model import JobModel
+from .summary import Summary, headline, percent, rate
+
+QUIET_START = 1.0  # a job done sooner prints only its summary
+EVERY = 2.0  # seconds between progress lines
+
+
+class TextView:
+    def __init__(self, model: JobModel, stream: TextIO | None = None,
+                 show: Callable[[object], None] | None = None, every: float = EVERY):
+        self.model = model
+        self._stream = stream
+        self._show = show
+        self._every = every
+        self._last_at: float | None = None
+        self._seen_version = -1
+        self._reported_failures: set[int] = set()
+        self.widget = None
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stderr
+
+    def _report_failures(self) -> None:
+        for state in self.model.ranks:
+            if state.failure is not None and state.rank not in self._reported_failures:
+                self._reported_failures.add(state.rank)
+                self._write(state.failure.headline())
+
+    def update(self) -> None:
+        model = self.model
+        elapsed = model.elapsed()
+        self._report_failures()
+        if elapsed < QUIET_START or model.version == self._seen_version:
+            return
+        if self._last_at is not None and elapsed - self._last_at < self._every:
+            return
+        self._last_at, self._seen_version = elapsed, model.version
+        line = headline(model)
+        slowest = model.slowest(1)
+        if slowest and model.world_size > 1:
+            s = slowest[0]
+            line += f"; slowest rank {s.rank} {percent(s.fraction)} at {rate(s.rate)}"
+        self._write(line)
+
+    def _write(self, line: str) -> None:
+        self.stream.write(f"mpi_magic: {line}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._report_failures()
+        summary = Summary(self.model)
+        if self._show is not None:
+            self._show(summary)
+        else:
+            self.stream.write(repr(summary) + "\n")
+            self.stream.flush()
