@@ -1,4 +1,4 @@
-"""The demo notebooks execute headless, as the quick start runs them."""
+"""The demo notebook executes in a real kernel: with the widget dashboard, and headless as text."""
 
 from __future__ import annotations
 
@@ -8,29 +8,45 @@ import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def _text(cell) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        parts.append(output.get("text", ""))
-        parts.append(output.get("data", {}).get("text/plain", ""))
-    return "".join(parts)
-
-
-def test_quickstart_runs_and_brings_values_back(tmp_path):
+def _execute(tmp_path, monkeypatch, view: str):
+    monkeypatch.setenv("MPI_MAGIC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MPI_MAGIC_VIEW", view)
     nb = nbformat.read(os.path.join(NOTEBOOKS, "quickstart.ipynb"), as_version=4)
-    env_cache = {"MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
-    os.environ.update(env_cache)
-    try:
-        NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        os.environ.pop("MPI_MAGIC_CACHE_DIR")
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     mpi_cell = next(c for c in nb.cells if c.source.startswith("%%mpirun_remote"))
-    shown = _text(mpi_cell)
-    for rank in range(4):
-        assert f"[rank {rank}] step 5/5 on instance {rank // 2}" in shown
-    assert "4 ranks agree: total = 600.0" in shown
-    last = _text(nb.cells[-1])
-    assert last.splitlines()[0] == "600.0"
-    assert "completed: 4 ranks (4 completed)" in last
+    return nb, mpi_cell.outputs
+
+
+def _text(outputs) -> str:
+    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+
+
+def _check_results(nb) -> None:
+    last = _text(nb.cells[-1].outputs).splitlines()
+    assert last[0] == "3120.0"
+    assert "completed: 4 ranks (4 completed)" in last[1]
+    assert last[2] == "[(0, 0, 12, 12), (1, 0, 12, 12), (2, 1, 12, 12), (3, 1, 12, 12)]"
+
+
+def test_quickstart_in_a_kernel_shows_the_dashboard_and_the_summary(tmp_path, monkeypatch):
+    nb, outputs = _execute(tmp_path, monkeypatch, "auto")
+    kinds = [mime for o in outputs for mime in o.get("data", {})]
+    assert WIDGET_VIEW in kinds, "the dashboard is displayed in a kernel"
+    summary = next(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    assert summary.count("<td>completed</td>") == 4 and summary.count("<td>12/12</td>") == 4
+    assert "4 ranks agree: total = 3120.0" in _text(outputs)
+    _check_results(nb)
+
+
+def test_quickstart_headless_prints_each_ranks_progress(tmp_path, monkeypatch):
+    nb, outputs = _execute(tmp_path, monkeypatch, "text")
+    shown = _text(outputs)
+    progress = [line for line in shown.splitlines() if " running " in line]
+    assert progress, "progress lines are printed while the job runs"
+    assert all("; ranks 0:" in line and " 3:" in line for line in progress)
+    assert WIDGET_VIEW not in [mime for o in outputs for mime in o.get("data", {})]
+    _check_results(nb)
+

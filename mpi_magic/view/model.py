@@ -120,7 +120,7 @@ class JobModel:
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
             if state.status == "starting":
                 state.status = "running"
-            if self.phase == "starting":
+            if self.phase in ("packaging", "submitting", "starting"):
                 self.phase = "running"
         elif isinstance(event, events.Progress) and self._valid(event.rank):
             state = self.ranks[event.rank]

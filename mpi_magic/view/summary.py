@@ -65,9 +65,10 @@ class Summary:
         if self.model.phase == "completed":
             return lines[0]
         for state in self.model.ranks:
-            if state.status != "completed":
-                detail = state.failure.headline() if state.failure else state.status
-                lines.append(f"  rank {state.rank} (instance {state.instance}): {detail}")
+            if state.failure is not None:
+                lines.append(f"  {state.failure.headline()}")
+            elif state.status != "completed":
+                lines.append(f"  rank {state.rank} (instance {state.instance}) {state.status}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:

@@ -10,6 +10,7 @@ from .summary import Summary, headline, percent, rate
 
 QUIET_START = 1.0  # a job done sooner prints only its summary
 EVERY = 2.0  # seconds between progress lines
+EACH_RANK_UP_TO = 16  # smaller worlds list every rank's progress on the line
 
 
 class TextView:
@@ -45,7 +46,9 @@ class TextView:
         self._last_at, self._seen_version = elapsed, model.version
         line = headline(model)
         slowest = model.slowest(1)
-        if slowest and model.world_size > 1:
+        if model.world_size <= EACH_RANK_UP_TO and any(s.bar for s in model.ranks):
+            line += "; ranks " + " ".join(f"{s.rank}:{percent(s.fraction)}" for s in model.ranks)
+        elif slowest and model.world_size > 1:
             s = slowest[0]
             line += f"; slowest rank {s.rank} {percent(s.fraction)} at {rate(s.rate)}"
         self._write(line)

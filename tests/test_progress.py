@@ -1,0 +1,98 @@
+"""Progress from real ranks reaches the job handle: mpi_magic.progress and unchanged tqdm loops."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_magic import progress
+from mpi_magic.events import Emitter, Progress, StreamDecoder
+from mpi_magic.reporting import Reporter
+
+
+def test_progress_api_reaches_every_ranks_total(ip):
+    ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet --out job", (
+        "import mpi_magic\n"
+        "for step in mpi_magic.progress(range(40), desc='train'):\n"
+        "    pass\n"
+        "with mpi_magic.progress(total=7) as bar:\n"
+        "    for _ in range(7):\n"
+        "        bar.update()\n"
+        "    bar.set_description('manual')\n"
+    ))
+    job = ip.user_ns["job"]
+    for state in job.ranks:
+        assert (state.n, state.total) == (40, 40)
+        assert [(b.n, b.total, b.desc) for b in state.bars.values()] == [(40, 40, "train"), (7, 7, "manual")]
+    assert job.progress == 1.0
+
+
+@pytest.mark.parametrize("module", ["tqdm", "tqdm.auto", "tqdm.notebook"])
+def test_unchanged_tqdm_loops_are_reported_per_rank_and_draw_nothing(ip, module):
+    ip.run_cell_magic("mpirun_remote", "-g 2 --quiet --out job", (
+        f"from {module} import tqdm, trange\n"
+        "for i in tqdm(range(500), desc='rows'):\n"
+        "    pass\n"
+        "for i in trange(3):\n"
+        "    pass\n"
+        "print('finished')\n"
+    ))
+    job = ip.user_ns["job"]
+    for state in job.ranks:
+        assert [(b.n, b.total) for b in state.bars.values()] == [(500, 500), (3, 3)]
+        assert state.bar.desc == "rows"
+    assert job.logs(rank=1) == "finished\n", "tqdm must not draw bars into the logs"
+
+
+def test_a_tqdm_class_captured_from_the_notebook_reports_too(ip):
+    ip.run_cell("from tqdm.auto import tqdm")
+    ip.run_cell_magic("mpirun_remote", "-g 2 --quiet --out job", "for i in tqdm(range(20)):\n    pass\n")
+    assert [s.n for s in ip.user_ns["job"].ranks] == [20, 20]
+
+
+def test_text_view_shows_progress_lines_and_a_summary_for_a_longer_job(ip, capsys):
+    ip.run_cell_magic("mpirun_remote", "-g 2 --out job", (
+        "import mpi_magic, time\n"
+        "for i in mpi_magic.progress(range(30), desc='slow'):\n"
+        "    time.sleep(0.1)\n"
+    ))
+    err = capsys.readouterr().err.splitlines()
+    job = ip.user_ns["job"]
+    progress_lines = [line for line in err if " running " in line]
+    assert progress_lines and all(line.startswith(f"mpi_magic: job {job.name} (local, 1 x 2) running") for line in progress_lines)
+    assert err[-1].startswith(f"mpi_magic: job {job.name} (local, 1 x 2) completed")
+
+
+def test_emission_is_rate_limited_and_the_final_state_always_sent():
+    lines = []
+    now = [0.0]
+    reporter = Reporter(Emitter(0, lines.append), max_rate=10, clock=lambda: now[0])
+    bar = reporter.new_bar()
+    for i in range(1, 10_001):
+        now[0] = i * 0.0001  # 10,000 updates in one second
+        reporter.update(bar, i, 10_000, "")
+    reporter.update(bar, 10_000, 10_000, "", final=True)
+    decoder = StreamDecoder()
+    events = [e for line in lines for e in decoder.feed(line)]
+    assert all(isinstance(e, Progress) for e in events)
+    assert 10 <= len(events) <= 12
+    assert events[-1].n == 10_000
+
+
+def test_flush_sends_the_latest_state_of_every_bar():
+    lines = []
+    reporter = Reporter(Emitter(0, lines.append), max_rate=1, clock=lambda: 5.0)
+    a, b = reporter.new_bar(), reporter.new_bar()
+    reporter.update(a, 1, 10, "a")  # sent
+    reporter.update(a, 2, 10, "a")  # held back
+    reporter.update(b, 3, None, "b")  # held back
+    reporter.flush()
+    decoder = StreamDecoder()
+    sent = [(e.bar, e.n) for line in lines for e in decoder.feed(line)]
+    assert sent == [(a, 1), (a, 2), (b, 3)]
+
+
+def test_progress_outside_a_job_just_iterates():
+    assert list(progress([1, 2, 3], desc="local")) == [1, 2, 3]
+    with progress(total=3) as bar:
+        bar.update(2)
+    assert bar.n == 2 and len(bar) == 3

@@ -1,0 +1,200 @@
+"""The model and both views, driven by scripted event streams; widgets are checked by value."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from mpi_magic.events import (Output, Phase, Progress, RankFinished, RankStarted, StreamDecoder, encode)
+from mpi_magic.view.model import JobModel
+from mpi_magic.view.summary import Summary
+from mpi_magic.view.text import TextView
+from mpi_magic.view.widgets import GRID_ABOVE, WidgetView
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wire(model: JobModel, decoder: StreamDecoder, *events_) -> None:
+    """Send events as the ranks would: tagged wire lines through the decoder."""
+    for event in events_:
+        for decoded in decoder.feed(f"[1,{event.rank}]<stdout>: {encode(event)}"):
+            model.fold(decoded)
+
+
+def started(rank, per_instance=2, seq=0):
+    return RankStarted(rank=rank, instance=rank // per_instance, local_rank=rank % per_instance, world_size=4,
+                       host="h", pid=1000 + rank, seq=seq, time=10.0)
+
+
+@pytest.fixture
+def world():
+    clock = Clock()
+    model = JobModel("job-1", "local", 4, 2, clock)
+    shown = []
+    view = WidgetView(model, lambda: "/jobs/job-1/logs", shown.append)
+    return clock, model, view, shown, StreamDecoder()
+
+
+def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
+    clock, model, view, shown, decoder = world
+    model.fold(Phase("starting"))
+    wire(model, decoder, *[started(r) for r in range(4)])
+    assert model.phase == "running" and model.counts()["running"] == 4
+    wire(model, decoder, Progress(rank=0, n=10, total=100, desc="epoch", seq=1, time=11.0),
+         Progress(rank=0, n=30, total=100, desc="epoch", seq=2, time=12.0))
+    wire(model, decoder, Progress(rank=0, n=30, total=100, desc="epoch", seq=2, time=12.0))  # duplicate
+    wire(model, decoder, Progress(rank=1, n=50, total=100, seq=5, time=12.0))  # seq 1-4 lost
+    wire(model, decoder, RankFinished(rank=3, ok=False, error_type="ValueError", message="bad", traceback="tb", seq=1, time=13.0))
+    r0 = model.ranks[0]
+    assert (r0.n, r0.total, r0.bar.desc) == (30, 100, "epoch")
+    assert r0.rate == pytest.approx(20.0) and r0.eta == pytest.approx(3.5)
+    assert decoder.duplicates == 1 and decoder.gaps == {1: 4}
+    assert model.ranks[3].status == "failed" and model.ranks[3].failure.error_type == "ValueError"
+    assert model.progress() == pytest.approx((0.3 + 0.5) / 2)
+    assert [s.rank for s in model.slowest()] == [0, 1]
+
+
+def test_widgets_show_rows_by_instance_with_values_and_styles(world):
+    clock, model, view, shown, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    view.update()
+    assert view.widget is None and shown == [], "no dashboard for a job younger than a second"
+    clock.now += 1.5
+    wire(model, decoder, Progress(rank=0, n=25, total=100, seq=1, time=11.0),
+         Progress(rank=1, n=7, total=None, seq=1, time=11.0),
+         RankFinished(rank=2, ok=True, seq=1, time=12.0),
+         RankFinished(rank=3, ok=False, error_type="KeyError", message="'k'", seq=1, time=12.0))
+    model.fold(Output(1, "stdout", "loading shard 3"))
+    view.update()
+    assert shown == [view.widget]
+    rows = view.rows
+    assert len(rows) == 4
+    assert (rows[0].bar.value, rows[0].bar.max, rows[0].bar.bar_style) == (25.0, 100.0, "")
+    assert rows[1].bar.bar_style == "info" and rows[1].numbers.value.startswith("7/?")
+    assert rows[2].bar.bar_style == "success" and rows[2].bar.value == rows[2].bar.max
+    assert rows[3].bar.bar_style == "danger" and "raised KeyError" in rows[3].last_line.value
+    assert rows[1].last_line.value == "loading shard 3"
+    titles = [c.value for c in view.widget.children if str(getattr(c, "value", "")).startswith("<b>instance")]
+    assert titles == ["<b>instance 0</b>", "<b>instance 1</b>"]
+    assert "1/4 ranks done, 1 failed" in view.header.value
+    assert view.total_bar.bar_style == "danger"
+    assert "mpi_magic dashboard: job job-1" in repr(view.widget)
+
+
+def test_danger_is_never_overwritten(world):
+    clock, model, view, shown, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(0), RankFinished(rank=0, ok=False, error_type="E", seq=1, time=11.0))
+    view.update()
+    model.ranks[0].status = "completed"  # even if a later event claimed otherwise
+    model.version += 1
+    clock.now += 1
+    view.update()
+    assert view.rows[0].bar.bar_style == "danger"
+
+
+def test_redraws_are_coalesced(world):
+    clock, model, view, shown, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(0))
+    for i in range(1, 1001):
+        wire(model, decoder, Progress(rank=0, n=i, total=1000, seq=i, time=10.0 + i / 1000))
+        clock.now += 0.001  # 1000 events within one second
+        view.update()
+    assert 5 <= view.redraws <= 12
+    view.close()
+    assert view.rows[0].bar.value == 1000.0
+
+
+def test_output_pane_shows_one_rank_or_all_and_names_the_log_file(world):
+    clock, model, view, shown, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(0), started(1))
+    model.fold(Output(0, "stdout", "zero says hi"))
+    model.fold(Output(1, "stderr", "one <warns>"))
+    view.update()
+    assert "[rank 0] zero says hi" in view.output.value and "[rank 1] [stderr] one &lt;warns&gt;" in view.output.value
+    view.chooser.value = "rank 1"
+    assert "zero" not in view.output.value and "one &lt;warns&gt;" in view.output.value
+    assert "/jobs/job-1/logs/rank-1.log" in view.log_note.value
+
+
+def test_a_1024_rank_world_uses_the_compact_grid():
+    import time
+
+    clock = Clock()
+    model = JobModel("big", "local", 1024, 8, clock)
+    view = WidgetView(model, lambda: "", lambda widget: None)
+    decoder = StreamDecoder()
+    clock.now += 2
+    for r in range(1024):
+        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=1024, seq=0, time=1.0),
+             Progress(rank=r, n=r % 100, total=100, seq=1, time=2.0))
+    wire(model, decoder, RankFinished(rank=5, ok=False, error_type="E", seq=2, time=3.0))
+    start = time.perf_counter()
+    view.update()
+    assert time.perf_counter() - start < 2.0
+    assert model.world_size > GRID_ABOVE and view.compact
+    assert not hasattr(view, "rows")
+    assert view.grid.value.count("<span title='rank ") == 1024
+    assert view.grid.value.count("instance ") == 128
+    assert "title='rank 5: failed" in view.grid.value
+    assert view.slowest.value.startswith("slowest: rank 0 0%")
+    assert len(view.widget.children) < 10
+
+
+def test_summary_html_lists_every_rank_with_status_time_progress_and_error(world):
+    clock, model, view, shown, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    wire(model, decoder, Progress(rank=0, n=5, total=5, seq=1, time=11.0), RankFinished(rank=0, ok=True, seq=2, time=14.0),
+         RankFinished(rank=1, ok=False, error_type="ValueError", message="x < 0", seq=1, time=12.0))
+    model.fold(Phase("failed"))
+    view.close()
+    assert view.widget is None, "a job that ended within a second draws no dashboard"
+    summary = shown[-1]
+    assert isinstance(summary, Summary)
+    page = summary._repr_html_()
+    assert page.count("<tr class=") == 4
+    assert "<td>0</td><td>0</td><td>h</td><td>completed</td><td>4.0s</td><td>5/5</td>" in page
+    assert "raised ValueError: x &lt; 0" in page
+    assert page.count("mpi-magic-stopped") == 2
+    assert repr(summary).splitlines()[1:] == [
+        "  rank 1 (instance 0, h) raised ValueError: x < 0", "  rank 2 (instance 1) stopped", "  rank 3 (instance 1) stopped"]
+
+
+def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
+    clock = Clock()
+    model = JobModel("job-2", "local", 2, 1, clock)
+    out = io.StringIO()
+    view = TextView(model, stream=out, every=2.0)
+    decoder = StreamDecoder()
+    wire(model, decoder, started(0, 1), started(1, 1))
+    view.update()
+    assert out.getvalue() == "", "nothing during the first second"
+    for step in range(1, 51):
+        clock.now += 0.1
+        wire(model, decoder, Progress(rank=0, n=step, total=50, seq=step, time=10 + step / 10),
+             Progress(rank=1, n=step / 2, total=50, seq=step, time=10 + step / 10))
+        view.update()
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) <= 3
+    assert lines[-1].startswith("mpi_magic: job job-2 (local, 2 x 1) running ")
+    import re
+
+    each = re.search(r"; ranks 0:(\d+)% 1:(\d+)%$", lines[-1])
+    assert each and int(each.group(1)) == 2 * int(each.group(2)), "rank 1 runs at half rank 0's pace"
+    wire(model, decoder, RankFinished(rank=1, ok=False, error_type="OSError", message="disk", seq=99, time=20.0))
+    view.update()
+    assert out.getvalue().splitlines()[-1] == "mpi_magic: rank 1 (instance 1, h) raised OSError: disk"
+    model.fold(Phase("failed"))
+    view.close()
+    summary = out.getvalue().splitlines()[-3:]
+    assert summary[0].startswith("mpi_magic: job job-2 (local, 2 x 1) failed")
+    assert summary[1:] == ["  rank 0 (instance 0) stopped", "  rank 1 (instance 1, h) raised OSError: disk"]
