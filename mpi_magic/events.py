@@ -144,10 +144,19 @@ class StreamDecoder:
 
     def __init__(self, style: str = "openmpi5") -> None:
         self.style = style
-        self._next_seq: dict[int, int] = {}
-        self._seen: dict[int, set[int]] = {}
-        self.gaps: dict[int, int] = {}
+        # Per rank: every seq below _complete has been seen; _ahead holds those seen beyond it.
+        self._complete: dict[int, int] = {}
+        self._ahead: dict[int, set[int]] = {}
         self.duplicates = 0
+
+    @property
+    def gaps(self) -> dict[int, int]:
+        """{rank: events missing below the newest one seen}, for ranks with any missing."""
+        gaps = {}
+        for rank, ahead in self._ahead.items():
+            if ahead:
+                gaps[rank] = max(ahead) + 1 - self._complete[rank] - len(ahead)
+        return gaps
 
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
         line = line.rstrip("\r\n")
@@ -175,17 +184,20 @@ class StreamDecoder:
         return events
 
     def _accept(self, event: WireEvent) -> bool:
-        seen = self._seen.setdefault(event.rank, set())
-        if event.seq in seen:
+        complete = self._complete.get(event.rank, 0)
+        ahead = self._ahead.setdefault(event.rank, set())
+        if event.seq < complete or event.seq in ahead:
             self.duplicates += 1
             return False
-        seen.add(event.seq)
-        expected = self._next_seq.get(event.rank, 0)
-        if event.seq > expected:
-            self.gaps[event.rank] = self.gaps.get(event.rank, 0) + event.seq - expected
-        elif event.seq < expected:  # a late arrival fills a gap counted before
-            self.gaps[event.rank] = max(0, self.gaps.get(event.rank, 0) - 1)
-        self._next_seq[event.rank] = max(expected, event.seq + 1)
+        if event.seq == complete:
+            complete += 1
+            while complete in ahead:
+                ahead.remove(complete)
+                complete += 1
+            self._complete[event.rank] = complete
+        else:
+            self._complete.setdefault(event.rank, complete)
+            ahead.add(event.seq)
         return True
 
 

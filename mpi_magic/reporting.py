@@ -18,36 +18,45 @@ MAX_RATE = 10.0  # progress events per second per rank
 
 
 class Reporter:
-    """Rate-limits one rank's progress events across all its bars."""
+    """Rate-limits one rank's progress events across all its bars.
+
+    A bar is any object with ``bar_id``, ``n``, ``total`` and ``desc``; a held-back bar is
+    remembered, not copied, so ``flush`` sends its latest state.
+    """
 
     def __init__(self, emitter: events.Emitter, max_rate: float = MAX_RATE, clock=time.monotonic):
         self._emitter = emitter
         self._interval = 1.0 / max_rate
-        self._clock = clock
-        self._next_at = 0.0
-        self._pending: dict[int, tuple[float, float | None, str]] = {}
+        self.clock = clock
+        self.next_at = 0.0
+        self._held: dict[int, object] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
 
     def new_bar(self) -> int:
         return next(self._ids)
 
-    def update(self, bar: int, n: float, total: float | None, desc: str, final: bool = False) -> None:
-        now = self._clock()
-        if not final and now < self._next_at:
-            self._pending[bar] = (n, total, desc)  # the hot path: one clock read and one dict store
-            return
+    def update(self, bar, final: bool = False) -> bool:
+        """Send ``bar``'s state now if due (or final), else hold it; True when sent."""
+        now = self.clock()
+        if not final and now < self.next_at:
+            self._held[bar.bar_id] = bar
+            return False
         with self._lock:
-            self._pending.pop(bar, None)
-            self._emitter.emit(events.Progress, n=n, total=total, desc=desc, bar=bar)
-            self._next_at = now + self._interval
+            self._held.pop(bar.bar_id, None)
+            self._send(bar)
+            self.next_at = now + self._interval
+        return True
+
+    def _send(self, bar) -> None:
+        self._emitter.emit(events.Progress, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id)
 
     def flush(self) -> None:
-        """Send every bar's latest state (the cell has ended)."""
+        """Send every held bar's latest state (the cell has ended)."""
         with self._lock:
-            pending, self._pending = self._pending, {}
-            for bar, (n, total, desc) in sorted(pending.items()):
-                self._emitter.emit(events.Progress, n=n, total=total, desc=desc, bar=bar)
+            held, self._held = self._held, {}
+            for bar_id in sorted(held):
+                self._send(held[bar_id])
 
 
 _reporter: Reporter | None = None
@@ -77,13 +86,22 @@ class progress:  # noqa: N801 - named like tqdm, which it stands in for
                 total = None
         self.iterable, self.total, self.desc, self.n = iterable, total, desc or "", 0
         self._reporter = _reporter
-        self._bar = self._reporter.new_bar() if self._reporter else 0
+        self.bar_id = self._reporter.new_bar() if self._reporter else 0
+        self._held = False
         self._closed = False
         self._send()
 
     def _send(self, final: bool = False) -> None:
-        if self._reporter is not None:
-            self._reporter.update(self._bar, self.n, self.total, self.desc, final)
+        reporter = self._reporter
+        if reporter is not None:
+            self._held = not reporter.update(self, final)
+
+    def update(self, n: float = 1) -> None:
+        self.n += n
+        reporter = self._reporter
+        # The hot path: once held, a bar only asks the clock whether it is due.
+        if reporter is not None and (not self._held or reporter.clock() >= reporter.next_at):
+            self._held = not reporter.update(self)
 
     def __iter__(self) -> Iterator:
         if self.iterable is None:
@@ -91,17 +109,12 @@ class progress:  # noqa: N801 - named like tqdm, which it stands in for
         try:
             for item in self.iterable:
                 yield item
-                self.n += 1
-                self._send()
+                self.update()
         finally:
             self.close()
 
     def __len__(self) -> int:
         return int(self.total or 0)
-
-    def update(self, n: float = 1) -> None:
-        self.n += n
-        self._send()
 
     def set_description(self, desc: str) -> None:
         self.desc = desc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_magic import progress
+from mpi_magic import progress, reporting
 from mpi_magic.events import Emitter, Progress, StreamDecoder
 from mpi_magic.reporting import Reporter
 
@@ -62,15 +62,21 @@ def test_text_view_shows_progress_lines_and_a_summary_for_a_longer_job(ip, capsy
     assert err[-1].startswith(f"mpi_magic: job {job.name} (local, 1 x 2) completed")
 
 
+class Bar:
+    def __init__(self, bar_id, n=0, total=None, desc=""):
+        self.bar_id, self.n, self.total, self.desc = bar_id, n, total, desc
+
+
 def test_emission_is_rate_limited_and_the_final_state_always_sent():
     lines = []
     now = [0.0]
     reporter = Reporter(Emitter(0, lines.append), max_rate=10, clock=lambda: now[0])
-    bar = reporter.new_bar()
+    bar = Bar(reporter.new_bar(), total=10_000)
     for i in range(1, 10_001):
         now[0] = i * 0.0001  # 10,000 updates in one second
-        reporter.update(bar, i, 10_000, "")
-    reporter.update(bar, 10_000, 10_000, "", final=True)
+        bar.n = i
+        reporter.update(bar)
+    reporter.update(bar, final=True)
     decoder = StreamDecoder()
     events = [e for line in lines for e in decoder.feed(line)]
     assert all(isinstance(e, Progress) for e in events)
@@ -78,17 +84,25 @@ def test_emission_is_rate_limited_and_the_final_state_always_sent():
     assert events[-1].n == 10_000
 
 
-def test_flush_sends_the_latest_state_of_every_bar():
+def test_progress_bars_are_rate_limited_too_and_flush_sends_their_latest_state():
     lines = []
-    reporter = Reporter(Emitter(0, lines.append), max_rate=1, clock=lambda: 5.0)
-    a, b = reporter.new_bar(), reporter.new_bar()
-    reporter.update(a, 1, 10, "a")  # sent
-    reporter.update(a, 2, 10, "a")  # held back
-    reporter.update(b, 3, None, "b")  # held back
-    reporter.flush()
+    now = [5.0]
+    reporter = Reporter(Emitter(0, lines.append), max_rate=1, clock=lambda: now[0])
+    reporting.install(reporter)
+    try:
+        a = progress(total=10, desc="a")  # sent: the first state of a bar
+        b = progress(desc="b")  # held back: within the same second
+        for _ in range(5):
+            a.update()
+            b.update(2)
+        reporter.flush()
+        now[0] += 2
+        a.update()  # due again
+    finally:
+        reporting.install(None)
     decoder = StreamDecoder()
-    sent = [(e.bar, e.n) for line in lines for e in decoder.feed(line)]
-    assert sent == [(a, 1), (a, 2), (b, 3)]
+    sent = [(e.desc, e.n) for line in lines for e in decoder.feed(line)]
+    assert sent == [("a", 0), ("a", 5), ("b", 10), ("a", 6)]
 
 
 def test_progress_outside_a_job_just_iterates():

@@ -30,18 +30,18 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
         def __init__(self, *args, **kwargs):
             kwargs["file"] = _Discard()
             kwargs.pop("display", None)  # a tqdm.notebook argument
-            self._mpi_magic_bar = reporter.new_bar()
+            self.bar_id = reporter.new_bar()
             super().__init__(*args, **kwargs)
 
         def display(self, msg=None, pos=None):
             if not self.disable:
-                reporter.update(self._mpi_magic_bar, self.n, self.total, self.desc or "")
+                reporter.update(self)
             return True
 
         def close(self):
             if not self.disable and not getattr(self, "_mpi_magic_closed", False):
                 self._mpi_magic_closed = True
-                reporter.update(self._mpi_magic_bar, self.n, self.total, self.desc or "", final=True)
+                reporter.update(self, final=True)
             super().close()
 
     # Named as the class it replaces, so a cell that assigns it sends the notebook tqdm's own.

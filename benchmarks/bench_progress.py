@@ -1,0 +1,105 @@
+"""Progress reporting costs.
+
+1. Rank side: one `mpi_magic.progress.update()` (with the rank's rate-limited reporter) versus
+   one `tqdm.update()` (writing to a null stream), in ns per call, in the same run.
+2. Client side: events per second through decoder + model + widget view for 32 ranks x 10,000
+   progress updates each (every update sent, no rate limit), and the time to render one frame
+   of a 1024-rank world (compact grid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import time
+
+from mpi_magic import reporting
+from mpi_magic.events import Emitter, Progress, RankStarted, StreamDecoder, encode
+from mpi_magic.view.model import JobModel
+from mpi_magic.view.widgets import WidgetView
+
+
+def ns_per_call(fn, calls: int) -> float:
+    start = time.perf_counter_ns()
+    fn(calls)
+    return (time.perf_counter_ns() - start) / calls
+
+
+def rank_side(calls: int) -> None:
+    from tqdm import tqdm
+
+    sink = []
+    reporting.install(reporting.Reporter(Emitter(0, sink.append)))
+
+    def ours(n: int) -> None:
+        bar = reporting.progress(total=n)
+        for _ in range(n):
+            bar.update()
+        bar.close()
+
+    def theirs(n: int) -> None:
+        bar = tqdm(total=n, file=io.StringIO())
+        for _ in range(n):
+            bar.update()
+        bar.close()
+
+    ours(1000), theirs(1000)  # warm up
+    a, b = ns_per_call(ours, calls), ns_per_call(theirs, calls)
+    reporting.install(None)
+    print(f"rank side, {calls:,} updates:")
+    print(f"  mpi_magic.progress.update   {a:8.0f} ns/call  ({len(sink)} events sent)")
+    print(f"  tqdm.update                 {b:8.0f} ns/call")
+    print(f"  ratio mpi_magic / tqdm = {a / b:.2f}")
+
+
+def client_side(ranks: int, updates: int) -> None:
+    lines = []
+    for r in range(ranks):
+        lines.append(f"[1,{r}]<stdout>: " + encode(RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=ranks, seq=0, time=0.0)))
+    for i in range(1, updates + 1):
+        for r in range(ranks):
+            lines.append(f"[1,{r}]<stdout>: " + encode(Progress(rank=r, n=i, total=updates, seq=i, time=i * 0.001)))
+    model = JobModel("bench", "local", ranks, 8)
+    view = WidgetView(model, lambda: "", lambda widget: None, quiet_start=0.0)
+    decoder = StreamDecoder()
+    start = time.perf_counter()
+    for line in lines:
+        for event in decoder.feed(line):
+            model.fold(event)
+        view.update()
+    view.close()
+    elapsed = time.perf_counter() - start
+    print(f"client side, {ranks} ranks x {updates:,} updates = {len(lines):,} lines:")
+    print(f"  decoder + model + widget view: {len(lines) / elapsed:,.0f} events/s ({elapsed:.2f} s, {view.redraws} redraws)")
+
+
+def frame_1024() -> None:
+    model = JobModel("bench", "local", 1024, 8)
+    view = WidgetView(model, lambda: "", lambda widget: None, quiet_start=0.0)
+    for r in range(1024):
+        model.fold(RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=1024, seq=0, time=0.0))
+        model.fold(Progress(rank=r, n=r % 100, total=100, seq=1, time=1.0))
+    view.update()
+    times = []
+    for _ in range(20):
+        model.version += 1
+        start = time.perf_counter()
+        view.redraw()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    print(f"one frame of a 1024-rank world (compact grid): median {1000 * times[len(times) // 2]:.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=1_000_000)
+    parser.add_argument("--ranks", type=int, default=32)
+    parser.add_argument("--updates", type=int, default=10_000)
+    args = parser.parse_args()
+    rank_side(args.calls)
+    client_side(args.ranks, args.updates)
+    frame_1024()
+
+
+if __name__ == "__main__":
+    main()
