@@ -113,6 +113,20 @@ def test_redraws_are_coalesced(world):
     assert view.rows[0].bar.value == 1000.0
 
 
+def test_the_header_keeps_time_while_nothing_happens(world):
+    clock, model, view, shown, decoder = world
+    wire(model, decoder, started(0))
+    clock.now += 2
+    view.update()
+    first = view.header.value
+    clock.now += 0.5
+    view.update()
+    assert view.header.value == first, "no redraw without news within a second"
+    clock.now += 1
+    view.update()
+    assert view.header.value != first and "running 3.5s" in view.header.value
+
+
 def test_output_pane_shows_one_rank_or_all_and_names_the_log_file(world):
     clock, model, view, shown, decoder = world
     clock.now += 2

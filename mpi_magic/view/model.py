@@ -78,6 +78,14 @@ class RankState:
         return self.bar.rate if self.bar else None
 
     @property
+    def elapsed(self) -> float | None:
+        """Seconds this rank has run (by its own clock), up to its last event."""
+        if self.started_at is None:
+            return None
+        ends = [t for t in (self.ended_at, *(b.last_time for b in self.bars.values())) if t]
+        return max(ends, default=self.started_at) - self.started_at
+
+    @property
     def eta(self) -> float | None:
         bar, rate = self.bar, self.rate
         if bar is None or not bar.total or not rate or self.status not in ACTIVE:

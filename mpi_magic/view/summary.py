@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from .model import JobModel, RankState
+from .model import JobModel
 
 
 def duration(seconds: float | None) -> str:
@@ -48,12 +48,6 @@ def headline(model: JobModel) -> str:
            f"{model.phase} {duration(model.elapsed())}: " + ", ".join(parts)
 
 
-def rank_time(state: RankState) -> float | None:
-    if state.started_at is None or state.ended_at is None:
-        return None
-    return state.ended_at - state.started_at
-
-
 class Summary:
     """Displayed once when the job ends: HTML in a notebook, text elsewhere."""
 
@@ -81,7 +75,7 @@ class Summary:
             progress = f"{count(state.n)}/{count(state.total)}" if state.bar else "-"
             rows.append(
                 f"<tr class='mpi-magic-{state.status}'><td>{state.rank}</td><td>{state.instance}</td>"
-                f"<td>{html.escape(state.host)}</td><td>{state.status}</td><td>{duration(rank_time(state))}</td>"
+                f"<td>{html.escape(state.host)}</td><td>{state.status}</td><td>{duration(state.elapsed)}</td>"
                 f"<td>{progress}</td><td>{error}</td></tr>"
             )
         head = "<tr><th>rank</th><th>instance</th><th>host</th><th>status</th><th>time</th><th>progress</th><th>error</th></tr>"

@@ -19,6 +19,7 @@ from .summary import Summary, count, duration, headline, percent, rate
 
 GRID_ABOVE = 64
 REDRAW_EVERY = 0.1
+HEARTBEAT = 1.0  # the header's elapsed time moves on even when no event arrives
 QUIET_START = 1.0
 ALL_RANKS = "all ranks"
 
@@ -119,9 +120,8 @@ class WidgetView:
                 return
             self.widget = self._build()
             self._show(self.widget)
-        if model.version == self._drawn_version:
-            return
-        if self._drawn_at is not None and elapsed - self._drawn_at < self._redraw_every:
+        since = elapsed - self._drawn_at if self._drawn_at is not None else None
+        if since is not None and since < (self._redraw_every if model.version != self._drawn_version else HEARTBEAT):
             return
         self.redraw()
 
