@@ -69,7 +69,7 @@ class Job:
         elif isinstance(event, events.RankFinished):
             if event.ok and event.rank == 0:
                 self.unreturned.update(event.unreturned)
-            elif not event.ok and self.first_failure_at is None:
+            elif not event.ok and event.error_type != "KeyboardInterrupt" and self.first_failure_at is None:
                 self.first_failure_at = self._clock()
         elif isinstance(event, events.LauncherExited):
             self.returncode = event.returncode
@@ -98,30 +98,33 @@ class Job:
         self.flush_logs()
         reports = launcher.exit_reports("\n".join(self._launcher_lines))
         for state in self.ranks:
+            report = reports.get(state.rank)
             if state.status in ("starting", "running"):
-                if state.rank in reports and not stopped:
+                if report and not stopped:
                     state.status = "failed"
-                    state.failure = RankFailure(state.rank, state.instance, state.host, message=reports[state.rank])
+                    state.failure = RankFailure(state.rank, state.instance, state.host, message=report)
                 else:
                     state.status = "stopped"
+            elif state.failure is not None and not state.failure.error_type and report:
+                state.failure.message = report  # "exited before the cell finished" -> its exit status
         error = self._error(stopped)
         self.status = "stopped" if stopped else "failed" if error else "completed"
         self.model.fold(events.Phase(self.status))
         return error
 
     def _error(self, stopped: bool) -> JobError | None:
+        if stopped or all(s.status == "completed" for s in self.ranks):
+            return None  # every rank reported success: how the launcher ended does not matter
         failed = [s.failure for s in self.ranks if s.failure is not None]
         raised = [f for f in failed if f.error_type]
-        if stopped:
-            return None
         if raised:
             return RemoteRankError(raised, self.world_size)
         if failed:
             return RankExitError(failed)
-        if self.returncode != 0 or any(s.status != "completed" for s in self.ranks):
-            tail = "\n".join(line for line in self._launcher_lines[-20:] if line.strip())
-            return RankExitError([], f"the launcher exited with status {self.returncode}" + (f":\n{tail}" if tail else ""))
-        return None
+        tail = "\n".join(line for line in self._launcher_lines[-20:] if line.strip())
+        unfinished = [s.rank for s in self.ranks if s.status != "completed"]
+        return RankExitError([], f"ranks {unfinished} stopped before the cell finished; the launcher exited with "
+                                 f"status {self.returncode}" + (f":\n{tail}" if tail else ""))
 
     # -- for the user -----------------------------------------------------------------------
 

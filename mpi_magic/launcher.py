@@ -109,7 +109,6 @@ def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) ->
     at start-up, which a single machine does not need. Settings the user made win.
     """
     env = dict(base)
-    env["PYTHONUNBUFFERED"] = "1"
     if launcher.flavour == "openmpi":
         if is_root:
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

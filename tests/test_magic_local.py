@@ -330,3 +330,18 @@ def test_modules_the_cell_imports_come_back_only_if_the_notebook_has_them(ip):
     env = {**os.environ, "MPI_MAGIC_CACHE_DIR": os.environ["MPI_MAGIC_CACHE_DIR"]}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=True)
     assert out.stdout.split() == ["2", "json", "False", "False"], "MPI must not be initialised in the notebook"
+
+
+def test_torch_distributed_initialises_from_the_environment_unchanged(ip):
+    pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build to run this")
+    run(ip, "-i 2 -g 1 --gather", (
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"  # env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+        "t = torch.tensor([dist.get_rank() + 1.0])\n"
+        "dist.all_reduce(t)\n"
+        "summed, seen = float(t), (dist.get_rank(), dist.get_world_size())\n"
+        "dist.destroy_process_group()\n"
+    ))
+    assert ip.user_ns["summed"] == [3.0, 3.0]
+    assert ip.user_ns["seen"] == [(0, 2), (1, 2)]

@@ -9,15 +9,19 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 
 from .. import launcher as launchers
-from ..events import Event, LauncherExited, StreamDecoder
+from ..events import Event, LauncherExited, RankFinished, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
+QUEUE_SIZE = 10_000
+MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
+LOST_AFTER = 1.0  # seconds a rank's process is gone, unreported, before it counts as lost
 
 
 class LocalBackend:
@@ -57,7 +61,11 @@ def _free_port() -> int:
 
 
 class LocalJob:
-    """A running mpirun: two pipe readers decode lines into one queue of events."""
+    """A running mpirun: two pipe readers decode lines into one bounded queue of events.
+
+    Every process of the job is found by its session (mpirun leads a session of its own), so
+    a rank's own child processes are stopped with it. mpirun dies with the notebook process.
+    """
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, tag_style: str):
         self.name = name
@@ -65,12 +73,17 @@ class LocalJob:
         self.argv = argv
         self._decoder = StreamDecoder(tag_style)
         self._decode_lock = threading.Lock()
-        self._queue: queue.Queue[Event] = queue.Queue()
+        # Bounded: a rank flooding stdout is slowed down instead of filling this process's memory.
+        self._queue: queue.Queue[Event] = queue.Queue(maxsize=QUEUE_SIZE)
         self._finished = False
+        self._rank_pids: dict[int, int] = {}
+        self._reported: set[int] = set()
+        self._gone_since: dict[int, float] = {}
+        self._checked_at = 0.0
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True,
+            env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
         )
         self.pid = self.process.pid
         self.started = psutil.Process(self.pid).create_time()
@@ -87,13 +100,21 @@ class LocalJob:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 with self._decode_lock:
-                    for event in self._decoder.feed(line, stream):
-                        self._queue.put(event)
+                    decoded = self._decoder.feed(line, stream)
+                    for event in decoded:
+                        if isinstance(event, RankStarted):
+                            self._rank_pids[event.rank] = event.pid
+                        elif isinstance(event, RankFinished):
+                            self._reported.add(event.rank)
+                for event in decoded:
+                    self._queue.put(event)
 
     def _wait(self) -> None:
         for reader in self._readers:
             reader.join()
-        self._queue.put(LauncherExited(self.process.wait()))
+        returncode = self.process.wait()
+        self._stop(self._session())  # what a rank started and left behind
+        self._queue.put(LauncherExited(returncode))
 
     @property
     def finished(self) -> bool:
@@ -104,38 +125,84 @@ class LocalJob:
         return self._decoder.gaps
 
     def poll(self, timeout: float) -> list[Event]:
+        """Events that arrived (at most ``MAX_BATCH``, gathered for at most ``MAX_BATCH_SECONDS``)."""
         batch: list[Event] = []
+        started = time.monotonic()
         try:
             batch.append(self._queue.get(timeout=timeout))
-            while True:
+            while len(batch) < MAX_BATCH and time.monotonic() - started < MAX_BATCH_SECONDS:
                 batch.append(self._queue.get_nowait())
         except queue.Empty:
             pass
+        batch.extend(self._lost_ranks())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
+    def _lost_ranks(self) -> list[Event]:
+        """Ranks whose process is gone without having reported: killed, or exited early."""
+        now = time.monotonic()
+        if now - self._checked_at < 0.5:
+            return []
+        self._checked_at = now
+        lost = []
+        with self._decode_lock:
+            for rank, pid in self._rank_pids.items():
+                if rank in self._reported or _pid_alive(pid):
+                    continue
+                # its last lines may still be in the pipes: give them a moment to arrive
+                if now - self._gone_since.setdefault(rank, now) >= LOST_AFTER:
+                    self._reported.add(rank)
+                    lost.append(RankFinished(rank=rank, ok=False, message="exited before the cell finished"))
+        return lost
+
     def cancel(self) -> None:
-        """SIGINT, then SIGTERM, then SIGKILL to mpirun and every rank, with short waits."""
-        known: dict[int, psutil.Process] = {}
-        for signum, wait in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), STOP_WAITS):
-            known.update((p.pid, p) for p in self._tree())  # ranks whose mpirun died are still known
+        """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
+        self._stop(self._session(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+        self.process.wait()
+
+    def _stop(self, procs: list[psutil.Process], signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
+        known = {p.pid: p for p in procs}
+        for signum, wait in zip(signals, STOP_WAITS):
+            known.update((p.pid, p) for p in self._session())  # ranks whose mpirun died are still known
             alive = [p for p in known.values() if _alive(p)]
             if not alive:
-                break
+                return
             for proc in alive:
                 try:
                     proc.send_signal(signum)
                 except psutil.Error:
                     pass
             psutil.wait_procs(alive, timeout=wait)
-        self.process.wait()
 
-    def _tree(self) -> list[psutil.Process]:
+    def _session(self) -> list[psutil.Process]:
+        """mpirun's process tree and everything else in its session."""
+        members = {}
         try:
             root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
+            members = {p.pid: p for p in [root, *root.children(recursive=True)]}
         except psutil.Error:
-            return []
+            pass
+        for pid in psutil.pids():
+            if pid not in members and _session_of(pid) == self.pid:
+                try:
+                    members[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    pass
+        return list(members.values())
+
+
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -143,3 +210,12 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the notebook process dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

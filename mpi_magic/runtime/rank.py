@@ -8,7 +8,9 @@ stop every other rank, including ranks blocked in a collective.
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
+import inspect
 import linecache
 import os
 import socket
@@ -18,6 +20,7 @@ import types
 from dataclasses import dataclass
 
 from .. import events, payload, reporting
+from ..rebind import rebind_all
 from . import tqdm_hook
 from .shell import RankShell
 
@@ -78,6 +81,8 @@ def main(argv: list[str]) -> int:
     digest = argv[argv.index("--digest") + 1] if "--digest" in argv else None
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
+    for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
+        stream.reconfigure(line_buffering=True)
     out = sys.stdout
     emitter = events.Emitter(place.rank, lambda line: (out.write(line), out.flush()))
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
@@ -108,51 +113,41 @@ def build_namespace(bundle: payload.Bundle) -> dict:
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     namespace["get_ipython"] = RankShell(namespace).get_ipython
     for name in bundle.raw:
-        namespace[name] = bundle.load(name)
-    pending = [name for name, value in namespace.items() if _is_notebook_function(value)]
-    while pending:  # functions a notebook function calls come along in its globals
-        name = pending.pop()
-        function = namespace[name]
-        for key, val in function.__globals__.items():
-            if key not in namespace:
-                namespace[key] = val
-                if _is_notebook_function(val):
-                    pending.append(key)
-        namespace[name] = _rebind(function, namespace)
+        try:
+            namespace[name] = bundle.load(name)
+        except Exception as exc:
+            raise NotebookValueError(
+                f"the notebook's {name} could not be loaded on this rank ({type(exc).__name__}: {exc}); "
+                "if it needs a module from the notebook's folder or sys.path, make that importable on the "
+                "ranks (for example --env PYTHONPATH=...)"
+            ) from None
+    rebind_all(list(namespace), namespace)
     return namespace
 
 
-def _is_notebook_function(value) -> bool:
-    return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
-
-
-def _rebind(function: types.FunctionType, namespace: dict) -> types.FunctionType:
-    """Give a notebook function the cell's globals, as it has in the notebook.
-
-    cloudpickle gives each function a private copy of the globals it used; without this a
-    cell that changes ``scale`` would call a function that still sees the old one.
-    """
-    rebound = types.FunctionType(function.__code__, namespace, function.__name__,
-                                 function.__defaults__, function.__closure__)
-    rebound.__kwdefaults__ = function.__kwdefaults__
-    rebound.__dict__.update(function.__dict__)
-    rebound.__qualname__ = function.__qualname__
-    rebound.__doc__ = function.__doc__
-    rebound.__annotations__ = function.__annotations__
-    rebound.__module__ = function.__module__
-    return rebound
+class NotebookValueError(RuntimeError):
+    """A captured value did not load on the rank."""
 
 
 def run_source(source: str, namespace: dict):
-    """Run the cell like IPython: the value of a final expression is returned."""
+    """Run the cell like IPython: the value of a final expression is returned; top-level
+    ``await`` works, as it does in a notebook."""
     linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
     tree = ast.parse(source, CELL_FILENAME, "exec")
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     sys.argv = [CELL_FILENAME]
-    exec(compile(tree, CELL_FILENAME, "exec"), namespace)  # noqa: S102 - running the cell is the point
+    _run(compile(tree, CELL_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     if last is None:
         return None
-    return eval(compile(ast.Expression(last.value), CELL_FILENAME, "eval"), namespace)  # noqa: S307
+    expression = ast.Expression(last.value)
+    return _run(compile(expression, CELL_FILENAME, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+
+
+def _run(code: types.CodeType, namespace: dict):
+    result = eval(code, namespace)  # noqa: S307 - running the cell is the point
+    if code.co_flags & inspect.CO_COROUTINE:
+        result = asyncio.run(result)
+    return result
 
 
 def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -> dict[str, str]:
@@ -182,8 +177,11 @@ def result_path(job_dir: str, rank: int) -> str:
 
 
 def _fail(emitter: events.Emitter, exc: BaseException) -> int:
-    emitter.emit(events.RankFinished, ok=False, error_type=type(exc).__name__,
-                 message=str(exc), traceback=format_traceback(exc))
+    if isinstance(exc, KeyboardInterrupt):  # stopped from outside: not the cell's failure
+        emitter.emit(events.RankFinished, ok=False, error_type="KeyboardInterrupt", message="interrupted")
+    else:
+        emitter.emit(events.RankFinished, ok=False, error_type=type(exc).__name__,
+                     message=str(exc), traceback=format_traceback(exc))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # no MPI_Finalize: the launcher then stops the ranks still waiting on this one

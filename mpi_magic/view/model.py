@@ -144,6 +144,8 @@ class JobModel:
             state.ended_at = event.time
             if event.ok:
                 state.status = "completed"
+            elif event.error_type == "KeyboardInterrupt":  # the launcher or the user stopped it
+                state.status = "stopped"
             else:
                 state.status = "failed"
                 state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
