@@ -14,10 +14,11 @@ from typing import Any, Callable, Mapping
 
 from . import capture, jobdir, payload
 from .backends import get_backend
-from .errors import JobTimeoutError, PayloadError
+from .errors import JobError, JobTimeoutError, PayloadError
 from .events import Phase
 from .job import Job
 from .options import Config, LaunchOptions
+from .rebind import is_notebook_function, rebind
 from .runtime.rank import VALUE_NAME, result_path
 from .view import make_view
 from .view.console import ConsoleEcho
@@ -25,6 +26,8 @@ from .view.console import ConsoleEcho
 # After a rank reports an exception, the launcher normally stops the others at once; if it
 # has not within this many seconds (a rank ignoring signals), the job is stopped from here.
 ABORT_GRACE_SECONDS = 3.0
+# Once every rank has reported success, the launcher gets this long to exit by itself.
+LINGER_SECONDS = 3.0
 
 
 @dataclass
@@ -59,15 +62,6 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())
 
-    job.model.fold(Phase("submitting"))
-    backend_job = backend.submit(job_dir, job.name, digest, options)
-    job.start(job_dir, backend_job.cancel)
-    job.model.fold(Phase("starting"))
-    job.widget = getattr(view, "widget", None)
-    jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
-                  launcher_started=getattr(backend_job, "started", None))
-    on_job(job)
-
     def show(event) -> None:
         job.record(event)
         if not options.quiet:
@@ -78,18 +72,33 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
             view.update()
             job.widget = view.widget
 
-    error = None
-    try:
+    job.model.fold(Phase("submitting"))
+    backend_job = backend.submit(job_dir, job.name, digest, options)
+    try:  # from here on, whatever happens in this process, the job does not outlive the cell
+        job.start(job_dir, backend_job.cancel)
+        job.model.fold(Phase("starting"))
+        jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
+                      launcher_started=getattr(backend_job, "started", None))
+        on_job(job)
+
         error = _watch(job, backend_job, show, tick, options.timeout, clock)
         if error is None:
             job.model.fold(Phase("collecting results"))
             run = CellRun(job)
             _collect(run, code, options, echo)
+            for name, value in run.values.items():
+                if is_notebook_function(value):
+                    run.values[name] = rebind(value, namespace)
             job.model.fold(Phase(job.status))
-    except KeyboardInterrupt:
-        echo.say(f"interrupted: stopping job {job.name} ({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
-        _stop(job, backend_job, show)
-        echo.say(f"job {job.name} stopped; nothing of it is left running")
+    except BaseException as exc:
+        if not backend_job.finished:
+            if isinstance(exc, KeyboardInterrupt):
+                echo.say(f"interrupted: stopping job {job.name} "
+                         f"({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
+            else:
+                echo.say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
+            _stop(job, backend_job, show)
+            echo.say(f"job {job.name} stopped; nothing of it is left running")
         raise
     finally:
         jobdir.record(job_dir, status=job.status, ended=time.time())
@@ -103,6 +112,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
 
 def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> Exception | None:
     deadline = clock() + timeout if timeout else None
+    all_done_at = None
     while not backend_job.finished:
         for event in backend_job.poll(0.1):
             show(event)
@@ -116,14 +126,27 @@ def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> E
             )
         if job.first_failure_at is not None and now - job.first_failure_at > ABORT_GRACE_SECONDS:
             backend_job.cancel()
+        if all_done_at is None and all(s.status == "completed" for s in job.ranks):
+            all_done_at = now
+        if all_done_at is not None and now - all_done_at > LINGER_SECONDS:
+            backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
+    if job.cancelled:
+        job.finish(stopped=True)
+        return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
     return job.finish()
 
 
 def _stop(job: Job, backend_job, show) -> None:
-    backend_job.cancel()
-    while not backend_job.finished:
-        for event in backend_job.poll(0.1):
-            show(event)
+    """Stop the job completely; a second Ctrl-C does not cut the stopping short."""
+    while True:
+        try:
+            backend_job.cancel()
+            while not backend_job.finished:
+                for event in backend_job.poll(0.1):
+                    show(event)
+            break
+        except KeyboardInterrupt:
+            continue
     job.finish(stopped=True)
 
 

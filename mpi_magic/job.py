@@ -36,6 +36,7 @@ class Job:
         self.unreturned: dict[str, str] = {}
         self.returncode: int | None = None
         self.first_failure_at: float | None = None
+        self.cancelled = False
         self._cancel: Callable[[], None] | None = None
         self._clock = clock
         self._launcher_lines: list[str] = []
@@ -141,8 +142,9 @@ class Job:
             return ""
 
     def cancel(self) -> None:
-        """Stop every rank of this job now."""
+        """Stop every rank of this job now (the running cell then raises JobError)."""
         if self.status == "running" and self._cancel is not None:
+            self.cancelled = True
             self._cancel()
 
     def __repr__(self) -> str:
