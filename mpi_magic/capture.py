@@ -13,6 +13,7 @@ import io
 import socket
 import symtable
 import threading
+import tokenize
 import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -45,14 +46,21 @@ def analyze(source: str) -> CellCode:
     Raises ``SyntaxError`` as Python would, so the cell fails before anything starts.
     """
     tree = ast.parse(source, "<mpirun_remote cell>", "exec")
+    compile(tree, "<mpirun_remote cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # `break` outside a loop...
     reads: set[str] = set()
     late: set[str] = set()
-    definite: set[str] = set()
-    _scan(tree.body, definite, reads, late)
-    reads |= late - definite
+    _scan(tree.body, set(), reads, late)
+    reads |= late  # a function may run before the cell defines what it reads
     ends = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
-    display = ends and not source.rstrip().endswith(";")
-    return CellCode(source, reads, _assigned(source), ends, display)
+    return CellCode(source, reads, _assigned(source), ends, ends and not _ends_with_semicolon(source))
+
+
+def _ends_with_semicolon(source: str) -> bool:
+    """True when the last token that is not a comment is ';' (IPython then shows no output)."""
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+              if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER,
+                                tokenize.INDENT, tokenize.DEDENT)]
+    return bool(tokens) and tokens[-1].string == ";"
 
 
 def _assigned(source: str) -> list[str]:
@@ -85,12 +93,29 @@ def _reads_later(table: symtable.SymbolTable) -> set[str]:
     while stack:
         child = stack.pop()
         stack.extend(child.get_children())
-        names |= {s.get_name() for s in child.get_symbols() if s.is_global() and s.is_referenced()}
+        # `global n; n += 1` reads n, though symtable records only the store
+        names |= {s.get_name() for s in child.get_symbols()
+                  if s.is_global() and (s.is_referenced() or s.is_declared_global() and s.is_assigned())}
     return names
 
 
 def _targets(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _walrus_targets(node: ast.AST) -> set[str]:
+    return {n.target.id for n in ast.walk(node) if isinstance(n, ast.NamedExpr)}
+
+
+def _captures(pattern: ast.AST) -> set[str]:
+    """Names a match pattern binds."""
+    names = set()
+    for n in ast.walk(pattern):
+        if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            names.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            names.add(n.rest)
+    return names
 
 
 def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[str]) -> None:
@@ -106,8 +131,14 @@ def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[st
             defined.add(stmt.name)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             defined |= {(a.asname or a.name).split(".")[0] for a in stmt.names if a.name != "*"}
+        elif isinstance(stmt, ast.Delete):
+            reads |= _reads_now(stmt) - defined
+            deleted = {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+            reads |= deleted - defined  # `del a` needs an `a` to delete
+            defined -= deleted
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             reads |= _reads_now(stmt) - defined
+            defined |= _walrus_targets(stmt)
             if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
                 reads |= {stmt.target.id} - defined  # symtable counts `x += 1` as a store only
             if not isinstance(stmt, ast.AnnAssign) or stmt.value is not None:
@@ -121,10 +152,12 @@ def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[st
             _scan(stmt.orelse, set(defined), reads, late)
         elif isinstance(stmt, ast.While):
             reads |= _reads_now(stmt.test) - defined
+            defined |= _walrus_targets(stmt.test)
             _scan(stmt.body, set(defined), reads, late)
             _scan(stmt.orelse, set(defined), reads, late)
         elif isinstance(stmt, ast.If):
             reads |= _reads_now(stmt.test) - defined
+            defined |= _walrus_targets(stmt.test)
             then, otherwise = set(defined), set(defined)
             _scan(stmt.body, then, reads, late)
             _scan(stmt.orelse, otherwise, reads, late)
@@ -143,8 +176,21 @@ def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[st
                 _scan(handler.body, defined | ({handler.name} if handler.name else set()), reads, late)
             _scan(stmt.orelse, set(defined), reads, late)
             _scan(stmt.finalbody, set(defined), reads, late)
+        elif isinstance(stmt, ast.Match):
+            reads |= _reads_now(stmt.subject) - defined
+            for case in stmt.cases:
+                for node in ast.walk(case.pattern):  # `case Color.RED` and `case Point(...)` read names
+                    if isinstance(node, ast.MatchValue):
+                        reads |= _reads_now(node.value) - defined
+                    elif isinstance(node, ast.MatchClass):
+                        reads |= _reads_now(node.cls) - defined
+                inner = defined | _captures(case.pattern)
+                if case.guard is not None:
+                    reads |= _reads_now(case.guard) - inner
+                _scan(case.body, inner, reads, late)
         else:
             reads |= _reads_now(stmt) - defined
+            defined |= _walrus_targets(stmt)
 
 
 @dataclass
@@ -171,17 +217,46 @@ def capture(code: CellCode, namespace: Mapping[str, Any]) -> Captured:
             continue  # builtins, or a NameError the ranks will raise as Python would
         value = namespace[name]
         captured.kinds[name] = type(value).__name__
-        reason = _why_not_travelling(value)
-        if reason is None:
-            try:
-                captured.packed.append(payload.pack(name, value))
-                continue
-            except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
-                reason = f"{type(exc).__name__}: {exc}"
-        problems.append(f"{name} ({_type_name(value)}) cannot be sent to the ranks: {reason}. {_hint(value)}")
+        try:
+            captured.packed.append(_pack(name, value))
+        except _CannotTravel as exc:
+            problems.append(f"{name} ({_type_name(value)}) cannot be sent to the ranks: {exc}")
     if problems:
         raise CaptureError("; ".join(problems) if len(problems) == 1 else "\n".join(["cannot start:"] + problems))
     return captured
+
+
+class _CannotTravel(Exception):
+    pass
+
+
+def _pack(name: str, value: Any) -> payload.Packed:
+    reason = _why_not_travelling(value)
+    if reason is None:
+        try:
+            return payload.pack(name, value)
+        except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
+            culprit = _culprit(value) if isinstance(value, types.FunctionType) else None
+            if culprit is not None:
+                raise _CannotTravel(culprit) from None
+            reason = f"{type(exc).__name__}: {exc}"
+    raise _CannotTravel(f"{reason}. {_hint(value)}")
+
+
+def _culprit(function: types.FunctionType) -> str | None:
+    """'it uses log (_io.TextIOWrapper), which ...' for the global or closure value that fails."""
+    import inspect
+
+    try:
+        used = inspect.getclosurevars(function)
+    except (TypeError, ValueError):
+        return None
+    for name, value in {**used.nonlocals, **used.globals}.items():
+        try:
+            _pack(name, value)
+        except _CannotTravel as exc:
+            return f"it uses {name} ({_type_name(value)}), which cannot be sent: {exc}"
+    return None
 
 
 def _type_name(value: Any) -> str:
@@ -189,15 +264,22 @@ def _type_name(value: Any) -> str:
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
+_OS_FILES = (io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+
+
 def _why_not_travelling(value: Any) -> str | None:
-    """Things cloudpickle would accept but that make no sense in another process."""
-    if isinstance(value, io.IOBase):
+    """Things cloudpickle would accept but that make no sense in another process.
+
+    An open file would arrive as a copy of what is left to read, if at all; in-memory
+    streams (io.BytesIO, io.StringIO) are plain data and travel.
+    """
+    if isinstance(value, _OS_FILES):
         return "a file handle belongs to this process" + (" (and it is closed)" if value.closed else "")
     return None
 
 
 def _hint(value: Any) -> str:
-    if isinstance(value, io.IOBase):
+    if isinstance(value, _OS_FILES):
         return "Pass the file's path instead and open it inside the cell"
     if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
         return "Turn it into a list first (name = list(name)) or create the generator inside the cell"

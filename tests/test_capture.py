@@ -15,7 +15,15 @@ from mpi_magic.errors import CaptureError
     ("print(x)\nx = 2", {"print", "x"}),
     ("with open(p) as f:\n    d = f.read()", {"open", "p"}),
     ("for i in items:\n    total = total + i", {"items", "total"}),
-    ("def g():\n    return y\ny = 1", set()),
+    ("def g():\n    return y\ny = 1", {"y"}),  # g may be called before y is assigned
+    ("y = 1\ndef g():\n    return y", set()),
+    ("def bump():\n    global counter\n    counter += 1\nbump()", {"counter"}),
+    ("del a", {"a"}),
+    ("a = 1\ndel a", set()),
+    ("match cmd:\n    case _:\n        total += 1", {"cmd", "total"}),
+    ("match v:\n    case [chunk, *rest] if chunk > lim:\n        pass\n    case Point(x=0) | Color.RED:\n        pass",
+     {"v", "lim", "Point", "Color"}),
+    ("if (n := 3) > 0:\n    r = n", set()),
     ("def g():\n    return z", {"z"}),
     ("class A(Base):\n    k = c", {"Base", "c"}),
     ("[a for a in b if a > lim]", {"b", "lim"}),
@@ -35,6 +43,14 @@ def test_assigns_are_every_top_level_binding_in_order():
     assert code.assigns == ["os", "x", "i", "f", "C", "g"]
     assert code.ends_with_expression and code.display_result
     assert not analyze("f();").display_result
+    assert not analyze("f();  # done").display_result
+    assert analyze("f()  # no; output").display_result
+
+
+def test_compile_time_errors_are_raised_before_anything_starts():
+    with pytest.raises(SyntaxError, match="'break' outside loop"):
+        analyze("break")
+    analyze("import asyncio\nawait asyncio.sleep(0)")  # top-level await is fine, as in IPython
 
 
 def test_only_read_names_are_packed():
@@ -62,3 +78,25 @@ def test_large_values_are_reported_by_name_and_size():
     captured = capture(analyze("x = big.sum() + small.sum()"), ns)
     assert captured.large_values() == [("big", "ndarray", captured.packed[0].size)]
     assert captured.packed[0].size > 40 * 2**20
+
+
+def test_in_memory_streams_travel_but_files_do_not():
+    import io
+
+    assert [p.name for p in capture(analyze("d = buf.getvalue()"), {"buf": io.BytesIO(b"abc")}).packed] == ["buf"]
+
+
+def test_a_function_that_cannot_travel_names_what_it_uses(tmp_path):
+    log = open(tmp_path / "log.txt", "w")
+
+    def step(x):
+        log.write(str(x))
+
+    try:
+        with pytest.raises(CaptureError) as caught:
+            capture(analyze("step(1)"), {"step": step})
+        assert str(caught.value) == (
+            "step (function) cannot be sent to the ranks: it uses log (_io.TextIOWrapper), which cannot be sent: "
+            "a file handle belongs to this process. Pass the file's path instead and open it inside the cell")
+    finally:
+        log.close()
