@@ -111,9 +111,12 @@ def decode_payload(text: str) -> WireEvent | None:
         if body.pop("v") != SCHEMA_VERSION:
             return None
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in body.items() if k in names})
+        event = cls(**{k: v for k, v in body.items() if k in names})
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+    if not (type(event.rank) is int and type(event.seq) is int):  # noqa: E721 - bool is not a rank
+        return None
+    return event
 
 
 # Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text".

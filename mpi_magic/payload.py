@@ -32,7 +32,8 @@ MAGIC = b"MPIMAGIC"
 FORMAT_VERSION = 1
 PAYLOAD_FILE = "payload.bin"
 _LENGTH = struct.Struct("<Q")
-MAP_THRESHOLD = 1 << 20  # buffers this big are page-aligned in the file and memory-mapped
+MAP_THRESHOLD = 1 << 20  # buffers this big are aligned in the file and memory-mapped
+ALIGN = 1 << 16  # a multiple of every common page size (4, 16 and 64 KiB), so any reader can map
 
 
 @dataclass
@@ -66,6 +67,7 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
         "python": python_version(),
         "cloudpickle": cloudpickle.__version__,
         "meta": meta,
+        "align": ALIGN,
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
     }
     head = json.dumps(header).encode()
@@ -74,8 +76,8 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
     with os.fdopen(fd, "wb", buffering=0) as out:
         position = 0
         for chunk, is_buffer in _chunks(head, packed):
-            if is_buffer and chunk.nbytes >= MAP_THRESHOLD and position % mmap.PAGESIZE:
-                position += _write_all(out, memoryview(bytes(-position % mmap.PAGESIZE)), hasher)
+            if is_buffer and chunk.nbytes >= MAP_THRESHOLD and position % ALIGN:
+                position += _write_all(out, memoryview(bytes(-position % ALIGN)), hasher)
             position += _write_all(out, chunk, hasher)
     return hasher.hexdigest() if hasher else None
 
@@ -142,7 +144,7 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
         raw = {}
         for entry in header["entries"]:
             data = _read_exact(src, entry["pickle"], hasher)
-            raw[entry["name"]] = (data, [_read_buffer(src, n, hasher) for n in entry["buffers"]])
+            raw[entry["name"]] = (data, [_read_buffer(src, n, header["align"], hasher) for n in entry["buffers"]])
         if src.read(1):
             raise PayloadError(f"{path} has trailing bytes; it was modified after it was written")
     if hasher is not None and hasher.hexdigest() != expected_digest:
@@ -154,14 +156,16 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
     return Bundle(header, raw)
 
 
-def _read_buffer(src: io.RawIOBase, size: int, hasher) -> bytearray | memoryview:
-    """A small buffer is read; a large one is mapped copy-on-write from its page."""
+def _read_buffer(src: io.RawIOBase, size: int, align: int, hasher) -> bytearray | memoryview:
+    """A small buffer is read; a large one is mapped copy-on-write where it starts."""
     if size < MAP_THRESHOLD:
         return _read_exact(src, size, hasher)
     position = src.tell()
-    if position % mmap.PAGESIZE:
-        _read_exact(src, -position % mmap.PAGESIZE, hasher)
+    if position % align:
+        _read_exact(src, -position % align, hasher)
         position = src.tell()
+    if position % mmap.ALLOCATIONGRANULARITY:  # cannot be mapped on this machine: read it
+        return _read_exact(src, size, hasher)
     if os.fstat(src.fileno()).st_size < position + size:
         raise PayloadError(f"payload is truncated: a buffer of {size} bytes at {position} is missing")
     mapped = mmap.mmap(src.fileno(), size, flags=mmap.MAP_PRIVATE,

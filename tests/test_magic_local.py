@@ -199,6 +199,9 @@ def test_several_failing_ranks_are_summarised(ip):
     error = caught.value
     assert error.rank in (1, 2, 3)
     assert all(f.error_type == "KeyError" for f in error.failures)
+    if len(error.failures) > 1:  # the launcher may stop the others before they raise
+        assert f"(and {len(error.failures) - 1} more of 4 ranks: " in str(error)
+        assert any("also raised KeyError" in line for line in error._render_traceback_())
 
 
 @pytest.mark.parametrize(("code", "expected"), [
@@ -346,3 +349,173 @@ def test_torch_distributed_initialises_from_the_environment_unchanged(ip):
     ))
     assert ip.user_ns["summed"] == [3.0, 3.0]
     assert ip.user_ns["seen"] == [(0, 2), (1, 2)]
+
+
+def _processes_with(marker: str):
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_a_flood_of_output_does_not_stop_the_timeout(ip, capsys):
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(mpi_magic.JobTimeoutError):
+        run(ip, "-g 2 --timeout 3", "while True:\n    print('x' * 20)\n")
+    assert time.monotonic() - started < 15
+    capsys.readouterr()
+
+
+def test_an_error_in_the_notebook_process_stops_the_job(ip, monkeypatch):
+    import io
+
+    ascii_only = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", ascii_only)
+    with pytest.raises(UnicodeEncodeError):
+        run(ip, "-g 2 --out job", "import time\nprint('caf\\u00e9', flush=True)\ntime.sleep(30)\n")
+    job = ip.user_ns["job"]
+    assert job.status == "stopped"
+    assert not _processes_with(job.job_dir)
+
+
+@pytest.mark.parametrize("detached", [False, True])
+def test_processes_a_rank_started_do_not_outlive_the_job(ip, cache_dir, detached):
+    import time
+
+    marker = os.path.join(cache_dir, "child-marker")
+    options = ", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL" if detached else ""
+    started = time.monotonic()
+    run(ip, "-g 1", (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}]{options})\n"
+        "x = 1\n"
+    ))
+    assert ip.user_ns["x"] == 1, "the cell succeeded; its results come back"
+    assert time.monotonic() - started < 20
+    assert not _processes_with(marker)
+
+
+def test_a_second_interrupt_does_not_cut_the_stop_short(ip, capsys):
+    import _thread
+    import threading
+    import time
+
+    def interrupt_twice():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = ip.user_ns.get("job")
+            if job is not None and all(r.status == "running" for r in job.ranks):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        _thread.interrupt_main()
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    helper = threading.Thread(target=interrupt_twice)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(ip, "-g 2 --out job", (
+                "import signal, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "time.sleep(60)\n"
+            ))
+    finally:
+        helper.join()
+    job = ip.user_ns["job"]
+    assert job.status == "stopped"
+    assert not _processes_with(job.job_dir)
+    assert "stopped; nothing of it is left running" in capsys.readouterr().err
+
+
+def test_cancel_on_the_handle_stops_the_job(ip):
+    import threading
+    import time
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = ip.user_ns.get("job")
+            if job is not None and all(r.status == "running" for r in job.ranks):
+                job.cancel()
+                return
+            time.sleep(0.05)
+
+    helper = threading.Thread(target=cancel_when_running)
+    helper.start()
+    try:
+        with pytest.raises(mpi_magic.JobError, match="was cancelled; all 2 ranks were stopped"):
+            run(ip, "-g 2 --out job", "import time\ntime.sleep(60)\n")
+    finally:
+        helper.join()
+    assert ip.user_ns["job"].status == "stopped"
+
+
+def test_a_rank_that_exits_early_with_status_0_is_reported(ip):
+    with pytest.raises(mpi_magic.RankExitError, match=r"rank 1 \(instance 0, .*\) exited before the cell finished"):
+        run(ip, "-g 2", "import os, time, mpi_magic\nif mpi_magic.rank() == 1:\n    os._exit(0)\ntime.sleep(30)\n")
+
+
+def test_functions_defined_in_the_cell_come_back_using_the_notebooks_globals(ip):
+    ip.run_cell("k = 2")
+    run(ip, "", "def double_k():\n    return k * 2\n")
+    ip.run_cell("k = 100")
+    assert ip.run_cell("double_k()").result == 200
+
+
+def test_top_level_await_runs_on_the_ranks(ip):
+    run(ip, "-g 2 --gather", "import asyncio\nawait asyncio.sleep(0.01)\nv = 3\n")
+    assert ip.user_ns["v"] == [3, 3]
+
+
+def test_large_values_are_announced_by_name_and_size(ip, capsys):
+    ip.user_ns["big"] = np.zeros(20 * 2**20 // 8)
+    run(ip, "-g 2", "s = float(big.sum())\n")
+    assert "mpi_magic: sending big (ndarray, 20.0 MiB) to 2 ranks" in capsys.readouterr().err
+    assert ip.user_ns["s"] == 0.0
+
+
+def test_cache_dir_is_expanded_and_an_existing_folder_keeps_its_mode(ip, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "shared").mkdir(parents=True)
+    os.chmod(home / "shared", 0o755)
+    monkeypatch.setenv("HOME", str(home))
+    ip.run_line_magic("mpirun_config", "cache_dir=~/shared")
+    run(ip, "--out job", "v = 1\n")
+    assert ip.user_ns["job"].job_dir.startswith(str(home / "shared" / "jobs"))
+    assert stat.S_IMODE(os.stat(home / "shared").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(home / "shared" / "jobs").st_mode) == 0o700
+
+
+MPICH = "/usr/bin/mpiexec.mpich"
+
+
+@pytest.mark.skipif(not os.path.exists(MPICH), reason="MPICH is not installed here (.ci/run installs it)")
+def test_mpich_launcher_tags_places_and_stops_ranks(ip, monkeypatch, capsys):
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN", MPICH)
+    run(ip, "-i 2 -g 2 --gather --out job", (
+        "import sys, mpi_magic\n"
+        "where = (mpi_magic.rank(), mpi_magic.instance(), mpi_magic.local_rank())\n"
+        "print('hello', where)\n"
+        "print('err', mpi_magic.rank(), file=sys.stderr)\n"
+    ))
+    assert ip.user_ns["where"] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    job = ip.user_ns["job"]
+    for rank in range(4):
+        assert sorted(job.logs(rank=rank).splitlines()) == sorted(
+            [f"hello {ip.user_ns['where'][rank]}", f"[stderr] err {rank}"])
+    assert capsys.readouterr().out.splitlines()[0] == "hello (0, 0, 0)"
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-g 3 --out job", "import mpi_magic, time\nif mpi_magic.rank() == 1:\n    raise ValueError('x')\ntime.sleep(30)\n")
+    assert caught.value.rank == 1 and len(caught.value.failures) == 1
+    assert {r.status for r in ip.user_ns["job"].ranks if r.rank != 1} == {"stopped"}

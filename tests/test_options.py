@@ -25,6 +25,7 @@ from mpi_magic.options import SETTINGS, Config
     ("--out 2job", "--out '2job' is not a valid variable name"),
     ("--out class", "--out 'class' is not a valid variable name"),
     ('--mpirun-args "--mca btl', "cannot be split"),
+    ("--view text", "unrecognized arguments: --view text"),
     ("--quiet extra", "unrecognized arguments: extra"),
 ])
 def test_invalid_options_raise_one_usage_error_before_anything_starts(ip, cache_dir, line, message):
@@ -54,8 +55,9 @@ def test_mpirun_config_sets_shows_and_resets_defaults(ip, capsys):
     ip.run_cell_magic("mpirun_remote", "--gather --quiet", "import mpi_magic\nr = (mpi_magic.num_instances(), mpi_magic.world_size())")
     assert ip.user_ns["r"] == [(2, 6)] * 6
     ip.run_line_magic("mpirun_config", "")
-    shown = capsys.readouterr().out
-    assert "instances" in shown and "2" in shown and "(%mpirun_config)" in shown
+    shown = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in shown if line.split()[0] in ("instances", "gpus")] == [
+        ["instances", "2", "(%mpirun_config)"], ["gpus", "3", "(%mpirun_config)"]]
     ip.run_line_magic("mpirun_config", "--reset")
     assert "(%mpirun_config)" not in capsys.readouterr().out
 
@@ -65,6 +67,8 @@ def test_mpirun_config_sets_shows_and_resets_defaults(ip, capsys):
     ("gpus=0", "gpus must be 1 or more"),
     ("backend=cloud", "is not a backend"),
     ("gpus", "'gpus' is not key=value"),
+    ('mpirun_args="--mca btl', "cannot be split"),
+    ("view=fancy", "'fancy' is not a view; choose one of auto, widgets, text"),
 ])
 def test_mpirun_config_rejects_bad_settings_and_keeps_the_old_ones(ip, line, message):
     ip.run_line_magic("mpirun_config", "gpus=2")
@@ -99,6 +103,6 @@ def test_config_precedence_without_a_shell():
 
 def test_help_lists_every_option(ip):
     doc = ip.magics_manager.magics["cell"]["mpirun_remote"].__doc__
-    for option in ("--instances", "--gpus", "--backend", "--gather", "--out", "--env", "--timeout",
-                   "--mpirun-args", "--quiet", "-i", "-g"):
+    for option in ("-i INSTANCES, --instances INSTANCES", "-g GPUS, --gpus GPUS", "--backend", "--gather", "--out",
+                   "--env", "--timeout", "--mpirun-args", "--quiet"):
         assert option in doc

@@ -14,7 +14,7 @@ import time
 import psutil
 
 from .. import launcher as launchers
-from ..events import Event, LauncherExited, RankFinished, RankStarted, StreamDecoder
+from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
@@ -100,7 +100,10 @@ class LocalJob:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 with self._decode_lock:
-                    decoded = self._decoder.feed(line, stream)
+                    try:
+                        decoded = self._decoder.feed(line, stream)
+                    except Exception:  # noqa: BLE001 - a line must never stop the reader
+                        decoded = [LauncherOutput(line.rstrip("\n"))]
                     for event in decoded:
                         if isinstance(event, RankStarted):
                             self._rank_pids[event.rank] = event.pid

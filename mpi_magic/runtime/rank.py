@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
-        stream.reconfigure(line_buffering=True)
+        stream.reconfigure(line_buffering=True, write_through=False)
     out = sys.stdout
     emitter = events.Emitter(place.rank, lambda line: (out.write(line), out.flush()))
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
