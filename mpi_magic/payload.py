@@ -141,6 +141,9 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
         (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, hasher))
         header = json.loads(_read_exact(src, head_len, hasher))
         _check_compatible(header)
+        claimed = sum(e["pickle"] + sum(e["buffers"]) for e in header["entries"])
+        if claimed > os.fstat(src.fileno()).st_size:
+            raise PayloadError(f"payload is truncated: its header describes {claimed} bytes, more than the file holds")
         raw = {}
         for entry in header["entries"]:
             data = _read_exact(src, entry["pickle"], hasher)
