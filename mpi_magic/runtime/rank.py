@@ -8,9 +8,7 @@ stop every other rank, including ranks blocked in a collective.
 from __future__ import annotations
 
 import ast
-import asyncio
 import builtins
-import inspect
 import linecache
 import os
 import socket
@@ -26,6 +24,7 @@ from .shell import RankShell
 
 CELL_FILENAME = "<mpirun_remote cell>"
 VALUE_NAME = "<value>"  # not an identifier, so it never collides with a variable
+CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,9 @@ def run_source(source: str, namespace: dict):
 
 def _run(code: types.CodeType, namespace: dict):
     result = eval(code, namespace)  # noqa: S307 - running the cell is the point
-    if code.co_flags & inspect.CO_COROUTINE:
+    if code.co_flags & CO_COROUTINE:  # the cell awaits at top level
+        import asyncio  # only then: importing it costs a rank ~30 ms at start-up
+
         result = asyncio.run(result)
     return result
 
