@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import os
 import re
 import stat
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +19,28 @@ import mpi_magic
 
 def run(ip, line: str, cell: str):
     return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+@contextlib.contextmanager
+def once_running(ip, *actions, pause: float = 0.3):
+    """While the block runs a cell: wait until every rank of job `job` runs, then do each action."""
+    def act():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = ip.user_ns.get("job")
+            if job is not None and all(r.status == "running" for r in job.ranks):
+                break
+            time.sleep(0.05)
+        for action in actions:
+            time.sleep(pause)
+            action()
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def test_modules_functions_classes_lambdas_closures_and_arrays_travel(ip):
@@ -169,8 +195,6 @@ def test_env_option_reaches_every_rank(ip):
 
 
 def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
-    import time
-
     started = time.monotonic()
     with pytest.raises(mpi_magic.RemoteRankError) as caught:
         run(ip, "-i 2 -g 2 --out job", (
@@ -226,34 +250,14 @@ def test_timeout_stops_every_rank_and_raises(ip):
 
 
 def test_interrupt_stops_every_process_of_the_job(ip, capsys):
-    import _thread
-    import threading
-    import time
-
     import psutil
 
-    def interrupt_when_running():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                break
-            time.sleep(0.05)
-        time.sleep(0.3)
-        _thread.interrupt_main()
-
-    pids_seen = []
-    helper = threading.Thread(target=interrupt_when_running)
-    helper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(ip, "-i 2 -g 2 --out job", (
-                "import signal, time\n"
-                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a rank that ignores SIGINT still stops
-                "time.sleep(60)\n"
-            ))
-    finally:
-        helper.join()
+    with once_running(ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
+        run(ip, "-i 2 -g 2 --out job", (
+            "import signal, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a rank that ignores SIGINT still stops
+            "time.sleep(60)\n"
+        ))
     job = ip.user_ns["job"]
     pids_seen = [r.pid for r in job.ranks]
     assert job.status == "stopped" and all(pids_seen)
@@ -365,8 +369,6 @@ def _processes_with(marker: str):
 
 
 def test_a_flood_of_output_does_not_stop_the_timeout(ip, capsys):
-    import time
-
     started = time.monotonic()
     with pytest.raises(mpi_magic.JobTimeoutError):
         run(ip, "-g 2 --timeout 3", "while True:\n    print('x' * 20)\n")
@@ -388,8 +390,6 @@ def test_an_error_in_the_notebook_process_stops_the_job(ip, monkeypatch):
 
 @pytest.mark.parametrize("detached", [False, True])
 def test_processes_a_rank_started_do_not_outlive_the_job(ip, cache_dir, detached):
-    import time
-
     marker = os.path.join(cache_dir, "child-marker")
     options = ", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL" if detached else ""
     started = time.monotonic()
@@ -404,34 +404,13 @@ def test_processes_a_rank_started_do_not_outlive_the_job(ip, cache_dir, detached
 
 
 def test_a_second_interrupt_does_not_cut_the_stop_short(ip, capsys):
-    import _thread
-    import threading
-    import time
-
-    def interrupt_twice():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                break
-            time.sleep(0.05)
-        time.sleep(0.3)
-        _thread.interrupt_main()
-        time.sleep(0.5)
-        _thread.interrupt_main()
-
-    helper = threading.Thread(target=interrupt_twice)
-    helper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(ip, "-g 2 --out job", (
-                "import signal, time\n"
-                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                "time.sleep(60)\n"
-            ))
-    finally:
-        helper.join()
+    with once_running(ip, _thread.interrupt_main, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
+        run(ip, "-g 2 --out job", (
+            "import signal, time\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "time.sleep(60)\n"
+        ))
     job = ip.user_ns["job"]
     assert job.status == "stopped"
     assert not _processes_with(job.job_dir)
@@ -439,25 +418,9 @@ def test_a_second_interrupt_does_not_cut_the_stop_short(ip, capsys):
 
 
 def test_cancel_on_the_handle_stops_the_job(ip):
-    import threading
-    import time
-
-    def cancel_when_running():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                job.cancel()
-                return
-            time.sleep(0.05)
-
-    helper = threading.Thread(target=cancel_when_running)
-    helper.start()
-    try:
+    with once_running(ip, lambda: ip.user_ns["job"].cancel()):
         with pytest.raises(mpi_magic.JobError, match="was cancelled; all 2 ranks were stopped"):
             run(ip, "-g 2 --out job", "import time\ntime.sleep(60)\n")
-    finally:
-        helper.join()
     assert ip.user_ns["job"].status == "stopped"
 
 
