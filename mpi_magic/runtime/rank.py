@@ -13,6 +13,7 @@ import linecache
 import os
 import socket
 import sys
+import tempfile
 import traceback
 import types
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ def export_placement(place: Placement, environ) -> None:
 
 def main(argv: list[str]) -> int:
     job_dir = argv[0]
-    digest = argv[argv.index("--digest") + 1] if "--digest" in argv else None
+    digest = _option(argv, "--digest")
+    results_uri = _option(argv, "--results")
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
@@ -101,10 +103,28 @@ def main(argv: list[str]) -> int:
             return _fail(emitter, exc)
     reporter.flush()
     unreturned = {}
-    if place.rank == 0 or bundle.meta.get("gather"):
-        unreturned = write_results(job_dir, place.rank, bundle.meta, namespace, value)
+    try:
+        if place.rank == 0 or bundle.meta.get("gather"):
+            results_dir = tempfile.mkdtemp(prefix="mpi_magic_results_") if results_uri else job_dir
+            unreturned = write_results(results_dir, place.rank, bundle.meta, namespace, value)
+            if results_uri:
+                upload(result_path(results_dir, place.rank), f"{results_uri.rstrip('/')}/rank-{place.rank}.bin")
+    except Exception as exc:  # noqa: BLE001 - a rank whose results are lost has failed
+        return _fail(emitter, exc)
     emitter.emit(events.RankFinished, ok=True, unreturned=unreturned)
     return 0
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] or None if name in argv else None
+
+
+def upload(path: str, uri: str) -> None:
+    """Put one rank's results where the notebook reads them (its own key: no rank overwrites another)."""
+    import boto3  # only on cloud instances, where the image has it
+
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    boto3.client("s3").upload_file(path, bucket, key)
 
 
 def build_namespace(bundle: payload.Bundle) -> dict:

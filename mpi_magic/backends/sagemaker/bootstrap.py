@@ -1,0 +1,179 @@
+"""Entrypoint of every instance of an mpi_magic SageMaker training job. Standard library only.
+
+The first host leads: it waits until every other host answers over ssh, writes a hostfile
+with ``slots=<processes per instance>``, and runs ``mpirun`` over all of them, forwarding the
+job's environment with ``-x``. The other hosts start sshd and wait to be released. Whatever
+happens, the leader releases them, exits with mpirun's status, and on failure writes the
+reason where SageMaker reads it (``output/failure``).
+
+Honours ``SAGEMAKER_BASE_DIR`` (the SageMaker training toolkit's convention) instead of
+``/opt/ml``; ``MPI_MAGIC_SSH_AGENT`` names the ssh command mpirun uses (default ``ssh``).
+"""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+BASE = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
+CODE_DIR = os.path.join(BASE, "mpi_magic_code")
+RELEASE_FILE = "mpi_magic_release"
+RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
+FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
+NOT_FORWARDED = {"SAGEMAKER_BASE_DIR", "MPI_MAGIC_SSH_AGENT", "PYTHONPATH", "MPI_MAGIC_HOST"}
+# Each rank finds its own instance's copy of the code and payload, wherever its base dir is.
+RANK_LAUNCH = (
+    "import os, sys; base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml'); "
+    "sys.path.insert(0, os.path.join(base, 'mpi_magic_code')); "
+    "from mpi_magic.runtime.rank import main; "
+    "sys.exit(main([os.path.join(base, 'input', 'data', 'payload')] + sys.argv[1:]))"
+)
+
+
+def say(text):
+    print("mpi_magic bootstrap: " + text, flush=True)
+
+
+def main():
+    with open(os.path.join(BASE, "input", "config", "resourceconfig.json")) as f:
+        config = json.load(f)
+    hosts, current = config["hosts"], config["current_host"]
+    unpack_code()
+    install_requirements()
+    if current != hosts[0]:
+        return serve(hosts[0])
+    return lead(hosts)
+
+
+def unpack_code():
+    archive = os.path.join(BASE, "input", "data", "code", "mpi_magic_code.tar.gz")
+    os.makedirs(CODE_DIR, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(CODE_DIR)
+    sys.path.insert(0, CODE_DIR)
+
+
+def install_requirements():
+    requirements = os.path.join(BASE, "input", "data", "code", "requirements.txt")
+    if os.path.exists(requirements):
+        say("installing requirements.txt")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", requirements], check=True)
+
+
+def serve(leader):
+    """A worker: let the leader's mpirun in over ssh, then wait until it releases us."""
+    if os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh") == "ssh" and os.path.exists("/usr/sbin/sshd"):
+        subprocess.run(["/usr/sbin/sshd"], check=False)
+    limit = time.monotonic() + float(os.environ.get("MPI_MAGIC_MAX_WAIT", "432000"))
+    release = os.path.join(BASE, RELEASE_FILE)
+    say("waiting for %s to finish" % leader)
+    while not os.path.exists(release):
+        if time.monotonic() > limit:
+            say("the leader never released this instance")
+            return 1
+        time.sleep(0.5)
+    say("released")
+    return 0
+
+
+def lead(hosts):
+    agent = os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh")
+    workers = hosts[1:]
+    mpirun = None
+    try:
+        wait_for(workers, agent)
+        per_host = int(os.environ["MPI_MAGIC_PROCS_PER_INSTANCE"])
+        hostfile = os.path.join(BASE, "mpi_magic_hostfile")
+        with open(hostfile, "w") as f:
+            f.writelines("%s slots=%d\n" % (host, per_host) for host in hosts)
+        argv = mpirun_argv(find_mpirun(), agent, hostfile, per_host * len(hosts))
+        if os.geteuid() == 0:  # containers run as root; Open MPI refuses that unless told
+            os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        say("running " + " ".join(shlex.quote(a) for a in argv))
+        mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        signal.signal(signal.SIGTERM, lambda *_: mpirun.send_signal(signal.SIGTERM))
+        failure = relay(mpirun.stdout)
+        status = mpirun.wait()
+    except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
+        failure, status = "%s: %s" % (type(exc).__name__, exc), 1
+    finally:
+        release(workers, agent)
+    if status != 0:
+        reason = failure or "mpirun exited with status %d" % status
+        with open(os.path.join(BASE, "output", "failure"), "w") as f:
+            f.write(reason[:1000])
+        say("failed: " + reason)
+        return 1
+    return 0
+
+
+def wait_for(workers, agent, limit=600.0):
+    deadline = time.monotonic() + limit
+    for host in workers:
+        while subprocess.run(shlex.split(agent) + [host, "true"], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("instance %s did not answer over ssh within %ds" % (host, limit))
+            time.sleep(1)
+
+
+def release(workers, agent):
+    for host in workers:
+        subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
+
+
+def find_mpirun():
+    for path in (os.environ.get("MPI_MAGIC_MPIRUN"), "/opt/amazon/openmpi/bin/mpirun"):
+        if path and os.access(path, os.X_OK):
+            return path
+    return "mpirun"
+
+
+def mpirun_argv(mpirun, agent, hostfile, world_size):
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    say(version.strip().splitlines()[0] if version.strip() else "mpirun --version said nothing")
+    match = re.search(r"(\d+)\.\d+", version)
+    major = int(match.group(1)) if match else 4
+    if major >= 5:
+        launch = ["--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
+    else:
+        launch = ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1", "--allow-run-as-root"]
+    forwarded = sorted(
+        name for name in os.environ
+        if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED
+    )
+    exports = [arg for name in forwarded for arg in ("-x", name)]
+    digest = os.environ.get("MPI_MAGIC_PAYLOAD_DIGEST", "")
+    results = os.environ.get("MPI_MAGIC_RESULTS_URI", "")
+    return [mpirun, "--hostfile", hostfile, "-np", str(world_size), "--tag-output", *launch, *exports,
+            sys.executable, "-c", RANK_LAUNCH, "--digest", digest, "--results", results]
+
+
+def relay(output):
+    """Copy mpirun's output to this instance's log; remember the first rank that failed."""
+    failure = None
+    marker = '"k":"finished"'
+    for raw in iter(output.readline, b""):
+        line = raw.decode("utf-8", errors="replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if failure is None and marker in line and '"ok":false' in line:
+            failure = _failure_from(line)
+    return failure
+
+
+def _failure_from(line):
+    try:
+        body = json.loads(line[line.index("{"):])
+        return "rank %s raised %s: %s" % (body.get("rank"), body.get("error_type"), body.get("message", ""))
+    except ValueError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
