@@ -52,6 +52,14 @@ def rank_side(calls: int) -> None:
     print(f"  ratio mpi_magic / tqdm = {a / b:.2f}")
 
 
+class NoDisplay:
+    def __call__(self, obj, display_id=False):
+        return self
+
+    def update(self, obj):
+        pass
+
+
 def client_side(ranks: int, updates: int) -> None:
     lines = []
     for r in range(ranks):
@@ -60,7 +68,7 @@ def client_side(ranks: int, updates: int) -> None:
         for r in range(ranks):
             lines.append(f"[1,{r}]<stdout>: " + encode(Progress(rank=r, n=i, total=updates, seq=i, time=i * 0.001)))
     model = JobModel("bench", "local", ranks, 8)
-    view = WidgetView(model, lambda: "", lambda widget: None, quiet_start=0.0)
+    view = WidgetView(model, lambda: "", NoDisplay(), quiet_start=0.0)
     decoder = StreamDecoder()
     start = time.perf_counter()
     for line in lines:
@@ -75,7 +83,7 @@ def client_side(ranks: int, updates: int) -> None:
 
 def frame_1024() -> None:
     model = JobModel("bench", "local", 1024, 8)
-    view = WidgetView(model, lambda: "", lambda widget: None, quiet_start=0.0)
+    view = WidgetView(model, lambda: "", NoDisplay(), quiet_start=0.0)
     for r in range(1024):
         model.fold(RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=1024, seq=0, time=0.0))
         model.fold(Progress(rank=r, n=r % 100, total=100, seq=1, time=1.0))

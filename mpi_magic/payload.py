@@ -29,7 +29,7 @@ import cloudpickle
 from .errors import PayloadError
 
 MAGIC = b"MPIMAGIC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PAYLOAD_FILE = "payload.bin"
 _LENGTH = struct.Struct("<Q")
 MAP_THRESHOLD = 1 << 20  # buffers this big are aligned in the file and memory-mapped
@@ -182,8 +182,9 @@ def _read_buffer(src: io.RawIOBase, size: int, align: int, hasher) -> bytearray 
 def _check_compatible(header: dict[str, Any]) -> None:
     if header.get("format") != FORMAT_VERSION:
         raise PayloadError(
-            f"payload format {header.get('format')} is not {FORMAT_VERSION}: "
-            "install the same mpi-magic version on the ranks as in the notebook"
+            f"payload format {header.get('format')} is not {FORMAT_VERSION}: the notebook and the ranks run "
+            "different versions of mpi-magic; install the same version for both (or restart the kernel after "
+            "upgrading it)"
         )
     theirs = header.get("python", "?")
     if theirs.split(".")[:2] != python_version().split(".")[:2]:

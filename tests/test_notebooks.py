@@ -31,11 +31,16 @@ def _check_results(nb) -> None:
     assert last[2] == "[(0, 0, 12, 12), (1, 0, 12, 12), (2, 1, 12, 12), (3, 1, 12, 12)]"
 
 
-def test_quickstart_in_a_kernel_shows_the_dashboard_and_the_summary(tmp_path, monkeypatch):
+def test_quickstart_in_a_kernel_shows_the_dashboard_then_the_summary_in_its_place(tmp_path, monkeypatch):
     nb, outputs = _execute(tmp_path, monkeypatch, "auto")
+    models = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
+    bars = [m["state"] for m in models if m["model_name"] == "FloatProgressModel"]
+    assert len(bars) == 5, "the dashboard was drawn: the aggregate bar and one per rank"
+    assert all(b["value"] == b["max"] and b["bar_style"] == "success" for b in bars[1:])
     kinds = [mime for o in outputs for mime in o.get("data", {})]
-    assert WIDGET_VIEW in kinds, "the dashboard is displayed in a kernel"
-    summary = next(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    assert WIDGET_VIEW not in kinds, "the saved notebook keeps the summary, not the widget"
+    assert outputs[0]["output_type"] == "display_data", "the summary sits above the printed lines"
+    summary = outputs[0].data["text/html"].replace(" style='text-align:left'", "")
     assert summary.count("<td>completed</td>") == 4 and summary.count("<td>12/12</td>") == 4
     assert "4 ranks agree: total = 3120.0" in _text(outputs)
     _check_results(nb)

@@ -21,6 +21,24 @@ class Clock:
         return self.now
 
 
+class Slot:
+    """Stands in for IPython's display(obj, display_id=True) and the handle it returns."""
+
+    def __init__(self):
+        self.history = []
+
+    def __call__(self, obj, display_id=False):
+        self.history.append(obj)
+        return self
+
+    def update(self, obj):
+        self.history.append(obj)
+
+    @property
+    def current(self):
+        return self.history[-1]
+
+
 def wire(model: JobModel, decoder: StreamDecoder, *events_) -> None:
     """Send events as the ranks would: tagged wire lines through the decoder."""
     for event in events_:
@@ -37,13 +55,13 @@ def started(rank, per_instance=2, seq=0):
 def world():
     clock = Clock()
     model = JobModel("job-1", "local", 4, 2, clock)
-    shown = []
-    view = WidgetView(model, lambda: "/jobs/job-1/logs", shown.append)
-    return clock, model, view, shown, StreamDecoder()
+    slot = Slot()
+    view = WidgetView(model, lambda: "/jobs/job-1/logs", slot)
+    return clock, model, view, slot, StreamDecoder()
 
 
 def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     model.fold(Phase("starting"))
     wire(model, decoder, *[started(r) for r in range(4)])
     assert model.phase == "running" and model.counts()["running"] == 4
@@ -62,10 +80,10 @@ def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
 
 
 def test_widgets_show_rows_by_instance_with_values_and_styles(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     wire(model, decoder, *[started(r) for r in range(4)])
     view.update()
-    assert view.widget is None and shown == [], "no dashboard for a job younger than a second"
+    assert view.widget is None and repr(slot.current) == "", "no dashboard for a job younger than a second"
     clock.now += 1.5
     wire(model, decoder, Progress(rank=0, n=25, total=100, seq=1, time=11.0),
          Progress(rank=1, n=7, total=None, seq=1, time=11.0),
@@ -73,14 +91,17 @@ def test_widgets_show_rows_by_instance_with_values_and_styles(world):
          RankFinished(rank=3, ok=False, error_type="KeyError", message="'k'", seq=1, time=12.0))
     model.fold(Output(1, "stdout", "loading shard 3"))
     view.update()
-    assert shown == [view.widget]
+    assert slot.current is view.widget
     rows = view.rows
     assert len(rows) == 4
     assert (rows[0].bar.value, rows[0].bar.max, rows[0].bar.bar_style) == (25.0, 100.0, "")
-    assert rows[1].bar.bar_style == "info" and rows[1].numbers.value.startswith("7/?")
+    assert rows[0].numbers.value == "25/100 · - · ETA -"  # one update: no rate yet
+    assert (rows[1].bar.bar_style, rows[1].bar.value) == ("info", 0.0) and rows[1].numbers.value == "7 · -"
     assert rows[2].bar.bar_style == "success" and rows[2].bar.value == rows[2].bar.max
-    assert rows[3].bar.bar_style == "danger" and "raised KeyError" in rows[3].last_line.value
-    assert rows[1].last_line.value == "loading shard 3"
+    assert rows[2].numbers.value == "done · 2.0s"
+    assert rows[3].bar.bar_style == "danger" and "KeyError: &#x27;k&#x27;" in rows[3].last_line.value
+    assert "title='loading shard 3'" in rows[1].last_line.value
+    assert view.total_numbers.value == "62% · 1/4 done · 1 failed"  # mean of 25% and 100%
     titles = [c.value for c in view.widget.children if str(getattr(c, "value", "")).startswith("<b>instance")]
     assert titles == ["<b>instance 0</b>", "<b>instance 1</b>"]
     assert "1/4 ranks done, 1 failed" in view.header.value
@@ -89,7 +110,7 @@ def test_widgets_show_rows_by_instance_with_values_and_styles(world):
 
 
 def test_danger_is_never_overwritten(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     clock.now += 2
     wire(model, decoder, started(0), RankFinished(rank=0, ok=False, error_type="E", seq=1, time=11.0))
     view.update()
@@ -101,7 +122,7 @@ def test_danger_is_never_overwritten(world):
 
 
 def test_redraws_are_coalesced(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     clock.now += 2
     wire(model, decoder, started(0))
     for i in range(1, 1001):
@@ -111,10 +132,11 @@ def test_redraws_are_coalesced(world):
     assert 5 <= view.redraws <= 12
     view.close()
     assert view.rows[0].bar.value == 1000.0
+    assert isinstance(slot.current, Summary), "the summary takes the dashboard's place"
 
 
 def test_the_header_keeps_time_while_nothing_happens(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     wire(model, decoder, started(0))
     clock.now += 2
     view.update()
@@ -128,16 +150,28 @@ def test_the_header_keeps_time_while_nothing_happens(world):
 
 
 def test_output_pane_shows_one_rank_or_all_and_names_the_log_file(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     clock.now += 2
     wire(model, decoder, started(0), started(1))
+    view.update()
+    assert "(no output yet)" in view.panes[0].value
     model.fold(Output(0, "stdout", "zero says hi"))
     model.fold(Output(1, "stderr", "one <warns>"))
+    clock.now += 1
     view.update()
-    assert "[rank 0] zero says hi" in view.output.value and "[rank 1] [stderr] one &lt;warns&gt;" in view.output.value
-    view.chooser.value = "rank 1"
-    assert "zero" not in view.output.value and "one &lt;warns&gt;" in view.output.value
-    assert "/jobs/job-1/logs/rank-1.log" in view.log_note.value
+    everything, rank_1 = view.panes[0].value, view.panes[2].value
+    assert "[rank 0] zero says hi" in everything and "[rank 1] [stderr] one &lt;warns&gt;" in everything
+    assert "zero" not in rank_1 and "one &lt;warns&gt;" in rank_1
+    assert "/jobs/job-1/logs/all.log" in everything and "/jobs/job-1/logs/rank-1.log" in rank_1
+    assert view.chooser.options[2] == "rank 1" and view.output.selected_index == 0
+
+
+def test_progress_at_its_total_while_running_reads_waiting(world):
+    clock, model, view, slot, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(0), Progress(rank=0, n=12, total=12, seq=1, time=11.0))
+    view.update()
+    assert view.rows[0].numbers.value == "12/12 · waiting"
 
 
 def test_a_1024_rank_world_uses_the_compact_grid():
@@ -145,7 +179,7 @@ def test_a_1024_rank_world_uses_the_compact_grid():
 
     clock = Clock()
     model = JobModel("big", "local", 1024, 8, clock)
-    view = WidgetView(model, lambda: "", lambda widget: None)
+    view = WidgetView(model, lambda: "", Slot())
     decoder = StreamDecoder()
     clock.now += 2
     for r in range(1024):
@@ -165,20 +199,20 @@ def test_a_1024_rank_world_uses_the_compact_grid():
 
 
 def test_summary_html_lists_every_rank_with_status_time_progress_and_error(world):
-    clock, model, view, shown, decoder = world
+    clock, model, view, slot, decoder = world
     wire(model, decoder, *[started(r) for r in range(4)])
     wire(model, decoder, Progress(rank=0, n=5, total=5, seq=1, time=11.0), RankFinished(rank=0, ok=True, seq=2, time=14.0),
          RankFinished(rank=1, ok=False, error_type="ValueError", message="x < 0", seq=1, time=12.0))
     model.fold(Phase("failed"))
     view.close()
     assert view.widget is None, "a job that ended within a second draws no dashboard"
-    summary = shown[-1]
-    assert isinstance(summary, Summary)
-    page = summary._repr_html_()
+    summary = slot.current
+    assert isinstance(summary, Summary) and len(slot.history) == 2  # the empty slot, then the summary
+    page = summary._repr_html_().replace(" style='text-align:left'", "")
     assert page.count("<tr class=") == 4
-    assert "<td>0</td><td>0</td><td>h</td><td>completed</td><td>4.0s</td><td>5/5</td>" in page
-    assert "raised ValueError: x &lt; 0" in page
-    assert page.count("mpi-magic-stopped") == 2
+    assert "<td>0</td><td>0</td><td>h</td><td>completed</td><td>4.0s</td><td>5/5</td><td><span" in page
+    assert "ValueError: x &lt; 0" in page
+    assert page.count("mpi-magic-stopped' style='background:#fdecea'") == 2
     assert repr(summary).splitlines()[1:] == [
         "  rank 1 (instance 0, h) raised ValueError: x < 0", "  rank 2 (instance 1) stopped", "  rank 3 (instance 1) stopped"]
 

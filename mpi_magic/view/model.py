@@ -50,6 +50,7 @@ class RankState:
     started_at: float | None = None
     ended_at: float | None = None
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
+    outputs: int = 0  # lines seen, so a view knows when its tail changed
 
     @property
     def bar(self) -> Bar | None:
@@ -106,6 +107,7 @@ class JobModel:
         self.ended_at: float | None = None
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
+        self.outputs = 0
 
     @property
     def num_instances(self) -> int:
@@ -118,11 +120,13 @@ class JobModel:
                 self.ended_at = self.clock()
                 self._stop_active()
         elif isinstance(event, events.Output) and self._valid(event.rank):
+            state = self.ranks[event.rank]
+            state.tail.append((event.stream, event.text))
+            state.outputs += 1
+            self.tail.append((event.rank, event.stream, event.text))
+            self.outputs += 1
             if event.text.strip():
-                state = self.ranks[event.rank]
                 state.last_line = event.text
-                state.tail.append((event.stream, event.text))
-                self.tail.append((event.rank, event.stream, event.text))
         elif isinstance(event, events.RankStarted) and self._valid(event.rank):
             state = self.ranks[event.rank]
             state.host, state.pid, state.started_at = event.host, event.pid, event.time

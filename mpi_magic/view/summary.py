@@ -67,18 +67,21 @@ class Summary:
 
     def _repr_html_(self) -> str:
         model = self.model
+        with_errors = any(state.failure is not None for state in model.ranks)
+        columns = ["rank", "instance", "host", "status", "time", "progress"] + (["error"] if with_errors else [])
+        cell = "<td style='text-align:left'>{}</td>"
         rows = []
         for state in model.ranks:
-            error = ""
-            if state.failure is not None:
-                error = html.escape(state.failure.headline())
-            progress = f"{count(state.n)}/{count(state.total)}" if state.bar else "-"
-            rows.append(
-                f"<tr class='mpi-magic-{state.status}'><td>{state.rank}</td><td>{state.instance}</td>"
-                f"<td>{html.escape(state.host)}</td><td>{state.status}</td><td>{duration(state.elapsed)}</td>"
-                f"<td>{progress}</td><td>{error}</td></tr>"
-            )
-        head = "<tr><th>rank</th><th>instance</th><th>host</th><th>status</th><th>time</th><th>progress</th><th>error</th></tr>"
+            values = [state.rank, state.instance, html.escape(state.host), state.status, duration(state.elapsed),
+                      f"{count(state.n)}/{count(state.total)}" if state.bar else "-"]
+            if with_errors:
+                failure = state.failure
+                error = "" if failure is None else f"{failure.error_type}: {failure.message}" if failure.error_type \
+                    else failure.message
+                values.append(f"<span style='white-space:pre-wrap'>{html.escape(error)}</span>")
+            shade = " style='background:#fdecea'" if state.status in ("failed", "stopped") else ""
+            rows.append(f"<tr class='mpi-magic-{state.status}'{shade}>" + "".join(cell.format(v) for v in values) + "</tr>")
+        head = "<tr>" + "".join(f"<th style='text-align:left'>{c}</th>" for c in columns) + "</tr>"
         return (
             f"<div class='mpi-magic-summary'><b>mpi_magic</b> {html.escape(headline(model))}"
             f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
