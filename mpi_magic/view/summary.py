@@ -79,7 +79,8 @@ class Summary:
                 error = "" if failure is None else f"{failure.error_type}: {failure.message}" if failure.error_type \
                     else failure.message
                 values.append(f"<span style='white-space:pre-wrap'>{html.escape(error)}</span>")
-            shade = " style='background:#fdecea'" if state.status in ("failed", "stopped") else ""
+            shade = " style='background:#fdecea'" if state.status in ("failed", "stopped") else \
+                " style='background:transparent'"
             rows.append(f"<tr class='mpi-magic-{state.status}'{shade}>" + "".join(cell.format(v) for v in values) + "</tr>")
         head = "<tr>" + "".join(f"<th style='text-align:left'>{c}</th>" for c in columns) + "</tr>"
         return (

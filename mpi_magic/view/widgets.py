@@ -55,7 +55,9 @@ def numbers(state: RankState) -> str:
 
 
 def _ellipsis(text: str, colour: str = "") -> str:
-    style = "overflow:hidden;text-overflow:ellipsis;white-space:nowrap" + (f";color:{colour}" if colour else "")
+    # width:0 + min-width:100% keeps the div from growing to its text inside the flex row
+    style = "overflow:hidden;text-overflow:ellipsis;white-space:nowrap;width:0;min-width:100%" + (
+        f";color:{colour}" if colour else "")
     return f"<div style='{style}' title='{html.escape(text, quote=True)}'>{html.escape(text)}</div>"
 
 
@@ -221,7 +223,7 @@ def _pane_html(lines: list[tuple[int, str, str]], log_path: str) -> str:
     text = "\n".join(f"[rank {r}]{' [stderr]' if stream == 'stderr' else ''} {line}" for r, stream, line in lines)
     # column-reverse keeps the newest line in view as lines arrive
     body = (f"<div style='display:flex;flex-direction:column-reverse;max-height:240px;overflow:auto'>"
-            f"<pre style='margin:0'>{html.escape(text)}</pre></div>") if lines else "<i>(no output yet)</i>"
+            f"<pre style='margin:0;flex:none'>{html.escape(text)}</pre></div>") if lines else "<i>(no output yet)</i>"
     note = f"<div>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
     return body + note
 
