@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 BASE = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
@@ -98,8 +99,12 @@ def lead(hosts):
         say("running " + " ".join(shlex.quote(a) for a in argv))
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: mpirun.send_signal(signal.SIGTERM))
-        failure = relay(mpirun.stdout)
+        failures = []
+        relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures), daemon=True)
+        relay.start()
         status = mpirun.wait()
+        relay.join(timeout=10)  # a daemon left behind may hold the pipe open: do not wait for it
+        failure = failures[0] if failures else None
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1
     finally:
@@ -136,7 +141,10 @@ def find_mpirun():
 
 def mpirun_argv(mpirun, agent, hostfile, world_size):
     version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
-    say(version.strip().splitlines()[0] if version.strip() else "mpirun --version said nothing")
+    if "Open MPI" not in version:
+        raise RuntimeError("%s is not Open MPI's mpirun (the SageMaker training images ship Open MPI under "
+                           "/opt/amazon/openmpi); set MPI_MAGIC_MPIRUN to one" % mpirun)
+    say(version.strip().splitlines()[0])
     match = re.search(r"(\d+)\.\d+", version)
     major = int(match.group(1)) if match else 4
     if major >= 5:
@@ -154,17 +162,17 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
             sys.executable, "-c", RANK_LAUNCH, "--digest", digest, "--results", results]
 
 
-def relay(output):
-    """Copy mpirun's output to this instance's log; remember the first rank that failed."""
-    failure = None
+def relay_output(output, failures):
+    """Copy mpirun's output to this instance's log; note the ranks that failed."""
     marker = '"k":"finished"'
     for raw in iter(output.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         sys.stdout.write(line)
         sys.stdout.flush()
-        if failure is None and marker in line and '"ok":false' in line:
-            failure = _failure_from(line)
-    return failure
+        if marker in line and '"ok":false' in line:
+            reason = _failure_from(line)
+            if reason:
+                failures.append(reason)
 
 
 def _failure_from(line):

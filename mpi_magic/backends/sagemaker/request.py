@@ -1,0 +1,107 @@
+"""The CreateTrainingJob request and the S3 layout of a job, built by pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BOOTSTRAP = "bootstrap.py"
+CODE_ARCHIVE = "mpi_magic_code.tar.gz"
+ENTRYPOINT = ["python3", f"/opt/ml/input/data/code/{BOOTSTRAP}"]
+
+
+@dataclass(frozen=True)
+class CloudSettings:
+    """What a SageMaker job needs beyond the launch options; all resolved before submitting."""
+
+    region: str
+    role: str
+    image_uri: str
+    instance_type: str
+    s3_root: str  # s3://bucket/prefix, without a trailing slash
+    volume_size: int = 100
+    max_runtime: int = 86400
+    spot: bool = False
+    max_wait: int | None = None
+    keep_alive: int | None = None
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+    kms_key: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def job_prefix(settings: CloudSettings, job_name: str) -> str:
+    return f"{settings.s3_root}/{job_name}"
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """('bucket', 'key/prefix') of 's3://bucket/key/prefix'."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"{uri!r} is not an s3:// address")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+def _channel(name: str, uri: str) -> dict:
+    return {
+        "ChannelName": name,
+        "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri,
+                                        "S3DataDistributionType": "FullyReplicated"}},
+        "InputMode": "File",
+    }
+
+
+def training_job_request(settings: CloudSettings, job_name: str, instances: int, procs_per_instance: int,
+                         digest: str, env: dict[str, str]) -> dict:
+    """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
+    prefix = job_prefix(settings, job_name)
+    environment = {
+        **env,
+        "MPI_MAGIC_INSTANCES": str(instances),
+        "MPI_MAGIC_PROCS_PER_INSTANCE": str(procs_per_instance),
+        "MPI_MAGIC_PAYLOAD_DIGEST": digest,
+        "MPI_MAGIC_RESULTS_URI": f"{prefix}/results",
+        "MPI_MAGIC_JOB": job_name,
+        "MPI_MAGIC_MASTER_ADDR": "algo-1",
+        "MPI_MAGIC_MASTER_PORT": "29500",
+        "MPI_MAGIC_MAX_WAIT": str(settings.max_runtime),
+    }
+    request = {
+        "TrainingJobName": job_name,
+        "RoleArn": settings.role,
+        "AlgorithmSpecification": {
+            "TrainingImage": settings.image_uri,
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ENTRYPOINT,
+        },
+        "InputDataConfig": [_channel("code", f"{prefix}/code/"), _channel("payload", f"{prefix}/payload/")],
+        "OutputDataConfig": {"S3OutputPath": f"{prefix}/output/"},
+        "ResourceConfig": {"InstanceType": settings.instance_type, "InstanceCount": instances,
+                           "VolumeSizeInGB": settings.volume_size},
+        "StoppingCondition": {"MaxRuntimeInSeconds": settings.max_runtime},
+        "Environment": environment,
+        "EnableManagedSpotTraining": settings.spot,
+    }
+    if settings.spot:
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = settings.max_wait or settings.max_runtime
+    if settings.keep_alive:
+        request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive
+    if settings.kms_key:
+        request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
+        request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key
+    if settings.subnets or settings.security_groups:
+        request["VpcConfig"] = {"Subnets": list(settings.subnets), "SecurityGroupIds": list(settings.security_groups)}
+    if settings.tags:
+        request["Tags"] = [{"Key": k, "Value": v} for k, v in settings.tags.items()]
+    return request
+
+
+def validate(request: dict) -> None:
+    """Raise botocore's ParamValidationError where the request breaks SageMaker's service model."""
+    import botocore.session
+    from botocore.validate import ParamValidator
+    from botocore.exceptions import ParamValidationError
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    report = ParamValidator().validate(request, model.operation_model("CreateTrainingJob").input_shape)
+    if report.has_errors():
+        raise ParamValidationError(report=report.generate_report())

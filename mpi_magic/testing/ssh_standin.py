@@ -1,0 +1,47 @@
+"""An ``ssh`` for simulated instances on one machine: ``ssh [options] HOST COMMAND...`` runs
+COMMAND here, in a shell whose ``SAGEMAKER_BASE_DIR`` is that host's own folder.
+
+The SageMaker emulator points Open MPI's ``plm_ssh_agent`` (and the bootstrap) at it, so
+mpirun on the leading instance starts its daemons "on" the other instances.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# ssh options that take a value; any other option is a flag
+_WITH_VALUE = set("bcDEeFIiJLlmOopQRSWw")
+
+
+def split(argv: list[str]) -> tuple[str, str]:
+    """(host, command) from an ssh command line."""
+    args = list(argv)
+    while args and args[0].startswith("-") and len(args[0]) > 1:
+        option = args.pop(0)
+        if option[1] in _WITH_VALUE and len(option) == 2:
+            args.pop(0)
+    if not args:
+        raise SystemExit("ssh stand-in: no host given")
+    host, command = args[0], " ".join(args[1:])
+    return host.split("@")[-1], command
+
+
+def main(argv: list[str] | None = None) -> None:
+    host, command = split(sys.argv[1:] if argv is None else argv)
+    hosts_root = os.environ["MPI_MAGIC_EMULATED_HOSTS"]
+    base = os.path.join(hosts_root, host)
+    if not os.path.isdir(base):
+        sys.stderr.write(f"ssh: Could not resolve hostname {host}: Name or service not known\n")
+        raise SystemExit(255)
+    # Daemons and ranks of different "instances" must not share session folders or shared
+    # memory segments, as they would on one machine: each instance gets its own folder.
+    tmp = os.path.join(base, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    env = dict(os.environ, SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host, TMPDIR=tmp, PRTE_MCA_prte_tmpdir_base=tmp,
+               PMIX_MCA_pmix_server_tmpdir=tmp, OMPI_MCA_btl_sm_backing_directory=tmp)
+    os.execve("/bin/sh", ["/bin/sh", "-c", command or "true"], env)
+
+
+if __name__ == "__main__":
+    main()
