@@ -7,6 +7,7 @@ an interrupt or a timeout stops every rank before the cell raises.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,10 +44,12 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
              clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring."""
     code = capture.analyze(source)
-    backend = get_backend(options.backend, config)
+    backend = get_backend(options.backend, config, options)
     echo = echo or ConsoleEcho()
-    job = Job(jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
-    view = None if options.quiet else make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    for warning in backend.check(options):
+        echo.say(warning)
+    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
+    view = None if options.quiet or options.dry_run else make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.model.fold(Phase("packaging"))
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
@@ -58,6 +61,10 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
+    if options.dry_run:
+        print(backend.plan(job_dir, job.name, digest, options))
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return CellRun(job)
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())
@@ -84,6 +91,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         error = _watch(job, backend_job, show, tick, options.timeout, clock)
         if error is None:
             job.model.fold(Phase("collecting results"))
+            backend_job.fetch_results(job_dir, range(options.world_size) if options.gather else [0])
             run = CellRun(job)
             _collect(run, code, options, echo)
             for name, value in run.values.items():
@@ -93,8 +101,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     except BaseException as exc:
         if not backend_job.finished:
             if isinstance(exc, KeyboardInterrupt):
-                echo.say(f"interrupted: stopping job {job.name} "
-                         f"({options.world_size} ranks: SIGINT, then SIGTERM, then SIGKILL)")
+                echo.say(f"interrupted: stopping job {job.name} ({options.world_size} ranks: {backend.stop_description})")
             else:
                 echo.say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
             _stop(job, backend_job, show)

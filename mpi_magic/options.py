@@ -104,6 +104,11 @@ SETTINGS = {s.name: s for s in [
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
+    Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
+    Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
+    Setting("role", None, _text, "sagemaker: execution role ARN"),
+    Setting("s3_root", None, _text, "sagemaker: s3://bucket/prefix for the jobs' files"),
+    Setting("region", None, _text, "sagemaker: AWS region (default: the AWS configuration's)"),
 ]}
 
 
@@ -180,6 +185,26 @@ def launch_arguments(func):
         argument("--mpirun-args", default=None, metavar="ARGS",
                  help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp".'),
         argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
+        argument("--dry-run", action="store_true",
+                 help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
+                      "the S3 objects) and start nothing."),
+        argument("--instance-type", default=None, metavar="TYPE", help="sagemaker: instance type."),
+        argument("--image-uri", default=None, metavar="URI", help="sagemaker: training image."),
+        argument("--role", default=None, metavar="ARN", help="sagemaker: execution role ARN."),
+        argument("--s3-root", default=None, metavar="S3URI", help="sagemaker: s3://bucket/prefix for job files."),
+        argument("--region", default=None, help="sagemaker: AWS region."),
+        argument("--volume-size", default=None, metavar="GB", help="sagemaker: EBS volume per instance (100)."),
+        argument("--max-runtime", default=None, metavar="SECONDS", help="sagemaker: stop the job after this long."),
+        argument("--spot", action="store_true", help="sagemaker: managed spot training."),
+        argument("--max-wait", default=None, metavar="SECONDS", help="sagemaker: with --spot, longest wait for capacity."),
+        argument("--keep-alive", default=None, metavar="SECONDS", help="sagemaker: warm pool keep-alive period."),
+        argument("--subnets", default=None, metavar="IDS", help="sagemaker: comma-separated VPC subnet ids."),
+        argument("--security-groups", default=None, metavar="IDS", help="sagemaker: comma-separated security groups."),
+        argument("--kms-key", default=None, metavar="KEY", help="sagemaker: KMS key for output and volumes."),
+        argument("--tags", default=None, metavar="K=V,...", help="sagemaker: tags for the training job."),
+        argument("--requirements", default=None, metavar="FILE",
+                 help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
+        argument("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
     ]
     for decorate in reversed(decorators):
         func = decorate(func)
@@ -197,6 +222,10 @@ class LaunchOptions:
     timeout: float | None = None
     mpirun_args: list[str] = field(default_factory=list)
     quiet: bool = False
+    dry_run: bool = False
+    cloud: dict = field(default_factory=dict)  # sagemaker settings, checked by that backend
+    requirements: str | None = None
+    job_name: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -228,13 +257,61 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         return SETTINGS[name].parse(given, "--" + name.replace("_", "-")) if given is not None else config.get(name)
 
     backend = pick("backend", args.backend)
-    gpus = pick("gpus", args.gpus) or local_gpu_count() or 1
+    cloud = _cloud_values(args, pick)
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k in _CLOUD_ONLY and v not in (None, False)]
+    if backend != "sagemaker" and given:
+        raise UsageError(f"{given[0]} applies to --backend sagemaker only; add --backend sagemaker or drop it")
+    if args.requirements and not os.path.isfile(args.requirements):
+        raise UsageError(f"--requirements {args.requirements!r} is not a file; give the path of a requirements.txt")
+    if args.job_name and not _JOB_NAME.match(args.job_name):
+        raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
+                         "hyphens, starting with a letter or digit")
+    gpus = pick("gpus", args.gpus) or _default_gpus(backend, cloud) or 1
     extra = " ".join(a for a in (config.get("mpirun_args"), args.mpirun_args and pick("mpirun_args", args.mpirun_args)) if a)
     return LaunchOptions(
         instances=pick("instances", args.instances), gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
-        quiet=args.quiet,
+        quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
     )
+
+
+_CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",
+               "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name"}
+_JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+
+
+def _cloud_values(args, pick) -> dict:
+    """The sagemaker backend's settings from the cell (and %mpirun_config), parsed but not yet checked."""
+    def ids(text):
+        return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
+
+    def seconds(text, what):
+        return _positive_int(text, what) if text is not None else None
+
+    tags = {}
+    for item in (args.tags.split(",") if args.tags else []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--tags {args.tags!r} is not KEY=VALUE,KEY=VALUE; for example --tags team=ml,project=x")
+        tags[key.strip()] = value.strip()
+    if args.max_wait and not args.spot:
+        raise UsageError("--max-wait applies to --spot training only; add --spot or drop it")
+    return {
+        "instance_type": pick("instance_type", args.instance_type), "image_uri": pick("image_uri", args.image_uri),
+        "role": pick("role", args.role), "s3_root": pick("s3_root", args.s3_root), "region": pick("region", args.region),
+        "volume_size": seconds(args.volume_size, "--volume-size"), "max_runtime": seconds(args.max_runtime, "--max-runtime"),
+        "spot": args.spot, "max_wait": seconds(args.max_wait, "--max-wait"),
+        "keep_alive": seconds(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
+        "security_groups": ids(args.security_groups), "kms_key": args.kms_key, "tags": tags,
+    }
+
+
+def _default_gpus(backend: str, cloud: dict) -> int:
+    if backend == "sagemaker":
+        from .backends.sagemaker.backend import GPUS  # a table: imports nothing heavy
+
+        return GPUS.get(cloud.get("instance_type") or "", 1)
+    return local_gpu_count()
 
 
 def _with_suggestion(message: str, parser) -> str:

@@ -133,49 +133,48 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
     Refuses (``PayloadError``) a damaged file, a digest that does not match, or a file
     written by another Python minor version, whose pickles would fail obscurely.
     """
-    hasher = hashlib.sha256() if expected_digest else None
+    if expected_digest:  # before anything in the file is parsed, let alone unpickled
+        found = file_digest(path)
+        if found != expected_digest:
+            raise PayloadError(
+                f"{path} does not match the digest it was submitted with "
+                f"(expected {expected_digest[:12]}..., found {found[:12]}...); "
+                "it was modified after submission, so it is not loaded"
+            )
     with open(path, "rb", buffering=0) as src:
-        magic = _read_exact(src, len(MAGIC), hasher)
+        magic = _read_exact(src, len(MAGIC))
         if magic != MAGIC:
             raise PayloadError(f"{path} is not an mpi_magic payload")
-        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size, hasher))
-        header = json.loads(_read_exact(src, head_len, hasher))
+        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size))
+        header = json.loads(_read_exact(src, head_len))
         _check_compatible(header)
         claimed = sum(e["pickle"] + sum(e["buffers"]) for e in header["entries"])
         if claimed > os.fstat(src.fileno()).st_size:
             raise PayloadError(f"payload is truncated: its header describes {claimed} bytes, more than the file holds")
         raw = {}
         for entry in header["entries"]:
-            data = _read_exact(src, entry["pickle"], hasher)
-            raw[entry["name"]] = (data, [_read_buffer(src, n, header["align"], hasher) for n in entry["buffers"]])
+            data = _read_exact(src, entry["pickle"])
+            raw[entry["name"]] = (data, [_read_buffer(src, n, header["align"]) for n in entry["buffers"]])
         if src.read(1):
             raise PayloadError(f"{path} has trailing bytes; it was modified after it was written")
-    if hasher is not None and hasher.hexdigest() != expected_digest:
-        raise PayloadError(
-            f"{path} does not match the digest it was submitted with "
-            f"(expected {expected_digest[:12]}..., found {hasher.hexdigest()[:12]}...); "
-            "it was modified after submission, so it is not loaded"
-        )
     return Bundle(header, raw)
 
 
-def _read_buffer(src: io.RawIOBase, size: int, align: int, hasher) -> bytearray | memoryview:
+def _read_buffer(src: io.RawIOBase, size: int, align: int) -> bytearray | memoryview:
     """A small buffer is read; a large one is mapped copy-on-write where it starts."""
     if size < MAP_THRESHOLD:
-        return _read_exact(src, size, hasher)
+        return _read_exact(src, size)
     position = src.tell()
     if position % align:
-        _read_exact(src, -position % align, hasher)
+        _read_exact(src, -position % align)
         position = src.tell()
     if position % mmap.ALLOCATIONGRANULARITY:  # cannot be mapped on this machine: read it
-        return _read_exact(src, size, hasher)
+        return _read_exact(src, size)
     if os.fstat(src.fileno()).st_size < position + size:
         raise PayloadError(f"payload is truncated: a buffer of {size} bytes at {position} is missing")
     mapped = mmap.mmap(src.fileno(), size, flags=mmap.MAP_PRIVATE,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=position)
     src.seek(position + size)
-    if hasher is not None:
-        hasher.update(mapped)
     return memoryview(mapped)
 
 
@@ -195,7 +194,16 @@ def _check_compatible(header: dict[str, Any]) -> None:
         )
 
 
-def _read_exact(src: io.RawIOBase, size: int, hasher) -> bytearray:
+def file_digest(path: str) -> str:
+    """SHA-256 of a file, read in chunks."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as src:
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _read_exact(src: io.RawIOBase, size: int) -> bytearray:
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
@@ -204,6 +212,4 @@ def _read_exact(src: io.RawIOBase, size: int, hasher) -> bytearray:
         if not n:
             raise PayloadError(f"payload is truncated: expected {size} more bytes, got {got}")
         got += n
-    if hasher is not None:
-        hasher.update(buf)
     return buf

@@ -37,9 +37,9 @@ def test_invalid_options_raise_one_usage_error_before_anything_starts(ip, cache_
     assert "x" not in ip.user_ns
 
 
-def test_sagemaker_backend_says_it_is_not_available_yet(ip, cache_dir):
-    with pytest.raises(UsageError, match="'sagemaker' backend is not available in this version"):
-        ip.run_cell_magic("mpirun_remote", "--backend sagemaker", "x = 1")
+def test_cloud_options_need_the_sagemaker_backend(ip, cache_dir):
+    with pytest.raises(UsageError, match="--instance-type applies to --backend sagemaker only"):
+        ip.run_cell_magic("mpirun_remote", "--instance-type ml.g5.xlarge", "x = 1")
     assert not os.path.exists(os.path.join(cache_dir, "jobs"))
 
 

@@ -6,16 +6,18 @@ from ..errors import BackendNotAvailable
 from .base import Backend, BackendJob
 
 
-def get_backend(name: str, config) -> Backend:
+def get_backend(name: str, config, options) -> Backend:
     """The backend called ``name``, checked to be usable here (raises before anything starts)."""
     if name == "local":
         from .local import LocalBackend
 
         return LocalBackend(config)
-    raise BackendNotAvailable(
-        f"the {name!r} backend is not available in this version of mpi-magic yet; "
-        "use --backend local (the default) to run the ranks on this machine"
-    )
+    if name == "sagemaker":
+        from .sagemaker.backend import SageMakerBackend, resolve
+
+        settings, session = resolve(options.cloud)
+        return SageMakerBackend(settings, session, options.requirements)
+    raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
 
 
 __all__ = ["Backend", "BackendJob", "get_backend"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shlex
 import signal
 import socket
 import subprocess
@@ -30,10 +31,20 @@ class LocalBackend:
 
     name = "local"
     pins_digest = False
+    stop_description = "SIGINT, then SIGTERM, then SIGKILL"
 
     def __init__(self, config: Config):
         self.launcher = launchers.find_launcher(config.get("mpirun"))
         self.tag_style = self.launcher.tag_style
+
+    def check(self, options: LaunchOptions) -> list[str]:
+        return []
+
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
+        """What --dry-run prints: the launcher command line."""
+        argv = launchers.mpirun_argv(self.launcher, options.world_size, self.command(job_dir, digest),
+                                     options.mpirun_args, os.cpu_count() or 1)
+        return "would run: " + " ".join(shlex.quote(a) for a in argv)
 
     def command(self, job_dir: str, digest: str | None) -> list[str]:
         return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
@@ -126,6 +137,9 @@ class LocalJob:
     @property
     def gaps(self) -> dict[int, int]:
         return self._decoder.gaps
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        """The ranks wrote their results into the job folder already."""
 
     def poll(self, timeout: float) -> list[Event]:
         """Events that arrived (at most ``MAX_BATCH``, gathered for at most ``MAX_BATCH_SECONDS``)."""

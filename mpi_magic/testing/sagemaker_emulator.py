@@ -267,8 +267,9 @@ def _pump(pipe, logs, stream: str) -> None:
         finished = reader_done.wait(0.2)
         while lines:
             raw = lines.pop(0)
-            batch.append({"timestamp": int(time.time() * 1000),
-                          "message": raw.decode("utf-8", errors="replace").rstrip("\n")})
+            message = raw.decode("utf-8", errors="replace").rstrip("\n")
+            # CloudWatch refuses empty messages; an empty line is kept as one space
+            batch.append({"timestamp": int(time.time() * 1000), "message": message or " "})
         if batch and (finished or len(batch) >= 500 or time.monotonic() - last_sent > 0.2):
             logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=batch)
             batch, last_sent = [], time.monotonic()

@@ -1,0 +1,277 @@
+"""Ranks as one multi-instance SageMaker training job: submit, watch (status and CloudWatch
+logs), stop, and fetch every rank's results. boto3 is imported only here."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+import time
+
+from ...errors import BackendNotAvailable, MpiMagicError
+from ...events import Event, LauncherExited, LauncherOutput, Phase, StreamDecoder
+from . import package
+from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s3, training_job_request, validate
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
+LOGS_EVERY = 1.0  # seconds between reads of the leader's log stream
+STOP_WAIT = 300.0  # seconds to wait for Stopped after StopTrainingJob
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+
+# GPUs per instance of the types people train on (unknown types are refused before submitting).
+GPUS = {
+    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
+    "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
+    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.12xlarge": 4, "ml.g4dn.metal": 8,
+    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.12xlarge": 4,
+    "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8, "ml.g6.xlarge": 1, "ml.g6.12xlarge": 4, "ml.g6.48xlarge": 8,
+    "ml.trn1.32xlarge": 0, "ml.m5.large": 0, "ml.m5.xlarge": 0, "ml.m5.2xlarge": 0, "ml.m5.4xlarge": 0,
+    "ml.m5.12xlarge": 0, "ml.m5.24xlarge": 0, "ml.c5.xlarge": 0, "ml.c5.4xlarge": 0, "ml.c5.18xlarge": 0,
+}
+
+
+class SageMakerSetupError(MpiMagicError):
+    """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
+
+
+def _boto3():
+    try:
+        import boto3
+    except ImportError:
+        raise BackendNotAvailable(
+            "the sagemaker backend needs boto3, which is not installed: pip install 'mpi-magic[sagemaker]'"
+        ) from None
+    return boto3
+
+
+def instance_gpus(instance_type: str) -> int:
+    if instance_type not in GPUS:
+        close = difflib.get_close_matches(instance_type, GPUS, n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; for example --instance-type ml.g5.12xlarge"
+        raise SageMakerSetupError(f"{instance_type!r} is not a SageMaker training instance type mpi_magic knows{hint}")
+    return GPUS[instance_type]
+
+
+def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
+    """Settings from the cell's options and defaults, checked; (settings, boto3 session)."""
+    boto3 = _boto3()
+    session = boto3.session.Session(region_name=values.get("region"))
+    region = session.region_name
+    if not region:
+        raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
+    if session.get_credentials() is None:
+        raise SageMakerSetupError("no AWS credentials found: run `aws configure`, set AWS_PROFILE, "
+                                  "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    role = values.get("role")
+    if not role:
+        raise SageMakerSetupError("no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME "
+                                  "(or set it once with %mpirun_config role=...)")
+    if not _ROLE_ARN.match(role):
+        raise SageMakerSetupError(f"--role {role!r} is not an IAM role ARN like arn:aws:iam::123456789012:role/Name")
+    instance_type = values.get("instance_type")
+    if not instance_type:
+        raise SageMakerSetupError("no instance type: pass --instance-type, for example ml.g5.12xlarge")
+    instance_gpus(instance_type)
+    image_uri = values.get("image_uri")
+    if not image_uri:
+        raise SageMakerSetupError("no image: pass --image-uri with a SageMaker PyTorch training image for Python "
+                                  "{0}.{1} (it must ship Open MPI, sshd and boto3)".format(*sys.version_info[:2]))
+    s3_root = (values.get("s3_root") or "").rstrip("/")
+    if not s3_root:
+        raise SageMakerSetupError("no S3 location for the job's files: pass --s3-root s3://your-bucket/prefix")
+    try:
+        bucket, _ = split_s3(s3_root)
+    except ValueError as exc:
+        raise SageMakerSetupError(f"--s3-root: {exc}") from None
+    s3 = session.client("s3")
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001 - botocore raises several kinds here
+        raise SageMakerSetupError(f"the bucket {bucket!r} of --s3-root cannot be used ({exc}); "
+                                  "create it or pass another --s3-root") from None
+    settings = CloudSettings(
+        region=region, role=role, image_uri=image_uri, instance_type=instance_type, s3_root=s3_root,
+        volume_size=int(values.get("volume_size") or 100), max_runtime=int(values.get("max_runtime") or 86400),
+        spot=bool(values.get("spot")), max_wait=values.get("max_wait"), keep_alive=values.get("keep_alive"),
+        subnets=tuple(values.get("subnets") or ()), security_groups=tuple(values.get("security_groups") or ()),
+        kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}),
+    )
+    return settings, session
+
+
+class SageMakerBackend:
+    name = "sagemaker"
+    tag_style = "openmpi5"
+    pins_digest = True  # the payload travels through S3
+    stop_description = "StopTrainingJob"
+
+    def __init__(self, settings: CloudSettings, session, requirements: str | None = None):
+        self.settings, self.session, self.requirements = settings, session, requirements
+
+    def check(self, options) -> list[str]:
+        """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
+        gpus = instance_gpus(self.settings.instance_type)
+        if options.gpus > gpus:
+            return [f"{self.settings.instance_type} has {gpus} GPU{'s' if gpus != 1 else ''} but --gpus asks for "
+                    f"{options.gpus} processes per instance; they will share"]
+        return []
+
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options) -> str:
+        """What --dry-run prints: the exact request and the S3 objects that would be written."""
+        prefix = job_prefix(self.settings, job_name)
+        objects = [f"{prefix}/code/{BOOTSTRAP}", f"{prefix}/code/{CODE_ARCHIVE}", f"{prefix}/payload/payload.bin"]
+        if self.requirements:
+            objects.insert(2, f"{prefix}/code/requirements.txt")
+        request = json.dumps(self.request(job_name, digest or "", options), indent=2)
+        return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
+
+    def request(self, job_name: str, digest: str, options) -> dict:
+        request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env)
+        validate(request)
+        return request
+
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options) -> "SageMakerJob":
+        request = self.request(job_name, digest or "", options)
+        bucket, prefix = split_s3(job_prefix(self.settings, job_name))
+        s3 = self.session.client("s3")
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{BOOTSTRAP}", Body=package.bootstrap_source())
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{CODE_ARCHIVE}", Body=package.code_archive())
+        if self.requirements:
+            s3.upload_file(self.requirements, bucket, f"{prefix}/code/requirements.txt")
+        s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")
+        job = SageMakerJob(self.session, job_name, self.settings)
+        job.create(request)
+        return job
+
+
+class SageMakerJob:
+    """A submitted training job, seen through DescribeTrainingJob and the leader's log stream."""
+
+    def __init__(self, session, name: str, settings: CloudSettings):
+        from botocore.config import Config
+
+        config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
+        self.name, self.settings, self.host = name, settings, "algo-1"
+        self.sagemaker = session.client("sagemaker", config=config)
+        self.logs = session.client("logs", config=config)
+        self.s3 = session.client("s3", config=config)
+        self.api_calls = 0
+        for client in (self.sagemaker, self.logs, self.s3):
+            client.meta.events.register("before-call", self._count)
+        self._decoder = StreamDecoder("openmpi5")
+        self._stream: str | None = None
+        self._token: str | None = None
+        self._status = "InProgress"
+        self._secondary = ""
+        self._next_describe = 0.0
+        self._next_logs = 0.0
+        self._finished = False
+        self._ended_status: str | None = None
+
+    def _count(self, **_) -> None:
+        self.api_calls += 1
+
+    def create(self, request: dict) -> None:
+        self.sagemaker.create_training_job(**request)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        events: list[Event] = []
+        while not events and not self._finished:
+            now = time.monotonic()
+            if now >= self._next_describe:
+                self._next_describe = now + DESCRIBE_EVERY
+                events += self._describe()
+            if now >= self._next_logs or self._ended_status:
+                self._next_logs = now + LOGS_EVERY
+                events += self._read_logs()
+            if self._ended_status and not events:  # the job ended and its logs are drained
+                events += self._end()
+            if events or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return events
+
+    def _describe(self) -> list[Event]:
+        described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
+        self._status = described["TrainingJobStatus"]
+        events: list[Event] = []
+        if described.get("SecondaryStatus") != self._secondary:
+            self._secondary = described["SecondaryStatus"]
+            events.append(Phase(self._secondary.lower(), f"SageMaker: {self._secondary}"))
+        if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
+            self._ended_status = self._status
+            self._described = described
+            self._next_logs = 0.0
+        return events
+
+    def _end(self) -> list[Event]:
+        described = self._described
+        events: list[Event] = []
+        if described.get("FailureReason"):
+            events.append(LauncherOutput(f"SageMaker FailureReason: {described['FailureReason']}"))
+        if "BillableTimeInSeconds" in described:
+            events.append(LauncherOutput(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
+        code = {"Completed": 0, "Failed": 1, "Stopped": -15}[self._ended_status]
+        events.append(LauncherExited(code))
+        self._finished = True
+        return events
+
+    def _read_logs(self) -> list[Event]:
+        if self._stream is None:
+            paginator = self.logs.get_paginator("describe_log_streams")
+            try:
+                for page in paginator.paginate(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/algo-1-"):
+                    for stream in page.get("logStreams", []):
+                        self._stream = stream["logStreamName"]
+            except self.logs.exceptions.ResourceNotFoundException:
+                return []
+            if self._stream is None:
+                return []
+        events: list[Event] = []
+        while True:
+            kwargs = {"nextToken": self._token} if self._token else {"startFromHead": True}
+            reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, **kwargs)
+            for item in reply.get("events", []):
+                line = item["message"]
+                if line.startswith("mpi_magic bootstrap: mpirun (Open MPI) 4."):
+                    self._decoder.style = "openmpi4"
+                events += self._decoder.feed(line)
+            if reply.get("nextForwardToken") in (None, self._token):
+                return events
+            self._token = reply["nextForwardToken"]
+            if not reply.get("events"):
+                return events
+
+    def cancel(self) -> None:
+        """StopTrainingJob, then wait (bounded) until SageMaker says Stopped."""
+        if self._ended_status:
+            return
+        try:
+            self.sagemaker.stop_training_job(TrainingJobName=self.name)
+        except self.sagemaker.exceptions.ClientError:
+            pass  # it ended meanwhile
+        deadline = time.monotonic() + STOP_WAIT
+        while time.monotonic() < deadline:
+            status = self.sagemaker.describe_training_job(TrainingJobName=self.name)["TrainingJobStatus"]
+            if status in ("Stopped", "Completed", "Failed"):
+                break
+            time.sleep(1.0)
+        self._next_describe = 0.0
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        """Copy each rank's results from its own S3 key into the job folder."""
+        bucket, prefix = split_s3(job_prefix(self.settings, self.name))
+        for rank in ranks:
+            path = os.path.join(job_dir, "results", f"rank-{rank}.bin")
+            try:
+                self.s3.download_file(bucket, f"{prefix}/results/rank-{rank}.bin", path)
+            except Exception:  # noqa: BLE001 - a missing result is reported when it is read
+                pass

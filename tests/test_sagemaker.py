@@ -1,0 +1,222 @@
+"""The SageMaker backend over real HTTP: unchanged boto3 against a moto server (S3, CloudWatch
+Logs) and mpi_magic's SageMaker emulator, which really runs every simulated instance."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import mpi_magic
+
+BUCKET = "mpi-magic-tests"
+ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def aws(tmp_path, monkeypatch):
+    """A moto server and the SageMaker emulator on loopback; the environment points boto3 at them."""
+    moto_port, emulator_port = _free_port(), _free_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{moto_port}",
+        "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": f"http://127.0.0.1:{moto_port}",
+        "AWS_ENDPOINT_URL_STS": f"http://127.0.0.1:{moto_port}",
+        "AWS_ENDPOINT_URL_SAGEMAKER": f"http://127.0.0.1:{emulator_port}",
+        "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    servers = [
+        subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ)),
+        subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.sagemaker_emulator", "--port", str(emulator_port),
+                          "--root", str(tmp_path / "emulated")], stdout=subprocess.DEVNULL, env=dict(os.environ)),
+    ]
+    try:
+        _wait_for_port(moto_port, servers[0])
+        _wait_for_port(emulator_port, servers[1])
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        yield boto3
+    finally:
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+@pytest.fixture
+def cloud(ip, aws):
+    ip.run_line_magic("mpirun_config", f"backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
+                                       f"role={ROLE} s3_root=s3://{BUCKET}/jobs")
+    return aws
+
+
+def _run(ip, line: str, cell: str):
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+def test_ranks_spread_over_every_instance_with_their_own_results(ip, cloud):
+    _run(ip, "-i 4 -g 2 --gather --out job", (
+        "import os, mpi_magic\n"
+        "where = (mpi_magic.rank(), mpi_magic.instance(), int(os.environ['OMPI_COMM_WORLD_LOCAL_RANK']),\n"
+        "         os.path.basename(os.environ['SAGEMAKER_BASE_DIR']))\n"
+        "for step in mpi_magic.progress(range(5)):\n"
+        "    pass\n"
+    ))
+    where = ip.user_ns["where"]
+    assert where == [(r, r // 2, r % 2, f"algo-{r // 2 + 1}") for r in range(8)]
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and job.backend == "sagemaker"
+    assert [(s.n, s.total) for s in job.ranks] == [(5, 5)] * 8, "every rank's progress, read from CloudWatch"
+    keys = [o["Key"] for o in cloud.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=f"jobs/{job.name}/results/")["Contents"]]
+    assert sorted(keys) == sorted(f"jobs/{job.name}/results/rank-{r}.bin" for r in range(8))
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    assert described["TrainingJobStatus"] == "Completed" and described["ResourceConfig"]["InstanceCount"] == 4
+
+
+def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_instance(ip, cloud):
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        _run(ip, "-i 2 -g 2 --out job", (
+            "import mpi_magic, time\n"
+            "from mpi4py import MPI\n"
+            "if mpi_magic.rank() == 3:\n"
+            "    raise ValueError('bad shard')\n"
+            "MPI.COMM_WORLD.barrier()\n"
+        ))
+    assert (caught.value.rank, caught.value.instance, caught.value.error_type) == (3, 1, "ValueError")
+    assert "raise ValueError('bad shard')" in "\n".join(caught.value._render_traceback_())
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)
+    assert described["TrainingJobStatus"] == "Failed"
+    assert "rank 3 raised ValueError: bad shard" in described["FailureReason"]
+
+
+def test_interrupt_stops_the_training_job(ip, cloud, capsys):
+    import _thread
+    import threading
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            job = ip.user_ns.get("job")
+            if job is not None and all(r.status == "running" for r in job.ranks):
+                break
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    helper = threading.Thread(target=interrupt_when_running)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(120)\n")
+    finally:
+        helper.join()
+    job = ip.user_ns["job"]
+    assert job.status == "stopped"
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    assert described["TrainingJobStatus"] == "Stopped"
+    assert "StopTrainingJob" in capsys.readouterr().err
+
+
+def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypatch):
+    from mpi_magic.backends.sagemaker import backend
+
+    create = backend.SageMakerJob.create
+
+    def tamper_then_create(self, request):
+        s3 = cloud.client("s3")
+        key = request["InputDataConfig"][1]["DataSource"]["S3DataSource"]["S3Uri"].split(BUCKET + "/")[1] + "payload.bin"
+        body = bytearray(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        body[-1] ^= 0xFF
+        s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
+        create(self, request)
+
+    monkeypatch.setattr(backend.SageMakerJob, "create", tamper_then_create)
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        _run(ip, "-i 2 -g 1", "x = 1\n")
+    assert caught.value.error_type == "PayloadError"
+    assert "does not match the digest it was submitted with" in caught.value.message
+
+
+def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, capsys):
+    _run(ip, "-i 4 -g 2 --dry-run --job-name dry-1 --tags team=ml", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["TrainingJobName"] == "dry-1" and request["ResourceConfig"]["InstanceCount"] == 4
+    assert request["Environment"]["MPI_MAGIC_PROCS_PER_INSTANCE"] == "2"
+    assert request["Tags"] == [{"Key": "team", "Value": "ml"}]
+    assert "s3://mpi-magic-tests/jobs/dry-1/payload/payload.bin" in out
+    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+    assert cloud.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("role=", "no execution role: pass --role"),
+    ("role=my-role", "'my-role' is not an IAM role ARN"),
+    ("instance_type=ml.p4dd.24xlarge", "did you mean ml.p4d.24xlarge?"),
+    ("s3_root=s3://no-such-bucket/x", "the bucket 'no-such-bucket' of --s3-root cannot be used"),
+    ("image_uri=", "no image: pass --image-uri"),
+])
+def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, cloud, setting, message):
+    ip.run_line_magic("mpirun_config", setting)
+    with pytest.raises(mpi_magic.MpiMagicError, match=message) as caught:
+        _run(ip, "", "x = 1\n")
+    assert "\n" not in str(caught.value)
+    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+
+
+def test_missing_region_and_credentials_are_named(ip, cloud, monkeypatch):
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(mpi_magic.MpiMagicError, match="no AWS region: pass --region"):
+        _run(ip, "", "x = 1\n")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(mpi_magic.MpiMagicError, match="no AWS credentials found"):
+        _run(ip, "", "x = 1\n")
+
+
+def test_more_processes_than_gpus_is_a_warning(ip, cloud, capsys):
+    ip.run_line_magic("mpirun_config", "instance_type=ml.g5.xlarge")
+    _run(ip, "-g 2 --dry-run", "x = 1\n")
+    assert "ml.g5.xlarge has 1 GPU but --gpus asks for 2 processes per instance" in capsys.readouterr().err
+
+
+def test_the_request_is_valid_for_botocores_service_model():
+    from mpi_magic.backends.sagemaker.request import CloudSettings, training_job_request, validate
+
+    settings = CloudSettings("us-west-2", ROLE, "img", "ml.p4d.24xlarge", "s3://b/p", spot=True, keep_alive=600,
+                             subnets=("subnet-1",), security_groups=("sg-1",), kms_key="key", tags={"a": "b"})
+    validate(training_job_request(settings, "job-1", 4, 8, "d" * 64, {"A": "1"}))
