@@ -4,10 +4,6 @@ Logs) and mpi_magic's SageMaker emulator, which really runs every simulated inst
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -18,63 +14,20 @@ BUCKET = "mpi-magic-tests"
 ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
 @pytest.fixture
 def aws(tmp_path, monkeypatch):
     """A moto server and the SageMaker emulator on loopback; the environment points boto3 at them."""
-    moto_port, emulator_port = _free_port(), _free_port()
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{moto_port}",
-        "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": f"http://127.0.0.1:{moto_port}",
-        "AWS_ENDPOINT_URL_STS": f"http://127.0.0.1:{moto_port}",
-        "AWS_ENDPOINT_URL_SAGEMAKER": f"http://127.0.0.1:{emulator_port}",
-        "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    from mpi_magic.testing.local_aws import local_aws
+
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
-    servers = [
-        subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ)),
-        subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.sagemaker_emulator", "--port", str(emulator_port),
-                          "--root", str(tmp_path / "emulated")], stdout=subprocess.DEVNULL, env=dict(os.environ)),
-    ]
-    try:
-        _wait_for_port(moto_port, servers[0])
-        _wait_for_port(emulator_port, servers[1])
+    with local_aws(root=str(tmp_path)) as env:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
         import boto3
 
         boto3.client("s3").create_bucket(Bucket=BUCKET)
         yield boto3
-    finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
 
 
 @pytest.fixture
@@ -212,6 +165,25 @@ def test_more_processes_than_gpus_is_a_warning(ip, cloud, capsys):
     ip.run_line_magic("mpirun_config", "instance_type=ml.g5.xlarge")
     _run(ip, "-g 2 --dry-run", "x = 1\n")
     assert "ml.g5.xlarge has 1 GPU but --gpus asks for 2 processes per instance" in capsys.readouterr().err
+
+
+def test_every_rank_on_every_instance_gets_the_jobs_environment(ip, cloud):
+    _run(ip, "-i 3 -g 1 --gather --env STAGE=eval --env SEED=7", "import os\nseen = (os.environ['STAGE'], os.environ['SEED'])\n")
+    assert ip.user_ns["seen"] == [("eval", "7")] * 3
+
+
+def test_requirements_are_installed_on_every_instance_first(ip, cloud, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# nothing to install; pip still runs it on every instance\n")
+    _run(ip, f"-i 2 -g 1 --out job --requirements {requirements}", "x = 1\n")
+    logs = cloud.client("logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    streams = logs.describe_log_streams(logGroupName=group, logStreamNamePrefix=ip.user_ns["job"].name)["logStreams"]
+    assert len(streams) == 2
+    for stream in streams:
+        lines = [e["message"] for e in logs.get_log_events(logGroupName=group, logStreamName=stream["logStreamName"],
+                                                            startFromHead=True)["events"]]
+        assert "mpi_magic bootstrap: installing requirements.txt" in lines, stream["logStreamName"]
 
 
 def test_the_request_is_valid_for_botocores_service_model():
