@@ -24,11 +24,6 @@ from .runtime.rank import VALUE_NAME, result_path
 from .view import make_view
 from .view.console import ConsoleEcho
 
-# After a rank reports an exception, the launcher normally stops the others at once; if it
-# has not within this many seconds (a rank ignoring signals), the job is stopped from here.
-ABORT_GRACE_SECONDS = 3.0
-# Once every rank has reported success, the launcher gets this long to exit by itself.
-LINGER_SECONDS = 3.0
 
 
 @dataclass
@@ -131,11 +126,12 @@ def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> E
                 f"job {job.name} ran past --timeout {timeout:g}s; all {job.world_size} ranks were stopped "
                 "(raise --timeout, or see the job's logs for where it spent the time)"
             )
-        if job.first_failure_at is not None and now - job.first_failure_at > ABORT_GRACE_SECONDS:
+        grace, linger = backend_job.abort_grace, backend_job.linger
+        if grace is not None and job.first_failure_at is not None and now - job.first_failure_at > grace:
             backend_job.cancel()
         if all_done_at is None and all(s.status == "completed" for s in job.ranks):
             all_done_at = now
-        if all_done_at is not None and now - all_done_at > LINGER_SECONDS:
+        if linger is not None and all_done_at is not None and now - all_done_at > linger:
             backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
     if job.cancelled:
         job.finish(stopped=True)

@@ -78,6 +78,12 @@ class LocalJob:
     a rank's own child processes are stopped with it. mpirun dies with the notebook process.
     """
 
+    # After a rank reports an exception, mpirun normally stops the others at once; if it has
+    # not within this many seconds (a rank ignoring signals), the job is stopped from here.
+    abort_grace = 3.0
+    # Once every rank has reported success, mpirun gets this long to exit by itself.
+    linger = 3.0
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, tag_style: str):
         self.name = name
         self.host = socket.gethostname()

@@ -104,7 +104,6 @@ def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
 
 class SageMakerBackend:
     name = "sagemaker"
-    tag_style = "openmpi5"
     pins_digest = True  # the payload travels through S3
     stop_description = "StopTrainingJob"
 
@@ -148,7 +147,14 @@ class SageMakerBackend:
 
 
 class SageMakerJob:
-    """A submitted training job, seen through DescribeTrainingJob and the leader's log stream."""
+    """A submitted training job, seen through DescribeTrainingJob and the leader's log stream.
+
+    The bootstrap stops every rank when one fails and the job ends by itself (uploading can
+    take a while), so nothing here stops a job early: only an interrupt or cancel() does.
+    """
+
+    abort_grace = None
+    linger = None
 
     def __init__(self, session, name: str, settings: CloudSettings):
         from botocore.config import Config

@@ -1,0 +1,70 @@
+"""The SageMaker backend watched through the emulated cloud (moto + mpi_magic's emulator).
+
+While a 4 x 8 job runs, with every rank reporting progress twice a second:
+- latency from a rank's progress event (its own timestamp) to the dashboard's model having it,
+  through the emulated CloudWatch Logs (the emulator pushes logs every 0.2 s; mpi_magic reads
+  the leader's stream every second and describes the job every 3 s);
+- AWS API calls per minute made by the notebook while the job runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from _common import shell
+
+from mpi_magic import job as jobs
+from mpi_magic.backends.sagemaker import backend
+from mpi_magic.events import Progress
+from mpi_magic.testing.local_aws import local_aws
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30)
+    args = parser.parse_args()
+    latencies: list[float] = []
+    watched: list[backend.SageMakerJob] = []
+    record, init = jobs.Job.record, backend.SageMakerJob.__init__
+
+    def timed_record(self, event):
+        if isinstance(event, Progress):
+            latencies.append(time.time() - event.time)
+        record(self, event)
+
+    def remembered_init(self, *a, **k):
+        init(self, *a, **k)
+        watched.append(self)
+
+    jobs.Job.record, backend.SageMakerJob.__init__ = timed_record, remembered_init
+    with local_aws() as env:
+        os.environ.update(env)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
+        ip = shell()
+        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
+                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+        steps = int(args.seconds * 2)
+        started = time.monotonic()
+        ip.run_cell_magic("mpirun_remote", f"-i {args.instances} -g {args.gpus} --quiet --out job", (
+            "import time, mpi_magic\n"
+            f"for step in mpi_magic.progress(range({steps})):\n"
+            "    time.sleep(0.5)\n"
+        ))
+        elapsed = time.monotonic() - started
+    calls = watched[0].api_calls
+    latencies.sort()
+    print(f"sagemaker backend on the emulated cloud, {args.instances} x {args.gpus} ranks, {elapsed:.1f} s job:")
+    print(f"  progress event -> dashboard model: median {statistics.median(latencies):.2f} s, "
+          f"p90 {latencies[int(0.9 * len(latencies))]:.2f} s, max {latencies[-1]:.2f} s ({len(latencies)} events)")
+    print(f"  AWS API calls by the notebook: {calls} in {elapsed:.0f} s = {60 * calls / elapsed:.0f} per minute")
+
+
+if __name__ == "__main__":
+    main()
