@@ -18,6 +18,7 @@ from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
 LOGS_EVERY = 1.0  # seconds between reads of the leader's log stream
+FULL_PAGE = 1000  # a GetLogEvents reply this long may have more behind it
 STOP_WAIT = 300.0  # seconds to wait for Stopped after StopTrainingJob
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 
@@ -113,6 +114,8 @@ class SageMakerBackend:
     def check(self, options) -> list[str]:
         """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
         gpus = instance_gpus(self.settings.instance_type)
+        if gpus == 0:
+            return [f"{self.settings.instance_type} has no GPU; its {options.gpus} processes per instance run on its CPUs"]
         if options.gpus > gpus:
             return [f"{self.settings.instance_type} has {gpus} GPU{'s' if gpus != 1 else ''} but --gpus asks for "
                     f"{options.gpus} processes per instance; they will share"]
@@ -253,7 +256,7 @@ class SageMakerJob:
             if reply.get("nextForwardToken") in (None, self._token):
                 return events
             self._token = reply["nextForwardToken"]
-            if not reply.get("events"):
+            if len(reply.get("events", [])) < FULL_PAGE:  # caught up: ask again at the next read
                 return events
 
     def cancel(self) -> None:

@@ -156,6 +156,9 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
         if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
+    per_host = int(os.environ.get("MPI_MAGIC_PROCS_PER_INSTANCE", "1"))
+    if per_host > (os.cpu_count() or 1):  # more ranks than cores: binding each to a core would fail
+        launch += ["--bind-to", "none"]
     digest = os.environ.get("MPI_MAGIC_PAYLOAD_DIGEST", "")
     results = os.environ.get("MPI_MAGIC_RESULTS_URI", "")
     return [mpirun, "--hostfile", hostfile, "-np", str(world_size), "--tag-output", *launch, *exports,
