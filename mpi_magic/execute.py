@@ -25,7 +25,6 @@ from .view import make_view
 from .view.console import ConsoleEcho
 
 
-
 @dataclass
 class CellRun:
     job: Job
@@ -44,7 +43,6 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     for warning in backend.check(options):
         echo.say(warning)
     job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
-    view = None if options.quiet or options.dry_run else make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.model.fold(Phase("packaging"))
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
@@ -74,9 +72,13 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
             view.update()
             job.widget = view.widget
 
-    job.model.fold(Phase("submitting"))
-    backend_job = backend.submit(job_dir, job.name, digest, options)
+    view = None
+    if not options.quiet:
+        view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    backend_job = None
     try:  # from here on, whatever happens in this process, the job does not outlive the cell
+        job.model.fold(Phase("submitting"))
+        backend_job = backend.submit(job_dir, job.name, digest, options)
         job.start(job_dir, backend_job.cancel)
         job.model.fold(Phase("starting"))
         jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
@@ -94,7 +96,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                     run.values[name] = rebind(value, namespace)
             job.model.fold(Phase(job.status))
     except BaseException as exc:
-        if not backend_job.finished:
+        if backend_job is not None and not backend_job.finished:
             if isinstance(exc, KeyboardInterrupt):
                 echo.say(f"interrupted: stopping job {job.name} ({options.world_size} ranks: {backend.stop_description})")
             else:
@@ -103,6 +105,9 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
             echo.say(f"job {job.name} stopped; nothing of it is left running")
         raise
     finally:
+        if backend_job is None:
+            job.status = "failed"  # it never started
+            job.model.fold(Phase("failed", "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
         if view is not None:
             view.close()
