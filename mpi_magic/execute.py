@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -35,8 +36,13 @@ class CellRun:
 
 def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, config: Config,
              on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
-             clock: Callable[[], float] = time.monotonic) -> CellRun:
-    """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring."""
+             clock: Callable[[], float] = time.monotonic,
+             deliver: Callable[[dict], None] = lambda values: None) -> CellRun:
+    """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring.
+
+    With ``options.run_async`` it returns once the job is submitted and ``deliver`` receives
+    the values when the job has succeeded.
+    """
     code = capture.analyze(source)
     backend = get_backend(options.backend, config, options)
     echo = echo or ConsoleEcho()
@@ -62,59 +68,114 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())
 
-    def show(event) -> None:
-        job.record(event)
-        if not options.quiet:
-            echo.show(event)
-
-    def tick() -> None:
-        if view is not None:
-            view.update()
-            job.widget = view.widget
-
     view = None
     if not options.quiet:
         view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
-    backend_job = None
-    try:  # from here on, whatever happens in this process, the job does not outlive the cell
+    try:
         job.model.fold(Phase("submitting"))
         backend_job = backend.submit(job_dir, job.name, digest, options)
-        job.start(job_dir, backend_job.cancel)
-        job.model.fold(Phase("starting"))
-        jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
-                      launcher_started=getattr(backend_job, "started", None))
-        on_job(job)
-
-        error = _watch(job, backend_job, show, tick, options.timeout, clock)
-        if error is None:
-            job.model.fold(Phase("collecting results"))
-            backend_job.fetch_results(job_dir, range(options.world_size) if options.gather else [0])
-            run = CellRun(job)
-            _collect(run, code, options, echo)
-            for name, value in run.values.items():
-                if is_notebook_function(value):
-                    run.values[name] = rebind(value, namespace)
-            job.model.fold(Phase(job.status))
-    except BaseException as exc:
-        if backend_job is not None and not backend_job.finished:
-            if isinstance(exc, KeyboardInterrupt):
-                echo.say(f"interrupted: stopping job {job.name} ({options.world_size} ranks: {backend.stop_description})")
-            else:
-                echo.say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
-            _stop(job, backend_job, show)
-            echo.say(f"job {job.name} stopped; nothing of it is left running")
-        raise
-    finally:
-        if backend_job is None:
-            job.status = "failed"  # it never started
-            job.model.fold(Phase("failed", "could not be submitted"))
+    except BaseException:
+        job.status = "failed"  # it never started
+        job.model.fold(Phase("failed", "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
         if view is not None:
             view.close()
-            job.widget = view.widget
-    if error is not None:
-        raise error
-    return run
+        raise
+    job.start(job_dir, backend_job.cancel)
+    jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
+                  launcher_started=getattr(backend_job, "started", None))
+    on_job(job)
+    follower = Follower(job, backend_job, view, None if options.quiet or options.run_async else echo,
+                        code.assigns, options.gather, namespace, options.timeout, clock, backend.stop_description)
+    if options.run_async:
+        return follower.in_background(lambda run: deliver(run.values))
+    return follower.run()
+
+
+class Follower:
+    """Watches a submitted job to its end, stops it on any exception here, collects results."""
+
+    def __init__(self, job: Job, backend_job, view, echo: ConsoleEcho | None, returns: list[str], gather: bool,
+                 namespace, timeout: float | None, clock, stop_description: str):
+        self.job, self.backend_job, self.view, self.echo = job, backend_job, view, echo
+        self.returns, self.gather, self.namespace = returns, gather, namespace
+        self.timeout, self.clock, self.stop_description = timeout, clock, stop_description
+        self.thread: threading.Thread | None = None
+
+    def show(self, event) -> None:
+        self.job.record(event)
+        if self.echo is not None:
+            self.echo.show(event)
+
+    def tick(self) -> None:
+        if self.view is not None:
+            self.view.update()
+            self.job.widget = self.view.widget
+
+    def _say(self, text: str) -> None:
+        (self.echo or ConsoleEcho()).say(text)
+
+    def run(self) -> CellRun:
+        job, backend_job = self.job, self.backend_job
+        try:  # whatever happens in this process, the job does not outlive the cell
+            job.model.fold(Phase("starting"))
+            error = _watch(job, backend_job, self.show, self.tick, self.timeout, self.clock)
+            if error is None:
+                job.model.fold(Phase("collecting results"))
+                backend_job.fetch_results(job.job_dir, range(job.world_size) if self.gather else [0])
+                run = CellRun(job)
+                _collect(run, self.returns, self.gather, self.echo or ConsoleEcho())
+                for name, value in run.values.items():
+                    if is_notebook_function(value):
+                        run.values[name] = rebind(value, self.namespace)
+                job.model.fold(Phase(job.status))
+        except BaseException as exc:
+            if not backend_job.finished:
+                if isinstance(exc, KeyboardInterrupt):
+                    self._say(f"interrupted: stopping job {job.name} ({job.world_size} ranks: {self.stop_description})")
+                else:
+                    self._say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
+                _stop(job, backend_job, self.show)
+                self._say(f"job {job.name} stopped; nothing of it is left running")
+            raise
+        finally:
+            jobdir.record(job.job_dir, status=job.status, ended=time.time())
+            if self.view is not None:
+                self.view.close()
+                job.widget = self.view.widget
+        if error is not None:
+            raise error
+        return run
+
+    def in_background(self, deliver: Callable[[CellRun], None]) -> CellRun:
+        """Follow the job from a thread; ``deliver`` gets the results when it succeeds."""
+        def follow() -> None:
+            try:
+                deliver(self.run())
+            except BaseException as exc:  # noqa: BLE001 - kept for job.wait() to raise
+                self.job.error = exc
+
+        self.thread = threading.Thread(target=follow, name=f"mpi_magic {self.job.name}", daemon=True)
+        self.job.follower = self.thread
+        self.thread.start()
+        return CellRun(self.job)
+
+
+def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None,
+           clock: Callable[[], float] = time.monotonic) -> CellRun:
+    """Follow a SageMaker job started earlier (by this or another kernel) to its end: the
+    dashboard is rebuilt from its logs and status, and its results come back."""
+    from .backends.sagemaker.backend import attach as find
+
+    backend_job, info = find(name, config.get("region"))
+    echo = echo or ConsoleEcho()
+    job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
+    job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
+    view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    job.start(job_dir, backend_job.cancel)
+    follower = Follower(job, backend_job, view, echo, info["returns"], info["gather"], namespace, None, clock,
+                        "StopTrainingJob")
+    return follower.run()
 
 
 def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> Exception | None:
@@ -158,13 +219,13 @@ def _stop(job: Job, backend_job, show) -> None:
     job.finish(stopped=True)
 
 
-def _collect(run: CellRun, code: capture.CellCode, options: LaunchOptions, echo: ConsoleEcho) -> None:
+def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:
     """Read rank 0's results (every rank's with --gather) into ``run``.
 
     A module the cell imported comes back only if the notebook has imported it already:
     importing, say, mpi4py.MPI here would initialise MPI inside the notebook's kernel.
     """
-    ranks = range(run.job.world_size) if options.gather else [0]
+    ranks = range(run.job.world_size) if gather else [0]
     per_rank = []
     for rank in ranks:
         try:
@@ -181,8 +242,8 @@ def _collect(run: CellRun, code: capture.CellCode, options: LaunchOptions, echo:
     first = per_rank[0]
     if VALUE_NAME in first:
         run.output, run.has_output = first.pop(VALUE_NAME), True
-    for name in code.assigns:
-        if options.gather:
+    for name in returns:
+        if gather:
             missing = [r for r, values in zip(ranks, per_rank) if name not in values]
             if not missing:
                 run.values[name] = [values[name] for values in per_rank]

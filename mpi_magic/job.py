@@ -37,6 +37,8 @@ class Job:
         self.returncode: int | None = None
         self.first_failure_at: float | None = None
         self.cancelled = False
+        self.error: BaseException | None = None  # how a job followed in the background ended
+        self.follower = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
         self._clock = clock
         self._launcher_lines: list[str] = []
@@ -140,6 +142,19 @@ class Job:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+    @property
+    def done(self) -> bool:
+        return self.status != "running"
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for a job started with --async; raises what the cell would have raised."""
+        if self.follower is not None:
+            self.follower.join(timeout)
+            if self.follower.is_alive():
+                raise TimeoutError(f"job {self.name} is still {self.status} after {timeout:g}s")
+        if self.error is not None:
+            raise self.error
 
     def cancel(self) -> None:
         """Stop every rank of this job now (the running cell then raises JobError)."""

@@ -22,7 +22,7 @@ def new_job_name(prefix: str = "mpi") -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def create(cache_dir: str, name: str) -> str:
+def create(cache_dir: str, name: str, reuse: bool = False) -> str:
     """A fresh job folder (mode 0700: payloads and logs may hold the user's data).
 
     Only folders made here are restricted; a cache_dir the user already had is left as it is.
@@ -32,6 +32,8 @@ def create(cache_dir: str, name: str) -> str:
         os.makedirs(jobs, mode=0o700, exist_ok=True)
         os.chmod(jobs, 0o700)  # makedirs' mode is filtered by the umask
     job_dir = os.path.join(jobs, name)
+    if reuse and os.path.isdir(job_dir):
+        return job_dir
     os.mkdir(job_dir, 0o700)
     os.mkdir(os.path.join(job_dir, "logs"), 0o700)
     os.mkdir(os.path.join(job_dir, "results"), 0o700)

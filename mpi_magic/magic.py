@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments
@@ -37,11 +39,45 @@ class MpiMagics(Magics):
                 user_ns[options.out] = job
 
         try:
-            run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle)
+            run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
+                                   deliver=user_ns.update)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         user_ns.update(run.values)
         return run.output if run.has_output else None
+
+    @line_magic
+    def mpirun_attach(self, line: str):
+        """Follow a SageMaker job started earlier, e.g. after a kernel restart.
+
+        %mpirun_attach JOB_NAME [--out NAME]
+
+        Rebuilds the dashboard from the job's status and logs, and brings its results back
+        into the notebook when it ends. Interrupting stops the job, as for a running cell.
+        """
+        words = line.split()
+        if not words or len(words) not in (1, 3) or (len(words) == 3 and words[1] != "--out"):
+            raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; %mpirun_jobs lists your recent jobs")
+        try:
+            run = execute.attach(words[0], self.shell.user_ns, self.defaults)
+        except BackendNotAvailable as exc:
+            raise UsageError(str(exc)) from None
+        self.shell.user_ns.update(run.values)
+        if len(words) == 3:
+            self.shell.user_ns[words[2]] = run.job
+        return run.output if run.has_output else None
+
+    @line_magic
+    def mpirun_jobs(self, line: str):
+        """List the SageMaker jobs started from this machine (newest first), with their status."""
+        from .backends.sagemaker.backend import recent_jobs
+
+        jobs = recent_jobs()
+        if not jobs:
+            print("no SageMaker jobs started from here yet")
+        for record in jobs:
+            started = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["created"]))
+            print(f"{record['name']:<40} {started}  {record['status']:<11} {record['secondary']}")
 
     @line_magic
     def mpirun_config(self, line: str):

@@ -205,6 +205,9 @@ def launch_arguments(func):
         argument("--requirements", default=None, metavar="FILE",
                  help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
         argument("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
+        argument("--async", dest="run_async", action="store_true",
+                 help="sagemaker: return at once with the job handle (--out); the dashboard keeps updating and "
+                      "the results arrive in the notebook when the job ends (job.wait() waits for them)."),
     ]
     for decorate in reversed(decorators):
         func = decorate(func)
@@ -226,6 +229,7 @@ class LaunchOptions:
     cloud: dict = field(default_factory=dict)  # sagemaker settings, checked by that backend
     requirements: str | None = None
     job_name: str | None = None
+    run_async: bool = False
 
     @property
     def world_size(self) -> int:
@@ -258,7 +262,8 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
 
     backend = pick("backend", args.backend)
     cloud = _cloud_values(args, pick)
-    given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items() if k in _CLOUD_ONLY and v not in (None, False)]
+    given = [_OPTION_OF.get(k, f"--{k.replace('_', '-')}") for k, v in vars(args).items()
+             if k in _CLOUD_ONLY and v not in (None, False)]
     if backend != "sagemaker" and given:
         raise UsageError(f"{given[0]} applies to --backend sagemaker only; add --backend sagemaker or drop it")
     if args.requirements and not os.path.isfile(args.requirements):
@@ -272,11 +277,14 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         instances=pick("instances", args.instances), gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
+        run_async=args.run_async,
     )
 
 
 _CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",
-               "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name"}
+               "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name",
+               "run_async"}
+_OPTION_OF = {"run_async": "--async"}
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 

@@ -192,3 +192,39 @@ def test_the_request_is_valid_for_botocores_service_model():
     settings = CloudSettings("us-west-2", ROLE, "img", "ml.p4d.24xlarge", "s3://b/p", spot=True, keep_alive=600,
                              subnets=("subnet-1",), security_groups=("sg-1",), kms_key="key", tags={"a": "b"})
     validate(training_job_request(settings, "job-1", 4, 8, "d" * 64, {"A": "1"}))
+
+
+def test_async_returns_at_once_and_the_results_arrive_when_the_job_ends(ip, cloud):
+    started = time.monotonic()
+    _run(ip, "-i 2 -g 1 --async --out job", "import time\ntime.sleep(3)\nvalue = 42\n")
+    assert time.monotonic() - started < 3, "the cell returned before the job ended"
+    job = ip.user_ns["job"]
+    assert "value" not in ip.user_ns and not job.done
+    job.wait(timeout=120)
+    assert job.status == "completed" and ip.user_ns["value"] == 42
+
+
+def test_attach_from_a_fresh_shell_rebuilds_the_dashboard_and_brings_the_results(ip, cloud, tmp_path):
+    import subprocess
+    import sys
+
+    _run(ip, "-i 2 -g 1 --gather --async --out job", (
+        "import time, mpi_magic\n"
+        "for i in mpi_magic.progress(range(4)):\n"
+        "    time.sleep(0.5)\n"
+        "where = mpi_magic.instance()\n"
+    ))
+    name = ip.user_ns["job"].name
+    script = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'mpi_magic')\n"
+        "ip.run_line_magic('mpirun_jobs', '')\n"
+        f"ip.run_line_magic('mpirun_attach', '{name} --out attached')\n"
+        "job = ip.user_ns['attached']\n"
+        "print('RESULT', ip.user_ns['where'], job.status, [(r.n, r.total) for r in job.ranks])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert f"{name}" in out.stdout.splitlines()[0], out.stdout + out.stderr  # %mpirun_jobs lists it
+    assert "RESULT [0, 1] completed [(4, 4), (4, 4)]" in out.stdout, out.stdout + out.stderr
+    ip.user_ns["job"].wait(timeout=120)

@@ -144,8 +144,9 @@ class SageMakerBackend:
         if self.requirements:
             s3.upload_file(self.requirements, bucket, f"{prefix}/code/requirements.txt")
         s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")
-        job = SageMakerJob(self.session, job_name, self.settings)
+        job = SageMakerJob(self.session, job_name, f"{job_prefix(self.settings, job_name)}/results")
         job.create(request)
+        record_job(job_name, self.settings.region)
         return job
 
 
@@ -159,11 +160,11 @@ class SageMakerJob:
     abort_grace = None
     linger = None
 
-    def __init__(self, session, name: str, settings: CloudSettings):
+    def __init__(self, session, name: str, results_uri: str):
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
-        self.name, self.settings, self.host = name, settings, "algo-1"
+        self.name, self.results_uri, self.host = name, results_uri, "algo-1"
         self.sagemaker = session.client("sagemaker", config=config)
         self.logs = session.client("logs", config=config)
         self.s3 = session.client("s3", config=config)
@@ -277,10 +278,79 @@ class SageMakerJob:
 
     def fetch_results(self, job_dir: str, ranks) -> None:
         """Copy each rank's results from its own S3 key into the job folder."""
-        bucket, prefix = split_s3(job_prefix(self.settings, self.name))
+        bucket, prefix = split_s3(self.results_uri)
         for rank in ranks:
             path = os.path.join(job_dir, "results", f"rank-{rank}.bin")
             try:
-                self.s3.download_file(bucket, f"{prefix}/results/rank-{rank}.bin", path)
+                self.s3.download_file(bucket, f"{prefix}/rank-{rank}.bin", path)
             except Exception:  # noqa: BLE001 - a missing result is reported when it is read
                 pass
+
+
+def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
+    """An existing job (started by any notebook), with what is needed to follow it to its end."""
+    boto3 = _boto3()
+    session = boto3.session.Session(region_name=region)
+    if not session.region_name:
+        raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
+    sagemaker = session.client("sagemaker")
+    try:
+        described = sagemaker.describe_training_job(TrainingJobName=name)
+    except sagemaker.exceptions.ClientError as exc:
+        raise SageMakerSetupError(f"no training job {name!r} in {session.region_name} ({exc})") from None
+    environment = described.get("Environment", {})
+    if "MPI_MAGIC_RESULTS_URI" not in environment:
+        raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")
+    channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == "payload")
+    bucket, key = split_s3(channel["DataSource"]["S3DataSource"]["S3Uri"].rstrip("/") + "/payload.bin")
+    s3 = session.client("s3")
+    head = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-15")["Body"].read()
+    length = int.from_bytes(head[8:16], "little")
+    header = json.loads(s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=16-{15 + length}")["Body"].read())
+    info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
+            "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
+            "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
+    return SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"]), info  # reads the log from its start
+
+
+JOBS_RECORD = "sagemaker_jobs.json"
+
+
+def _record_path() -> str:
+    from ...options import Config
+
+    return os.path.join(Config().get("cache_dir"), JOBS_RECORD)
+
+
+def record_job(name: str, region: str) -> None:
+    """Remember a job this user started, for %mpirun_jobs (newest 100 kept)."""
+    path = _record_path()
+    try:
+        with open(path) as f:
+            records = json.load(f)
+    except (OSError, ValueError):
+        records = []
+    records = ([{"name": name, "region": region, "created": time.time()}] + records)[:100]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(records, f)
+
+
+def recent_jobs(limit: int = 20) -> list[dict]:
+    """The jobs recorded here, newest first, with their status from DescribeTrainingJob."""
+    try:
+        with open(_record_path()) as f:
+            records = json.load(f)[:limit]
+    except (OSError, ValueError):
+        return []
+    boto3 = _boto3()
+    clients: dict[str, object] = {}
+    for record in records:
+        client = clients.setdefault(record["region"], boto3.client("sagemaker", region_name=record["region"]))
+        try:
+            described = client.describe_training_job(TrainingJobName=record["name"])
+            record["status"] = described["TrainingJobStatus"]
+            record["secondary"] = described.get("SecondaryStatus", "")
+        except Exception as exc:  # noqa: BLE001 - shown in the listing
+            record["status"], record["secondary"] = "unknown", str(exc)[:60]
+    return records
