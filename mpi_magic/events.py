@@ -75,6 +75,13 @@ class Progress:
 
 
 @dataclass
+class Note:
+    """Something the backend reports about the whole job (SageMaker's FailureReason, billable time)."""
+
+    text: str
+
+
+@dataclass
 class Phase:
     """The job as a whole moved on (packaging, starting, running, done, ...). Client-side."""
 
@@ -90,7 +97,7 @@ class LauncherExited:
 
 
 WireEvent = RankStarted | RankFinished | Progress
-Event = WireEvent | Output | LauncherOutput | Phase | LauncherExited
+Event = WireEvent | Output | LauncherOutput | Note | Phase | LauncherExited
 
 _KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}

@@ -228,3 +228,33 @@ def test_attach_from_a_fresh_shell_rebuilds_the_dashboard_and_brings_the_results
     assert f"{name}" in out.stdout.splitlines()[0], out.stdout + out.stderr  # %mpirun_jobs lists it
     assert "RESULT [0, 1] completed [(4, 4), (4, 4)]" in out.stdout, out.stdout + out.stderr
     ip.user_ns["job"].wait(timeout=120)
+
+
+def test_an_image_for_another_python_is_refused_before_submitting(ip, cloud):
+    import sys
+
+    other = sys.version_info[1] - 1
+    ip.run_line_magic("mpirun_config", "image_uri=763104351884.dkr.ecr.us-east-1.amazonaws.com/"
+                                       f"pytorch-training:2.1.0-gpu-py3{other}-cu121-ubuntu20.04-sagemaker")
+    with pytest.raises(mpi_magic.MpiMagicError,
+                       match=rf"runs Python 3\.{other} but this notebook runs Python 3\.{sys.version_info[1]}"):
+        _run(ip, "", "x = 1\n")
+    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+
+
+def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir):
+    import sys
+
+    from IPython.core.error import UsageError
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what an install without the extra looks like
+    with pytest.raises(UsageError, match=r"pip install 'mpi-magic\[sagemaker\]'"):
+        _run(ip, "--backend sagemaker", "x = 1\n")
+
+
+def test_the_summary_shows_sagemakers_failure_reason_and_billable_time(ip, cloud, capsys):
+    with pytest.raises(mpi_magic.RemoteRankError):
+        _run(ip, "-i 2 -g 1", "raise RuntimeError('boom')\n")
+    summary = capsys.readouterr().err
+    assert "SageMaker FailureReason: AlgorithmError: rank " in summary and "raised RuntimeError: boom" in summary
+    assert "SageMaker billable time: " in summary

@@ -108,13 +108,16 @@ class JobModel:
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
         self.outputs = 0
+        self.notes: list[str] = []  # what the backend reports at the end (FailureReason, billable time)
 
     @property
     def num_instances(self) -> int:
         return (self.world_size + self.procs_per_instance - 1) // self.procs_per_instance
 
     def fold(self, event: events.Event) -> None:
-        if isinstance(event, events.Phase):
+        if isinstance(event, events.Note):
+            self.notes.append(event.text)
+        elif isinstance(event, events.Phase):
             self.phase, self.phase_detail = event.name, event.detail
             if event.name in ("completed", "failed", "stopped"):
                 self.ended_at = self.clock()

@@ -55,9 +55,9 @@ class Summary:
         self.model = model
 
     def __repr__(self) -> str:
-        lines = [f"mpi_magic: {headline(self.model)}"]
+        lines = [f"mpi_magic: {headline(self.model)}"] + [f"  {note}" for note in self.model.notes]
         if self.model.phase == "completed":
-            return lines[0]
+            return "\n".join(lines)
         for state in self.model.ranks:
             if state.failure is not None:
                 lines.append(f"  {state.failure.headline()}")
@@ -85,6 +85,7 @@ class Summary:
         head = "<tr>" + "".join(f"<th style='text-align:left'>{c}</th>" for c in columns) + "</tr>"
         return (
             f"<div class='mpi-magic-summary'><b>mpi_magic</b> {html.escape(headline(model))}"
+            + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes) +
             f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
             f"<table>{head}{''.join(rows)}</table></details></div>"
         )

@@ -11,7 +11,7 @@ import sys
 import time
 
 from ...errors import BackendNotAvailable, MpiMagicError
-from ...events import Event, LauncherExited, LauncherOutput, Phase, StreamDecoder
+from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, StreamDecoder
 from . import package
 from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s3, training_job_request, validate
 
@@ -80,6 +80,12 @@ def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
     if not image_uri:
         raise SageMakerSetupError("no image: pass --image-uri with a SageMaker PyTorch training image for Python "
                                   "{0}.{1} (it must ship Open MPI, sshd and boto3)".format(*sys.version_info[:2]))
+    tagged = re.search(r"-py3(\d+)-", image_uri)
+    if tagged and int(tagged.group(1)) != sys.version_info[1]:
+        raise SageMakerSetupError(
+            f"the image {image_uri} runs Python 3.{tagged.group(1)} but this notebook runs Python "
+            f"3.{sys.version_info[1]}; pickled values only load under the same minor version: choose a py3"
+            f"{sys.version_info[1]} image")
     s3_root = (values.get("s3_root") or "").rstrip("/")
     if not s3_root:
         raise SageMakerSetupError("no S3 location for the job's files: pass --s3-root s3://your-bucket/prefix")
@@ -227,8 +233,9 @@ class SageMakerJob:
         events: list[Event] = []
         if described.get("FailureReason"):
             events.append(LauncherOutput(f"SageMaker FailureReason: {described['FailureReason']}"))
+            events.append(Note(f"SageMaker FailureReason: {described['FailureReason']}"))
         if "BillableTimeInSeconds" in described:
-            events.append(LauncherOutput(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
+            events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[self._ended_status]
         events.append(LauncherExited(code))
         self._finished = True
