@@ -25,6 +25,8 @@ from .runtime.rank import VALUE_NAME, result_path
 from .view import make_view
 from .view.console import ConsoleEcho
 
+STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
+
 
 @dataclass
 class CellRun:
@@ -136,7 +138,10 @@ class Follower:
                 else:
                     self._say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
                 _stop(job, backend_job, self.show)
-                self._say(f"job {job.name} stopped; nothing of it is left running")
+                if backend_job.finished:
+                    self._say(f"job {job.name} stopped; nothing of it is left running")
+                else:
+                    self._say(f"job {job.name} was asked to stop ({self.stop_description}) and is still stopping")
             raise
         finally:
             jobdir.record(job.job_dir, status=job.status, ended=time.time())
@@ -205,17 +210,22 @@ def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> E
     return job.finish()
 
 
-def _stop(job: Job, backend_job, show) -> None:
-    """Stop the job completely; a second Ctrl-C does not cut the stopping short."""
+def _stop(job: Job, backend_job, show, limit: float = STOP_LIMIT) -> None:
+    """Stop the job; an interrupt while stopping starts the stop again, and once the stop
+    is requested, an interrupt only ends the waiting (a cloud job may take minutes)."""
+    requested_at = None
     while True:
         try:
-            backend_job.cancel()
-            while not backend_job.finished:
+            if requested_at is None:
+                backend_job.cancel()
+                requested_at = time.monotonic()
+            while not backend_job.finished and time.monotonic() - requested_at < limit:
                 for event in backend_job.poll(0.1):
                     show(event)
             break
         except KeyboardInterrupt:
-            continue
+            if requested_at is not None:
+                break
     job.finish(stopped=True)
 
 

@@ -136,11 +136,10 @@ def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, capsys):
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("role=", "no execution role: pass --role"),
+    ("role=", "pass --role arn:aws:iam::ACCOUNT:role/NAME"),
     ("role=my-role", "'my-role' is not an IAM role ARN"),
     ("instance_type=ml.p4dd.24xlarge", "did you mean ml.p4d.24xlarge?"),
     ("s3_root=s3://no-such-bucket/x", "the bucket 'no-such-bucket' of --s3-root cannot be used"),
-    ("image_uri=", "no image: pass --image-uri"),
 ])
 def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, cloud, setting, message):
     ip.run_line_magic("mpirun_config", setting)
@@ -148,6 +147,18 @@ def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, clo
         _run(ip, "", "x = 1\n")
     assert "\n" not in str(caught.value)
     assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+
+
+def test_the_default_image_is_the_sdks_pytorch_training_image_for_this_python(ip, cloud, capsys):
+    import sys
+
+    ip.run_line_magic("mpirun_config", "image_uri=")
+    _run(ip, "-i 2 -g 1 --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    image = request["AlgorithmSpecification"]["TrainingImage"]
+    assert image.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:")
+    assert f"-py3{sys.version_info[1]}" in image
 
 
 def test_missing_region_and_credentials_are_named(ip, cloud, monkeypatch):

@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     # memory segments, as they would on one machine: each instance gets its own folder.
     tmp = os.path.join(base, "tmp")
     os.makedirs(tmp, exist_ok=True)
-    env = dict(os.environ, SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host, TMPDIR=tmp, PRTE_MCA_prte_tmpdir_base=tmp,
+    # As with a real sshd, the command starts from a login environment, not the caller's:
+    # whatever the ranks need must be forwarded by mpirun (-x).
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "USER") if name in os.environ}
+    env.update(SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host, TMPDIR=tmp, PRTE_MCA_prte_tmpdir_base=tmp,
                PMIX_MCA_pmix_server_tmpdir=tmp, OMPI_MCA_btl_sm_backing_directory=tmp)
     os.execve("/bin/sh", ["/bin/sh", "-c", command or "true"], env)
 

@@ -11,22 +11,24 @@ import sys
 import time
 
 from ...errors import BackendNotAvailable, MpiMagicError
-from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, StreamDecoder
-from . import package
+from ...events import (Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted,
+                       StreamDecoder)
+from . import package, sdk
 from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s3, training_job_request, validate
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
 LOGS_EVERY = 1.0  # seconds between reads of the leader's log stream
 FULL_PAGE = 1000  # a GetLogEvents reply this long may have more behind it
-STOP_WAIT = 300.0  # seconds to wait for Stopped after StopTrainingJob
+LOG_LAG = 15.0  # seconds to keep reading an ended job's log for lines still arriving
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 
-# GPUs per instance of the types people train on (unknown types are refused before submitting).
+# GPUs per instance of the types people train on: the default processes per instance. Other valid
+# types run too (with --gpus); names that are not training instance types are refused.
 GPUS = {
     "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
     "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
-    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.12xlarge": 4, "ml.g4dn.metal": 8,
+    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.12xlarge": 4,
     "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.12xlarge": 4,
     "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8, "ml.g6.xlarge": 1, "ml.g6.12xlarge": 4, "ml.g6.48xlarge": 8,
     "ml.trn1.32xlarge": 0, "ml.m5.large": 0, "ml.m5.xlarge": 0, "ml.m5.2xlarge": 0, "ml.m5.4xlarge": 0,
@@ -36,6 +38,12 @@ GPUS = {
 
 class SageMakerSetupError(MpiMagicError):
     """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
+
+
+try:
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError:  # without boto3, _boto3() below says what to install
+    BotoCoreError = ClientError = OSError
 
 
 def _boto3():
@@ -48,15 +56,37 @@ def _boto3():
     return boto3
 
 
-def instance_gpus(instance_type: str) -> int:
-    if instance_type not in GPUS:
-        close = difflib.get_close_matches(instance_type, GPUS, n=1)
+def training_instance_types() -> list[str]:
+    """Every training instance type in botocore's SageMaker service model."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return list(model.shape_for("TrainingInstanceType").enum)
+
+
+def instance_gpus(instance_type: str) -> int | None:
+    """GPUs of a known type; None for a valid type mpi_magic has no count for; an error otherwise."""
+    known = training_instance_types()
+    if instance_type not in known:
+        close = difflib.get_close_matches(instance_type, known, n=1)
         hint = f"; did you mean {close[0]}?" if close else "; for example --instance-type ml.g5.12xlarge"
-        raise SageMakerSetupError(f"{instance_type!r} is not a SageMaker training instance type mpi_magic knows{hint}")
-    return GPUS[instance_type]
+        raise SageMakerSetupError(f"{instance_type!r} is not a SageMaker training instance type{hint}")
+    return GPUS.get(instance_type)
 
 
-def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
+def _from_sdk(find, *args):
+    """A default the SageMaker SDK finds; a clear sentence when it cannot."""
+    *args, option = args
+    try:
+        return find(*args)
+    except (sdk.SdkMissing, LookupError) as exc:
+        raise SageMakerSetupError(f"{exc}; or pass {option}") from None
+    except Exception as exc:  # noqa: BLE001 - the SDK raises many kinds; the user needs the option
+        raise SageMakerSetupError(f"the SageMaker SDK could not find a default ({type(exc).__name__}: {exc}); "
+                                  f"pass {option}") from None
+
+
+def resolve(values: dict) -> tuple[CloudSettings, object]:
     """Settings from the cell's options and defaults, checked; (settings, boto3 session)."""
     boto3 = _boto3()
     session = boto3.session.Session(region_name=values.get("region"))
@@ -66,21 +96,19 @@ def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
     if session.get_credentials() is None:
         raise SageMakerSetupError("no AWS credentials found: run `aws configure`, set AWS_PROFILE, "
                                   "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    role = values.get("role")
+    values = {**{k: v for k, v in sdk.config_defaults().items()}, **{k: v for k, v in values.items() if v}}
+    instance_type = values.get("instance_type")
+    if not instance_type:
+        raise SageMakerSetupError("no instance type: pass --instance-type, for example ml.g5.12xlarge")
+    instance_gpus(instance_type)
+    role = values.get("role") or _from_sdk(sdk.execution_role, session, "--role arn:aws:iam::ACCOUNT:role/NAME")
     if not role:
         raise SageMakerSetupError("no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME "
                                   "(or set it once with %mpirun_config role=...)")
     if not _ROLE_ARN.match(role):
         raise SageMakerSetupError(f"--role {role!r} is not an IAM role ARN like arn:aws:iam::123456789012:role/Name")
-    instance_type = values.get("instance_type")
-    if not instance_type:
-        raise SageMakerSetupError("no instance type: pass --instance-type, for example ml.g5.12xlarge")
-    instance_gpus(instance_type)
-    image_uri = values.get("image_uri")
-    if not image_uri:
-        raise SageMakerSetupError("no image: pass --image-uri with a SageMaker PyTorch training image for Python "
-                                  "{0}.{1} (it must ship Open MPI, sshd and boto3)".format(*sys.version_info[:2]))
-    tagged = re.search(r"-py3(\d+)-", image_uri)
+    image_uri = values.get("image_uri") or _from_sdk(sdk.default_image, region, instance_type, "--image-uri")
+    tagged = re.search(r"-py3(\d+)-?", image_uri)
     if tagged and int(tagged.group(1)) != sys.version_info[1]:
         raise SageMakerSetupError(
             f"the image {image_uri} runs Python 3.{tagged.group(1)} but this notebook runs Python "
@@ -88,7 +116,7 @@ def resolve(values: dict, environ=os.environ) -> tuple[CloudSettings, object]:
             f"{sys.version_info[1]} image")
     s3_root = (values.get("s3_root") or "").rstrip("/")
     if not s3_root:
-        raise SageMakerSetupError("no S3 location for the job's files: pass --s3-root s3://your-bucket/prefix")
+        s3_root = f"s3://{_from_sdk(sdk.default_bucket, session, '--s3-root s3://your-bucket/prefix')}/mpi-magic"
     try:
         bucket, _ = split_s3(s3_root)
     except ValueError as exc:
@@ -120,6 +148,9 @@ class SageMakerBackend:
     def check(self, options) -> list[str]:
         """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
         gpus = instance_gpus(self.settings.instance_type)
+        if gpus is None:
+            return [f"mpi_magic does not know how many GPUs {self.settings.instance_type} has; "
+                    f"running {options.gpus} processes per instance as asked"]
         if gpus == 0:
             return [f"{self.settings.instance_type} has no GPU; its {options.gpus} processes per instance run on its CPUs"]
         if options.gpus > gpus:
@@ -137,7 +168,8 @@ class SageMakerBackend:
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
 
     def request(self, job_name: str, digest: str, options) -> dict:
-        request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env)
+        request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env,
+                                       options.mpirun_args)
         validate(request)
         return request
 
@@ -152,7 +184,11 @@ class SageMakerBackend:
         s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")
         job = SageMakerJob(self.session, job_name, f"{job_prefix(self.settings, job_name)}/results")
         job.create(request)
-        record_job(job_name, self.settings.region)
+        try:
+            record_job(job_name, self.settings.region)
+        except BaseException:  # an interrupt right after creating must not leave the job running
+            job.cancel()
+            raise
         return job
 
 
@@ -186,6 +222,13 @@ class SageMakerJob:
         self._next_logs = 0.0
         self._finished = False
         self._ended_status: str | None = None
+        self._quiet_since: float | None = None
+        self._reported: set[int] = set()
+        self._world_size: int | None = None
+
+    @property
+    def _all_reported(self) -> bool:
+        return self._world_size is not None and len(self._reported) >= self._world_size
 
     def _count(self, **_) -> None:
         self.api_calls += 1
@@ -202,18 +245,29 @@ class SageMakerJob:
         events: list[Event] = []
         while not events and not self._finished:
             now = time.monotonic()
-            if now >= self._next_describe:
-                self._next_describe = now + DESCRIBE_EVERY
-                events += self._describe()
-            if now >= self._next_logs or self._ended_status:
-                self._next_logs = now + LOGS_EVERY
-                events += self._read_logs()
-            if self._ended_status and not events:  # the job ended and its logs are drained
+            try:
+                if now >= self._next_describe:
+                    self._next_describe = now + DESCRIBE_EVERY
+                    events += self._describe()
+                if now >= self._next_logs or self._ended_status:
+                    self._next_logs = now + LOGS_EVERY
+                    events += self._read_logs()
+            except (BotoCoreError, ClientError) as exc:
+                # watching failed (permissions, network, expired credentials): say so, keep the job
+                events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); retrying"))
+                self._next_describe = self._next_logs = now + 10 * LOGS_EVERY
+            if self._ended_status and not events and self._drained(now):
                 events += self._end()
             if events or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         return events
+
+    def _drained(self, now: float) -> bool:
+        """After the job ended, its last log lines may still be on their way to CloudWatch."""
+        if self._quiet_since is None:
+            self._quiet_since = now
+        return self._all_reported or now - self._quiet_since > LOG_LAG
 
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
@@ -221,7 +275,8 @@ class SageMakerJob:
         events: list[Event] = []
         if described.get("SecondaryStatus") != self._secondary:
             self._secondary = described["SecondaryStatus"]
-            events.append(Phase(self._secondary.lower(), f"SageMaker: {self._secondary}"))
+            # SageMaker's own words ("Training", "Completed"): the job's outcome is settled from the ranks
+            events.append(Phase(self._secondary, f"SageMaker: {self._secondary}"))
         if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
             self._ended_status = self._status
             self._described = described
@@ -260,7 +315,14 @@ class SageMakerJob:
                 line = item["message"]
                 if line.startswith("mpi_magic bootstrap: mpirun (Open MPI) 4."):
                     self._decoder.style = "openmpi4"
-                events += self._decoder.feed(line)
+                decoded = self._decoder.feed(line)
+                self._quiet_since = None
+                for event in decoded:
+                    if isinstance(event, RankFinished):
+                        self._reported.add(event.rank)
+                    elif isinstance(event, RankStarted):
+                        self._world_size = event.world_size
+                events += decoded
             if reply.get("nextForwardToken") in (None, self._token):
                 return events
             self._token = reply["nextForwardToken"]
@@ -268,19 +330,13 @@ class SageMakerJob:
                 return events
 
     def cancel(self) -> None:
-        """StopTrainingJob, then wait (bounded) until SageMaker says Stopped."""
+        """StopTrainingJob; polling then sees Stopping and Stopped."""
         if self._ended_status:
             return
         try:
             self.sagemaker.stop_training_job(TrainingJobName=self.name)
-        except self.sagemaker.exceptions.ClientError:
+        except ClientError:
             pass  # it ended meanwhile
-        deadline = time.monotonic() + STOP_WAIT
-        while time.monotonic() < deadline:
-            status = self.sagemaker.describe_training_job(TrainingJobName=self.name)["TrainingJobStatus"]
-            if status in ("Stopped", "Completed", "Failed"):
-                break
-            time.sleep(1.0)
         self._next_describe = 0.0
 
     def fetch_results(self, job_dir: str, ranks) -> None:

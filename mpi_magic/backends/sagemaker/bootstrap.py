@@ -44,18 +44,40 @@ def main():
     with open(os.path.join(BASE, "input", "config", "resourceconfig.json")) as f:
         config = json.load(f)
     hosts, current = config["hosts"], config["current_host"]
-    unpack_code()
-    install_requirements()
-    if current != hosts[0]:
+    leading = current == hosts[0]
+    start_sshd()  # the leader too: Open MPI may reach its own host over ssh
+    try:
+        unpack_code()
+        install_requirements()
+    except Exception as exc:  # noqa: BLE001 - reported where SageMaker shows it, workers released
+        if leading:
+            release(hosts[1:], os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh"))
+        return fail("%s on %s: %s: %s" % ("preparing", current, type(exc).__name__, exc))
+    if not leading:
         return serve(hosts[0])
     return lead(hosts)
+
+
+def start_sshd():
+    if os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh") == "ssh" and os.path.exists("/usr/sbin/sshd"):
+        subprocess.run(["/usr/sbin/sshd"], check=False)
+
+
+def fail(reason):
+    with open(os.path.join(BASE, "output", "failure"), "w") as f:
+        f.write(reason[:1000])
+    say("failed: " + reason)
+    return 1
 
 
 def unpack_code():
     archive = os.path.join(BASE, "input", "data", "code", "mpi_magic_code.tar.gz")
     os.makedirs(CODE_DIR, exist_ok=True)
     with tarfile.open(archive) as tar:
-        tar.extractall(CODE_DIR)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(CODE_DIR, filter="data")
+        else:  # Python without extraction filters: the archive holds only regular files we wrote
+            tar.extractall(CODE_DIR)
     sys.path.insert(0, CODE_DIR)
 
 
@@ -68,8 +90,6 @@ def install_requirements():
 
 def serve(leader):
     """A worker: let the leader's mpirun in over ssh, then wait until it releases us."""
-    if os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh") == "ssh" and os.path.exists("/usr/sbin/sshd"):
-        subprocess.run(["/usr/sbin/sshd"], check=False)
     limit = time.monotonic() + float(os.environ.get("MPI_MAGIC_MAX_WAIT", "432000"))
     release = os.path.join(BASE, RELEASE_FILE)
     say("waiting for %s to finish" % leader)
@@ -110,11 +130,7 @@ def lead(hosts):
     finally:
         release(workers, agent)
     if status != 0:
-        reason = failure or "mpirun exited with status %d" % status
-        with open(os.path.join(BASE, "output", "failure"), "w") as f:
-            f.write(reason[:1000])
-        say("failed: " + reason)
-        return 1
+        return fail(failure or "mpirun exited with status %d" % status)
     return 0
 
 
@@ -128,8 +144,11 @@ def wait_for(workers, agent, limit=600.0):
 
 
 def release(workers, agent):
-    for host in workers:
-        subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
+    for host in workers:  # each one, whatever happens to the others
+        try:
+            subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            say("could not release %s: %s" % (host, exc))
 
 
 def find_mpirun():
@@ -141,24 +160,25 @@ def find_mpirun():
 
 def mpirun_argv(mpirun, agent, hostfile, world_size):
     version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" not in version:
+    # Open MPI 4 says "(OpenRTE)" when its mpirun is called by another name, as the images' wrapper does
+    match = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+)\.", version)
+    if not match:
         raise RuntimeError("%s is not Open MPI's mpirun (the SageMaker training images ship Open MPI under "
                            "/opt/amazon/openmpi); set MPI_MAGIC_MPIRUN to one" % mpirun)
-    say(version.strip().splitlines()[0])
-    match = re.search(r"(\d+)\.\d+", version)
-    major = int(match.group(1)) if match else 4
+    say("mpirun (Open MPI) " + version.split(")", 1)[1].strip().splitlines()[0])
+    major = int(match.group(1))
     if major >= 5:
         launch = ["--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
     else:
         launch = ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1", "--allow-run-as-root"]
+    user_names = set(os.environ.get("MPI_MAGIC_ENV_NAMES", "").split())  # the cell's --env
     forwarded = sorted(
         name for name in os.environ
-        if name.startswith(FORWARDED_PREFIXES) and name not in NOT_FORWARDED
+        if (name.startswith(FORWARDED_PREFIXES) or name in user_names) and name not in NOT_FORWARDED
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
-    per_host = int(os.environ.get("MPI_MAGIC_PROCS_PER_INSTANCE", "1"))
-    if per_host > (os.cpu_count() or 1):  # more ranks than cores: binding each to a core would fail
-        launch += ["--bind-to", "none"]
+    launch += ["--bind-to", "none"]  # a rank and its data-loader threads may use every core, as in the toolkit
+    launch += shlex.split(os.environ.get("MPI_MAGIC_MPIRUN_ARGS", ""))
     digest = os.environ.get("MPI_MAGIC_PAYLOAD_DIGEST", "")
     results = os.environ.get("MPI_MAGIC_RESULTS_URI", "")
     return [mpirun, "--hostfile", hostfile, "-np", str(world_size), "--tag-output", *launch, *exports,

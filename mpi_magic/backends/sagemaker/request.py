@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from dataclasses import dataclass, field
 
 BOOTSTRAP = "bootstrap.py"
@@ -51,11 +53,15 @@ def _channel(name: str, uri: str) -> dict:
 
 
 def training_job_request(settings: CloudSettings, job_name: str, instances: int, procs_per_instance: int,
-                         digest: str, env: dict[str, str]) -> dict:
+                         digest: str, env: dict[str, str], mpirun_args: list[str] = ()) -> dict:
     """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
     prefix = job_prefix(settings, job_name)
     environment = {
         **env,
+        "MPI_MAGIC_ENV_NAMES": " ".join(sorted(env)),  # forwarded by mpirun to every rank
+        "MPI_MAGIC_MPIRUN_ARGS": shlex.join(mpirun_args),
+        "AWS_REGION": settings.region,
+        "AWS_DEFAULT_REGION": settings.region,
         "MPI_MAGIC_INSTANCES": str(instances),
         "MPI_MAGIC_PROCS_PER_INSTANCE": str(procs_per_instance),
         "MPI_MAGIC_PAYLOAD_DIGEST": digest,
