@@ -70,6 +70,7 @@ class Progress:
     total: float | None = None
     desc: str = ""
     bar: int = 0
+    closed: bool = False
     seq: int = 0
     time: float = 0.0
 

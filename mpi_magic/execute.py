@@ -1,4 +1,4 @@
-"""Run one cell as a job: capture, pack, submit, watch, collect. No IPython in here.
+"""Run one cell as a job: capture, pack, submit, watch, collect. No IPython shell in here.
 
 Everything that can be wrong with the input is found before the job folder is even made;
 an interrupt or a timeout stops every rank before the cell raises.
@@ -13,6 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from IPython.core.error import UsageError
 
 from . import capture, jobdir, payload
 from .backends import get_backend
@@ -58,7 +60,11 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
 
     cache_dir = config.get("cache_dir")
     jobdir.prune(cache_dir, config.get("keep_jobs"))
-    job_dir = jobdir.create(cache_dir, job.name)
+    try:
+        job_dir = jobdir.create(cache_dir, job.name)
+    except FileExistsError:
+        raise UsageError(f"a job named {job.name} exists already (see {cache_dir}/jobs); "
+                         "choose another --job-name") from None
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)

@@ -44,12 +44,17 @@ class Reporter:
             return False
         with self._lock:
             self._held.pop(bar.bar_id, None)
-            self._send(bar)
+            held, self._held = self._held, {}
+            self._send(bar, closed=final)
+            for other in held.values():  # bars held back meanwhile (an outer loop) go out too
+                self._send(other)
+                other._held = False
             self.next_at = now + self._interval
         return True
 
-    def _send(self, bar) -> None:
-        self._emitter.emit(events.Progress, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id)
+    def _send(self, bar, closed: bool = False) -> None:
+        self._emitter.emit(events.Progress, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id,
+                           closed=closed)
 
     def flush(self) -> None:
         """Send every held bar's latest state (the cell has ended)."""

@@ -21,8 +21,9 @@ def test_progress_api_reaches_every_ranks_total(ip):
     ))
     job = ip.user_ns["job"]
     for state in job.ranks:
-        assert (state.n, state.total) == (40, 40)
-        assert [(b.n, b.total, b.desc) for b in state.bars.values()] == [(40, 40, "train"), (7, 7, "manual")]
+        assert (state.n, state.total) == (7, 7), "the bar that closed last stands for a finished rank"
+        assert [(b.n, b.total, b.desc, b.closed) for b in state.bars.values()] == [
+            (40, 40, "train", True), (7, 7, "manual", True)]
     assert job.progress == 1.0
 
 
@@ -38,8 +39,7 @@ def test_unchanged_tqdm_loops_are_reported_per_rank_and_draw_nothing(ip, module)
     ))
     job = ip.user_ns["job"]
     for state in job.ranks:
-        assert [(b.n, b.total) for b in state.bars.values()] == [(500, 500), (3, 3)]
-        assert state.bar.desc == "rows"
+        assert [(b.n, b.total, b.desc) for b in state.bars.values()] == [(500, 500, "rows"), (3, 3, "")]
     assert job.logs(rank=1) == "finished\n", "tqdm must not draw bars into the logs"
 
 
@@ -110,3 +110,31 @@ def test_progress_outside_a_job_just_iterates():
     with progress(total=3) as bar:
         bar.update(2)
     assert bar.n == 2 and len(bar) == 3
+
+
+def test_an_outer_bar_moves_while_an_inner_bar_keeps_the_rate_limit_busy():
+    lines = []
+    now = [0.0]
+    reporter = Reporter(Emitter(0, lines.append), max_rate=10, clock=lambda: now[0])
+    reporting.install(reporter)
+    try:
+        for _epoch in progress(range(3), desc="epochs"):
+            for _step in progress(range(100), desc="steps"):
+                now[0] += 0.01
+    finally:
+        reporting.install(None)
+    decoder = StreamDecoder()
+    outer = [e.n for line in lines for e in decoder.feed(line) if e.desc == "epochs"]
+    assert outer[:-1] == sorted(outer[:-1]) and {1, 2} <= set(outer), outer
+
+
+def test_the_dashboard_follows_the_open_bar_not_a_finished_one():
+    from mpi_magic.events import Progress
+    from mpi_magic.view.model import JobModel
+
+    model = JobModel("j", "local", 1, 1)
+    model.fold(Progress(rank=0, n=100, total=100, desc="load", bar=0, closed=True, seq=0, time=1.0))
+    model.fold(Progress(rank=0, n=10, total=1000, desc="train", bar=1, seq=1, time=2.0))
+    assert (model.ranks[0].n, model.ranks[0].total, model.ranks[0].bar.desc) == (10, 1000, "train")
+    model.fold(Progress(rank=0, n=1000, total=1000, desc="train", bar=1, closed=True, seq=2, time=3.0))
+    assert model.ranks[0].bar.desc == "train"

@@ -202,10 +202,15 @@ def _fail(emitter: events.Emitter, exc: BaseException) -> int:
         emitter.emit(events.RankFinished, ok=False, error_type="KeyboardInterrupt", message="interrupted")
     else:
         emitter.emit(events.RankFinished, ok=False, error_type=type(exc).__name__,
-                     message=str(exc), traceback=format_traceback(exc))
+                     message=_cap(str(exc), 2000), traceback=_cap(format_traceback(exc), 8000))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # no MPI_Finalize: the launcher then stops the ranks still waiting on this one
+
+
+def _cap(text: str, limit: int) -> str:
+    """Keep an event line short enough for log agents that split long lines (the end matters most)."""
+    return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
 def format_traceback(exc: BaseException) -> str:

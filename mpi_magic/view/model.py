@@ -26,6 +26,7 @@ class Bar:
     desc: str = ""
     first: tuple[float, float] | None = None  # (time, n) of the first update, for the rate
     last_time: float = 0.0
+    closed: bool = False
 
     @property
     def rate(self) -> float | None:
@@ -54,8 +55,12 @@ class RankState:
 
     @property
     def bar(self) -> Bar | None:
-        """The rank's outermost progress bar (the first one it opened)."""
-        return self.bars[min(self.bars)] if self.bars else None
+        """The bar that stands for the rank: its outermost open one, else the one that closed last
+        (the outer loop of nested bars, the last of bars in sequence)."""
+        open_bars = [i for i, b in self.bars.items() if not b.closed]
+        if open_bars:
+            return self.bars[min(open_bars)]
+        return max(self.bars.items(), key=lambda item: (item[1].last_time, item[0]))[1] if self.bars else None
 
     @property
     def n(self) -> float:
@@ -142,7 +147,7 @@ class JobModel:
             bar = state.bars.setdefault(event.bar, Bar())
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
-            bar.n, bar.total, bar.last_time = event.n, event.total, event.time
+            bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
             bar.desc = event.desc or bar.desc
             if state.status == "starting":
                 state.status = "running"
