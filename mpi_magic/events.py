@@ -57,6 +57,7 @@ class RankFinished:
     message: str = ""
     traceback: str = ""
     unreturned: dict[str, str] = field(default_factory=dict)
+    results: str = ""  # SHA-256 of the rank's results file, checked before it is unpickled
     seq: int = 0
     time: float = 0.0
 

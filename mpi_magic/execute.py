@@ -244,8 +244,12 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
     ranks = range(run.job.world_size) if gather else [0]
     per_rank = []
     for rank in ranks:
+        digest = run.job.result_digests.get(rank)
         try:
-            bundle = payload.read(result_path(run.job.job_dir, rank))
+            if not digest:
+                raise PayloadError("its digest was never reported, so they are not trusted")
+            # checked against what the rank reported: results changed on their way are not unpickled
+            bundle = payload.read(result_path(run.job.job_dir, rank), digest)
             values, problems = bundle.load_all()
         except (OSError, PayloadError) as exc:
             values, problems = {}, {"(all)": f"rank {rank}'s results could not be read: {exc}"}

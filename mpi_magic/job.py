@@ -37,6 +37,7 @@ class Job:
         self.returncode: int | None = None
         self.first_failure_at: float | None = None
         self.cancelled = False
+        self.result_digests: dict[int, str] = {}  # as each rank reported them
         self.error: BaseException | None = None  # how a job followed in the background ended
         self.follower = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
@@ -70,6 +71,8 @@ class Job:
             self._launcher_lines.append(event.text)
             self._log("launcher.log", event.text)
         elif isinstance(event, events.RankFinished):
+            if event.ok and event.results:
+                self.result_digests[event.rank] = event.results
             if event.ok and event.rank == 0:
                 self.unreturned.update(event.unreturned)
             elif not event.ok and event.error_type != "KeyboardInterrupt" and self.first_failure_at is None:

@@ -482,3 +482,20 @@ def test_mpich_launcher_tags_places_and_stops_ranks(ip, monkeypatch, capsys):
         run(ip, "-g 3 --out job", "import mpi_magic, time\nif mpi_magic.rank() == 1:\n    raise ValueError('x')\ntime.sleep(30)\n")
     assert caught.value.rank == 1 and len(caught.value.failures) == 1
     assert {r.status for r in ip.user_ns["job"].ranks if r.rank != 1} == {"stopped"}
+
+
+def test_results_changed_before_they_are_read_are_not_unpickled(ip, monkeypatch, capsys):
+    from mpi_magic.backends import local
+
+    def tamper(self, job_dir, ranks):
+        path = os.path.join(job_dir, "results", "rank-0.bin")
+        with open(path, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+
+    monkeypatch.setattr(local.LocalJob, "fetch_results", tamper)
+    run(ip, "--out job", "v = 12345\n")
+    assert "v" not in ip.user_ns
+    assert "does not match the digest" in capsys.readouterr().err

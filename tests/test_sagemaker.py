@@ -269,3 +269,22 @@ def test_the_summary_shows_sagemakers_failure_reason_and_billable_time(ip, cloud
     summary = capsys.readouterr().err
     assert "SageMaker FailureReason: AlgorithmError: rank " in summary and "raised RuntimeError: boom" in summary
     assert "SageMaker billable time: " in summary
+
+
+def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
+    from mpi_magic.backends.sagemaker import backend
+
+    create = backend.SageMakerJob.create
+
+    def tamper_then_create(self, request):
+        s3 = cloud.client("s3")
+        code = request["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"].split(BUCKET + "/")[1]
+        s3.put_object(Bucket=BUCKET, Key=code + "bootstrap.py", Body=b"print('not what was submitted')\n")
+        create(self, request)
+
+    monkeypatch.setattr(backend.SageMakerJob, "create", tamper_then_create)
+    with pytest.raises(mpi_magic.RankExitError):
+        _run(ip, "-i 2 -g 1 --out job", "x = 1\n")
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)
+    assert described["TrainingJobStatus"] == "Failed"
+    assert "bootstrap.py does not match the digest pinned when the job was submitted" in described["FailureReason"]

@@ -102,16 +102,16 @@ def main(argv: list[str]) -> int:
             reporter.flush()
             return _fail(emitter, exc)
     reporter.flush()
-    unreturned = {}
+    unreturned, results_digest = {}, ""
     try:
         if place.rank == 0 or bundle.meta.get("gather"):
             results_dir = tempfile.mkdtemp(prefix="mpi_magic_results_") if results_uri else job_dir
-            unreturned = write_results(results_dir, place.rank, bundle.meta, namespace, value)
+            unreturned, results_digest = write_results(results_dir, place.rank, bundle.meta, namespace, value)
             if results_uri:
                 upload(result_path(results_dir, place.rank), f"{results_uri.rstrip('/')}/rank-{place.rank}.bin")
     except Exception as exc:  # noqa: BLE001 - a rank whose results are lost has failed
         return _fail(emitter, exc)
-    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned)
+    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results=results_digest)
     return 0
 
 
@@ -171,8 +171,9 @@ def _run(code: types.CodeType, namespace: dict):
     return result
 
 
-def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -> dict[str, str]:
-    """Pack what the cell assigned; returns {name: reason} for values that cannot come back.
+def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -> tuple[dict[str, str], str]:
+    """Pack what the cell assigned; returns ({name: reason} for values that cannot come back,
+    the results file's SHA-256).
 
     Modules are sent by name only: the notebook takes them from its own imports.
     """
@@ -189,8 +190,8 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
         except Exception as exc:  # noqa: BLE001 - reported per name; the rest still come back
             unreturned[name] = f"{type(val).__name__}: {type(exc).__name__}: {exc}"
     os.makedirs(os.path.join(job_dir, "results"), exist_ok=True)
-    payload.write(result_path(job_dir, rank), packed, {"rank": rank, "modules": modules}, digest=False)
-    return unreturned
+    digest = payload.write(result_path(job_dir, rank), packed, {"rank": rank, "modules": modules})
+    return unreturned, digest
 
 
 def result_path(job_dir: str, rank: int) -> str:

@@ -4,6 +4,7 @@ logs), stop, and fetch every rank's results. boto3 is imported only here."""
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -144,6 +145,7 @@ class SageMakerBackend:
 
     def __init__(self, settings: CloudSettings, session, requirements: str | None = None):
         self.settings, self.session, self.requirements = settings, session, requirements
+        self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
     def check(self, options) -> list[str]:
         """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
@@ -168,8 +170,9 @@ class SageMakerBackend:
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
 
     def request(self, job_name: str, digest: str, options) -> dict:
+        code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env,
-                                       options.mpirun_args)
+                                       options.mpirun_args, code_digests)
         validate(request)
         return request
 
@@ -177,8 +180,8 @@ class SageMakerBackend:
         request = self.request(job_name, digest or "", options)
         bucket, prefix = split_s3(job_prefix(self.settings, job_name))
         s3 = self.session.client("s3")
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{BOOTSTRAP}", Body=package.bootstrap_source())
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{CODE_ARCHIVE}", Body=package.code_archive())
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{BOOTSTRAP}", Body=self.bootstrap)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{CODE_ARCHIVE}", Body=self.archive)
         if self.requirements:
             s3.upload_file(self.requirements, bucket, f"{prefix}/code/requirements.txt")
         s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")

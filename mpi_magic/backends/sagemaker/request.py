@@ -8,7 +8,23 @@ from dataclasses import dataclass, field
 
 BOOTSTRAP = "bootstrap.py"
 CODE_ARCHIVE = "mpi_magic_code.tar.gz"
-ENTRYPOINT = ["python3", f"/opt/ml/input/data/code/{BOOTSTRAP}"]
+# The entrypoint checks the code it is about to run against digests pinned in the job definition:
+# whoever can write to the job's S3 prefix cannot change what the instances run.
+PINNED_START = (
+    "import hashlib, os, sys\n"
+    "base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml')\n"
+    "code = os.path.join(base, 'input', 'data', 'code')\n"
+    f"for name, variable in (('{BOOTSTRAP}', 'MPI_MAGIC_BOOTSTRAP_SHA256'), ('{CODE_ARCHIVE}', 'MPI_MAGIC_CODE_SHA256')):\n"
+    "    with open(os.path.join(code, name), 'rb') as f:\n"
+    "        found = hashlib.sha256(f.read()).hexdigest()\n"
+    "    if found != os.environ[variable]:\n"
+    "        reason = name + ' does not match the digest pinned when the job was submitted; not running it'\n"
+    "        open(os.path.join(base, 'output', 'failure'), 'w').write(reason)\n"
+    "        sys.exit(reason)\n"
+    f"sys.argv = [os.path.join(code, '{BOOTSTRAP}')]\n"
+    "exec(compile(open(sys.argv[0]).read(), sys.argv[0], 'exec'), {'__name__': '__main__'})\n"
+)
+ENTRYPOINT = ["python3", "-c", PINNED_START]
 
 
 @dataclass(frozen=True)
@@ -53,7 +69,8 @@ def _channel(name: str, uri: str) -> dict:
 
 
 def training_job_request(settings: CloudSettings, job_name: str, instances: int, procs_per_instance: int,
-                         digest: str, env: dict[str, str], mpirun_args: list[str] = ()) -> dict:
+                         digest: str, env: dict[str, str], mpirun_args: list[str] = (),
+                         code_digests: tuple[str, str] = ("", "")) -> dict:
     """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
     prefix = job_prefix(settings, job_name)
     environment = {
@@ -65,6 +82,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         "MPI_MAGIC_INSTANCES": str(instances),
         "MPI_MAGIC_PROCS_PER_INSTANCE": str(procs_per_instance),
         "MPI_MAGIC_PAYLOAD_DIGEST": digest,
+        "MPI_MAGIC_BOOTSTRAP_SHA256": code_digests[0],
+        "MPI_MAGIC_CODE_SHA256": code_digests[1],
         "MPI_MAGIC_RESULTS_URI": f"{prefix}/results",
         "MPI_MAGIC_JOB": job_name,
         "MPI_MAGIC_MASTER_ADDR": "algo-1",
