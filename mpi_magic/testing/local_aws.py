@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) ->
 def local_aws(root: str | None = None, region: str = "us-east-1"):
     """Start both servers; yield the environment for boto3; stop them (and their jobs) on exit."""
     moto_port, emulator_port = _free_port(), _free_port()
+    own_root = root is None
     root = root or tempfile.mkdtemp(prefix="mpi_magic_local_aws_")
     env = {
         "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": region,
@@ -71,3 +73,5 @@ def local_aws(root: str | None = None, region: str = "us-east-1"):
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+        if own_root:
+            shutil.rmtree(root, ignore_errors=True)

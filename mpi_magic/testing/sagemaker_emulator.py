@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
 ACCOUNT = "123456789012"
 
@@ -268,10 +269,14 @@ def _pump(pipe, logs, stream: str) -> None:
         while lines:
             raw = lines.pop(0)
             message = raw.decode("utf-8", errors="replace").rstrip("\n")
-            # CloudWatch refuses empty messages; an empty line is kept as one space
-            batch.append({"timestamp": int(time.time() * 1000), "message": message or " "})
+            # CloudWatch refuses empty messages (an empty line is kept as one space) and events over
+            # 256 KiB (longer lines are cut, as the SageMaker log agent splits them)
+            batch.append({"timestamp": int(time.time() * 1000), "message": (message or " ")[:MAX_EVENT]})
         if batch and (finished or len(batch) >= 500 or time.monotonic() - last_sent > 0.2):
-            logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=batch)
+            try:
+                logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=batch)
+            except Exception as exc:  # noqa: BLE001 - one failed batch must not lose the rest of the log
+                sys.stderr.write(f"sagemaker emulator: could not put {len(batch)} log events: {exc}\n")
             batch, last_sent = [], time.monotonic()
         if finished and not lines:
             return
