@@ -288,3 +288,46 @@ def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)
     assert described["TrainingJobStatus"] == "Failed"
     assert "bootstrap.py does not match the digest pinned when the job was submitted" in described["FailureReason"]
+
+
+@pytest.mark.parametrize(("version_text", "launch"), [
+    ("mpirun.real (OpenRTE) 4.1.7\n\nReport bugs to", ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn",
+                                                      "1", "--allow-run-as-root"]),
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1"]),
+])
+def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch):
+    """Only `mpirun --version` is stood in for (a script printing what each version prints)."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\nprintf '{version_text}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MPI_MAGIC_ENV_NAMES", "STAGE")
+    monkeypatch.setenv("STAGE", "eval")
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", "--mca btl_tcp_if_include eth0")
+    argv = bootstrap.mpirun_argv(str(fake), "ssh", "/hosts", 16)
+    assert argv[:6] == [str(fake), "--hostfile", "/hosts", "-np", "16", "--tag-output"]
+    assert argv[6:6 + len(launch)] == launch
+    rest = argv[6 + len(launch):]
+    assert rest[:5] == ["--bind-to", "none", "--mca", "btl_tcp_if_include", "eth0"]
+    assert ["-x", "STAGE"] == rest[rest.index("STAGE") - 1:rest.index("STAGE") + 1]
+
+
+def test_defaults_come_from_the_sagemaker_sdks_config_file(ip, cloud, tmp_path, monkeypatch, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "SchemaVersion: '1.0'\n"
+        "SageMaker:\n"
+        "  TrainingJob:\n"
+        "    RoleArn: arn:aws:iam::123456789012:role/from-sdk-config\n"
+        "    Tags:\n"
+        "      - Key: team\n"
+        "        Value: research\n"
+    )
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    ip.run_line_magic("mpirun_config", "role=")
+    _run(ip, "-i 2 -g 1 --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["RoleArn"] == "arn:aws:iam::123456789012:role/from-sdk-config"
+    assert request["Tags"] == [{"Key": "team", "Value": "research"}]
