@@ -10,7 +10,6 @@ import psutil
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from mpi_magic.magic import MpiMagics
 from mpi_magic.options import Config
 
 

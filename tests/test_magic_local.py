@@ -3,44 +3,21 @@
 from __future__ import annotations
 
 import _thread
-import contextlib
 import os
 import re
 import stat
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
+from helpers import once_running
 
 import mpi_magic
 
 
 def run(ip, line: str, cell: str):
     return ip.run_cell_magic("mpirun_remote", line, cell)
-
-
-@contextlib.contextmanager
-def once_running(ip, *actions, pause: float = 0.3):
-    """While the block runs a cell: wait until every rank of job `job` runs, then do each action."""
-    def act():
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                break
-            time.sleep(0.05)
-        for action in actions:
-            time.sleep(pause)
-            action()
-
-    thread = threading.Thread(target=act)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
 
 
 def test_modules_functions_classes_lambdas_closures_and_arrays_travel(ip):
@@ -235,7 +212,7 @@ def test_several_failing_ranks_are_summarised(ip):
 def test_a_rank_that_dies_without_raising_is_reported_with_its_exit_status(ip, code, expected):
     with pytest.raises(mpi_magic.RankExitError) as caught:
         run(ip, "-g 3 --out job", f"import os, signal, time, mpi_magic\nif mpi_magic.rank() == 1:\n    {code}\ntime.sleep(30)\n")
-    assert f"rank 1 (instance 0" in str(caught.value) and expected in str(caught.value)
+    assert "rank 1 (instance 0" in str(caught.value) and expected in str(caught.value)
     assert ip.user_ns["job"].ranks[1].status == "failed"
 
 

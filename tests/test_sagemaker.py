@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from helpers import once_running
 
 import mpi_magic
 
@@ -78,24 +79,9 @@ def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_inst
 
 def test_interrupt_stops_the_training_job(ip, cloud, capsys):
     import _thread
-    import threading
 
-    def interrupt_when_running():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                break
-            time.sleep(0.1)
-        _thread.interrupt_main()
-
-    helper = threading.Thread(target=interrupt_when_running)
-    helper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(120)\n")
-    finally:
-        helper.join()
+    with once_running(ip, _thread.interrupt_main, pause=0.1), pytest.raises(KeyboardInterrupt):
+        _run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(120)\n")
     job = ip.user_ns["job"]
     assert job.status == "stopped"
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
