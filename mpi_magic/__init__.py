@@ -13,6 +13,7 @@ from .errors import (
     PayloadError,
     RankExitError,
     RemoteRankError,
+    SageMakerSetupError,
 )
 from .rankinfo import instance, local_rank, num_instances, rank, world_size
 from .reporting import progress
@@ -28,6 +29,7 @@ __all__ = [
     "PayloadError",
     "RankExitError",
     "RemoteRankError",
+    "SageMakerSetupError",
     "instance",
     "load_ipython_extension",
     "local_rank",

@@ -4,6 +4,7 @@
     ├── CaptureError (+TypeError)      a name the cell reads cannot travel to the ranks
     ├── LauncherNotFound (+FileNotFoundError)   no usable mpirun
     ├── PayloadError (+ValueError)     a payload or result file is damaged or incompatible
+    ├── SageMakerSetupError            a cloud setting is missing or wrong; nothing was uploaded
     └── JobError                       the job ran and did not succeed
         ├── RemoteRankError            one or more ranks raised; shows their tracebacks
         ├── RankExitError              ranks died without reporting (signal, os._exit)
@@ -36,6 +37,10 @@ class LauncherNotFound(MpiMagicError, FileNotFoundError):
 
 class PayloadError(MpiMagicError, ValueError):
     """A payload or result file is damaged, tampered with, or from an incompatible Python."""
+
+
+class SageMakerSetupError(MpiMagicError):
+    """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
 
 
 class JobError(MpiMagicError):

@@ -11,7 +11,7 @@ import re
 import sys
 import time
 
-from ...errors import BackendNotAvailable, MpiMagicError
+from ...errors import BackendNotAvailable, SageMakerSetupError
 from ...events import (Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                        StreamDecoder)
 from . import package, sdk
@@ -35,10 +35,6 @@ GPUS = {
     "ml.trn1.32xlarge": 0, "ml.m5.large": 0, "ml.m5.xlarge": 0, "ml.m5.2xlarge": 0, "ml.m5.4xlarge": 0,
     "ml.m5.12xlarge": 0, "ml.m5.24xlarge": 0, "ml.c5.xlarge": 0, "ml.c5.4xlarge": 0, "ml.c5.18xlarge": 0,
 }
-
-
-class SageMakerSetupError(MpiMagicError):
-    """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
 
 
 try:
