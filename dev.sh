@@ -18,7 +18,22 @@ fi
 case "$task" in
     demo)
         # headless: no browser renders widgets, so the live view is printed as text lines
-        MPI_MAGIC_VIEW=text .venv/bin/jupyter nbconvert --to markdown --stdout --execute notebooks/quickstart.ipynb ;;
+        out="$(mktemp -d)"
+        MPI_MAGIC_VIEW=text .venv/bin/jupyter nbconvert --to notebook --execute notebooks/quickstart.ipynb \
+            --output-dir "$out" --output quickstart
+        .venv/bin/python - "$out/quickstart.ipynb" <<'PY'
+import sys
+
+import nbformat
+
+for cell in nbformat.read(sys.argv[1], as_version=4).cells:
+    if cell.cell_type == "code":
+        print("\n>>> " + cell.source.replace("\n", "\n... "))
+        for output in cell.outputs:
+            text = output.get("text") or output.get("data", {}).get("text/plain", "") + "\n"
+            print(text, end="")
+PY
+        rm -rf "$out" ;;
     test)
         .venv/bin/python -m pytest "$@" ;;
     bench)
