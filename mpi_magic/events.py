@@ -131,7 +131,6 @@ def decode_payload(text: str) -> WireEvent | None:
 # Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text".
 _OPENMPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
 _MPICH_TAG = re.compile(r"^\[(\d+)\] (.*)$", re.DOTALL)
-TAG_STYLES = ("openmpi5", "openmpi4", "mpich")
 
 
 def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tuple[int, str, str] | None:

@@ -7,8 +7,6 @@ from typing import Callable
 
 from .model import JobModel
 
-VIEWS = ("auto", "widgets", "text")
-
 
 def in_kernel() -> bool:
     """True inside a Jupyter kernel, where widgets can be shown (not a terminal, not plain Python)."""

@@ -15,7 +15,6 @@ from .. import events
 from ..errors import RankFailure
 
 ACTIVE = ("starting", "running")
-PHASES = ("packaging", "submitting", "starting", "running", "collecting results", "completed", "failed", "stopped")
 OUTPUT_TAIL = 200
 
 
