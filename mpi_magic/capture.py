@@ -200,10 +200,6 @@ class Captured:
     packed: list[payload.Packed] = field(default_factory=list)
     kinds: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(p.size for p in self.packed)
-
     def large_values(self, threshold: int = LARGE_VALUE_BYTES) -> list[tuple[str, str, int]]:
         return [(p.name, self.kinds[p.name], p.size) for p in self.packed if p.size >= threshold]
 

@@ -65,7 +65,6 @@ class RankFailure:
     error_type: str = ""
     message: str = ""
     traceback: str = ""
-    exit_status: int | None = None
 
     def headline(self) -> str:
         where = f"rank {self.rank} (instance {self.instance}{', ' + self.host if self.host else ''})"

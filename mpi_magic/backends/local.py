@@ -140,10 +140,6 @@ class LocalJob:
     def finished(self) -> bool:
         return self._finished
 
-    @property
-    def gaps(self) -> dict[int, int]:
-        return self._decoder.gaps
-
     def fetch_results(self, job_dir: str, ranks) -> None:
         """The ranks wrote their results into the job folder already."""
 

@@ -105,7 +105,6 @@ class JobModel:
         self.procs_per_instance = procs_per_instance
         self.ranks = [RankState(r, r // procs_per_instance, r % procs_per_instance) for r in range(world_size)]
         self.phase = "packaging"
-        self.phase_detail = ""
         self.clock = clock
         self.started_at = clock()
         self.ended_at: float | None = None
@@ -122,7 +121,7 @@ class JobModel:
         if isinstance(event, events.Note):
             self.notes.append(event.text)
         elif isinstance(event, events.Phase):
-            self.phase, self.phase_detail = event.name, event.detail
+            self.phase = event.name
             if event.name in ("completed", "failed", "stopped"):
                 self.ended_at = self.clock()
                 self._stop_active()
