@@ -17,7 +17,7 @@ import time
 from _common import shell
 
 from mpi_magic import job as jobs
-from mpi_magic.backends.sagemaker import backend
+from mpi_magic.backends.sagemaker.job import SageMakerJob
 from mpi_magic.events import Progress
 from mpi_magic.testing.local_aws import local_aws
 
@@ -29,8 +29,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     args = parser.parse_args()
     latencies: list[float] = []
-    watched: list[backend.SageMakerJob] = []
-    record, init = jobs.Job.record, backend.SageMakerJob.__init__
+    watched: list[SageMakerJob] = []
+    record, init = jobs.Job.record, SageMakerJob.__init__
 
     def timed_record(self, event):
         if isinstance(event, Progress):
@@ -41,7 +41,7 @@ def main() -> None:
         init(self, *a, **k)
         watched.append(self)
 
-    jobs.Job.record, backend.SageMakerJob.__init__ = timed_record, remembered_init
+    jobs.Job.record, SageMakerJob.__init__ = timed_record, remembered_init
     with local_aws() as env:
         os.environ.update(env)
         import boto3

@@ -176,7 +176,7 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
            clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Follow a SageMaker job started earlier (by this or another kernel) to its end: the
     dashboard is rebuilt from its logs and status, and its results come back."""
-    from .backends.sagemaker.backend import attach as find
+    from .backends.sagemaker.job import attach as find
 
     backend_job, info = find(name, config.get("region"))
     echo = echo or ConsoleEcho()

@@ -70,7 +70,7 @@ class MpiMagics(Magics):
     @line_magic
     def mpirun_jobs(self, line: str):
         """List the SageMaker jobs started from this machine (newest first), with their status."""
-        from .backends.sagemaker.backend import recent_jobs
+        from .backends.sagemaker.history import recent_jobs
 
         jobs = recent_jobs()
         if not jobs:

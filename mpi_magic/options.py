@@ -19,6 +19,8 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
+from .backends.sagemaker.settings import GPUS
+
 BACKENDS = ("local", "sagemaker")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -316,8 +318,6 @@ def _cloud_values(args, pick) -> dict:
 
 def _default_gpus(backend: str, cloud: dict) -> int:
     if backend == "sagemaker":
-        from .backends.sagemaker.backend import GPUS  # a table: imports nothing heavy
-
         return GPUS.get(cloud.get("instance_type") or "", 1)
     return local_gpu_count()
 

@@ -31,6 +31,21 @@ def test_import_and_load_ext_stay_light():
     assert json.loads(out.splitlines()[-1]) == []
 
 
+def test_parsing_sagemaker_options_imports_no_cloud_sdk():
+    """The GPU table behind the default --gpus is read without loading botocore."""
+    code = (
+        "import sys, json\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.instance().run_line_magic('load_ext', 'mpi_magic')\n"
+        "from mpi_magic.magic import MpiMagics\n"
+        "from mpi_magic.options import Config, parse_line\n"
+        "options = parse_line(MpiMagics.mpirun_remote, '--backend sagemaker --instance-type ml.p4d.24xlarge', Config())\n"
+        f"print(json.dumps([options.gpus, [m for m in {HEAVY!r} if m in sys.modules]]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(out.splitlines()[-1]) == [8, []]
+
+
 def test_rank_runtime_imports_neither_ipython_nor_cloud_sdks(ip):
     ip.run_cell_magic("mpirun_remote", "--quiet", f"import sys\nloaded = [m for m in {['IPython', *HEAVY]!r} if m in sys.modules]")
     assert ip.user_ns["loaded"] == []

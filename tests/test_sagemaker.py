@@ -90,9 +90,9 @@ def test_interrupt_stops_the_training_job(ip, cloud, capsys):
 
 
 def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypatch):
-    from mpi_magic.backends.sagemaker import backend
+    from mpi_magic.backends.sagemaker.job import SageMakerJob
 
-    create = backend.SageMakerJob.create
+    create = SageMakerJob.create
 
     def tamper_then_create(self, request):
         s3 = cloud.client("s3")
@@ -102,7 +102,7 @@ def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypa
         s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
         create(self, request)
 
-    monkeypatch.setattr(backend.SageMakerJob, "create", tamper_then_create)
+    monkeypatch.setattr(SageMakerJob, "create", tamper_then_create)
     with pytest.raises(mpi_magic.RemoteRankError) as caught:
         _run(ip, "-i 2 -g 1", "x = 1\n")
     assert caught.value.error_type == "PayloadError"
@@ -258,9 +258,9 @@ def test_the_summary_shows_sagemakers_failure_reason_and_billable_time(ip, cloud
 
 
 def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
-    from mpi_magic.backends.sagemaker import backend
+    from mpi_magic.backends.sagemaker.job import SageMakerJob
 
-    create = backend.SageMakerJob.create
+    create = SageMakerJob.create
 
     def tamper_then_create(self, request):
         s3 = cloud.client("s3")
@@ -268,7 +268,7 @@ def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
         s3.put_object(Bucket=BUCKET, Key=code + "bootstrap.py", Body=b"print('not what was submitted')\n")
         create(self, request)
 
-    monkeypatch.setattr(backend.SageMakerJob, "create", tamper_then_create)
+    monkeypatch.setattr(SageMakerJob, "create", tamper_then_create)
     with pytest.raises(mpi_magic.RankExitError):
         _run(ip, "-i 2 -g 1 --out job", "x = 1\n")
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)

@@ -13,7 +13,8 @@ def get_backend(name: str, config, options) -> Backend:
 
         return LocalBackend(config)
     if name == "sagemaker":
-        from .sagemaker.backend import SageMakerBackend, resolve
+        from .sagemaker.backend import SageMakerBackend
+        from .sagemaker.settings import resolve
 
         settings, session = resolve(options.cloud)
         return SageMakerBackend(settings, session, options.requirements)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..events import Event
-from ..options import LaunchOptions
+
+if TYPE_CHECKING:  # options reads the backends' instance facts: no import back at run time
+    from ..options import LaunchOptions
 
 
 class BackendJob(Protocol):

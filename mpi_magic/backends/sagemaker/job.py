@@ -1,0 +1,208 @@
+"""A running SageMaker training job, watched through DescribeTrainingJob and the leader's
+CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ...errors import SageMakerSetupError
+from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from .request import split_s3
+from .settings import import_boto3
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
+LOGS_EVERY = 1.0  # seconds between reads of the leader's log stream
+FULL_PAGE = 1000  # a GetLogEvents reply this long may have more behind it
+LOG_LAG = 15.0  # seconds to keep reading an ended job's log for lines still arriving
+
+try:
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError:  # without boto3, import_boto3() says what to install
+    BotoCoreError = ClientError = OSError
+
+
+class SageMakerJob:
+    """A submitted training job, seen through DescribeTrainingJob and the leader's log stream.
+
+    The bootstrap stops every rank when one fails and the job ends by itself (uploading can
+    take a while), so nothing here stops a job early: only an interrupt or cancel() does.
+    """
+
+    abort_grace = None
+    linger = None
+
+    def __init__(self, session, name: str, results_uri: str):
+        from botocore.config import Config
+
+        config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
+        self.name, self.results_uri, self.host = name, results_uri, "algo-1"
+        self.sagemaker = session.client("sagemaker", config=config)
+        self.logs = session.client("logs", config=config)
+        self.s3 = session.client("s3", config=config)
+        self.api_calls = 0
+        for client in (self.sagemaker, self.logs, self.s3):
+            client.meta.events.register("before-call", self._count)
+        self._decoder = StreamDecoder("openmpi5")
+        self._stream: str | None = None
+        self._token: str | None = None
+        self._status = "InProgress"
+        self._secondary = ""
+        self._next_describe = 0.0
+        self._next_logs = 0.0
+        self._finished = False
+        self._ended_status: str | None = None
+        self._quiet_since: float | None = None
+        self._reported: set[int] = set()
+        self._world_size: int | None = None
+
+    @property
+    def _all_reported(self) -> bool:
+        return self._world_size is not None and len(self._reported) >= self._world_size
+
+    def _count(self, **_) -> None:
+        self.api_calls += 1
+
+    def create(self, request: dict) -> None:
+        self.sagemaker.create_training_job(**request)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        events: list[Event] = []
+        while not events and not self._finished:
+            now = time.monotonic()
+            try:
+                if now >= self._next_describe:
+                    self._next_describe = now + DESCRIBE_EVERY
+                    events += self._describe()
+                if now >= self._next_logs or self._ended_status:
+                    self._next_logs = now + LOGS_EVERY
+                    events += self._read_logs()
+            except (BotoCoreError, ClientError) as exc:
+                # watching failed (permissions, network, expired credentials): say so, keep the job
+                events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); retrying"))
+                self._next_describe = self._next_logs = now + 10 * LOGS_EVERY
+            if self._ended_status and not events and self._drained(now):
+                events += self._end()
+            if events or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return events
+
+    def _drained(self, now: float) -> bool:
+        """After the job ended, its last log lines may still be on their way to CloudWatch."""
+        if self._quiet_since is None:
+            self._quiet_since = now
+        return self._all_reported or now - self._quiet_since > LOG_LAG
+
+    def _describe(self) -> list[Event]:
+        described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
+        self._status = described["TrainingJobStatus"]
+        events: list[Event] = []
+        if described.get("SecondaryStatus") != self._secondary:
+            self._secondary = described["SecondaryStatus"]
+            # SageMaker's own words ("Training", "Completed"): the job's outcome is settled from the ranks
+            events.append(Phase(self._secondary, f"SageMaker: {self._secondary}"))
+        if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
+            self._ended_status = self._status
+            self._described = described
+            self._next_logs = 0.0
+        return events
+
+    def _end(self) -> list[Event]:
+        described = self._described
+        events: list[Event] = []
+        if described.get("FailureReason"):
+            events.append(LauncherOutput(f"SageMaker FailureReason: {described['FailureReason']}"))
+            events.append(Note(f"SageMaker FailureReason: {described['FailureReason']}"))
+        if "BillableTimeInSeconds" in described:
+            events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
+        code = {"Completed": 0, "Failed": 1, "Stopped": -15}[self._ended_status]
+        events.append(LauncherExited(code))
+        self._finished = True
+        return events
+
+    def _read_logs(self) -> list[Event]:
+        if self._stream is None:
+            paginator = self.logs.get_paginator("describe_log_streams")
+            try:
+                for page in paginator.paginate(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/algo-1-"):
+                    for stream in page.get("logStreams", []):
+                        self._stream = stream["logStreamName"]
+            except self.logs.exceptions.ResourceNotFoundException:
+                return []
+            if self._stream is None:
+                return []
+        events: list[Event] = []
+        while True:
+            kwargs = {"nextToken": self._token} if self._token else {"startFromHead": True}
+            reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, **kwargs)
+            for item in reply.get("events", []):
+                line = item["message"]
+                if line.startswith("mpi_magic bootstrap: mpirun (Open MPI) 4."):
+                    self._decoder.style = "openmpi4"
+                decoded = self._decoder.feed(line)
+                self._quiet_since = None
+                for event in decoded:
+                    if isinstance(event, RankFinished):
+                        self._reported.add(event.rank)
+                    elif isinstance(event, RankStarted):
+                        self._world_size = event.world_size
+                events += decoded
+            if reply.get("nextForwardToken") in (None, self._token):
+                return events
+            self._token = reply["nextForwardToken"]
+            if len(reply.get("events", [])) < FULL_PAGE:  # caught up: ask again at the next read
+                return events
+
+    def cancel(self) -> None:
+        """StopTrainingJob; polling then sees Stopping and Stopped."""
+        if self._ended_status:
+            return
+        try:
+            self.sagemaker.stop_training_job(TrainingJobName=self.name)
+        except ClientError:
+            pass  # it ended meanwhile
+        self._next_describe = 0.0
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        """Copy each rank's results from its own S3 key into the job folder."""
+        bucket, prefix = split_s3(self.results_uri)
+        for rank in ranks:
+            path = os.path.join(job_dir, "results", f"rank-{rank}.bin")
+            try:
+                self.s3.download_file(bucket, f"{prefix}/rank-{rank}.bin", path)
+            except Exception:  # noqa: BLE001 - a missing result is reported when it is read
+                pass
+
+
+def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
+    """An existing job (started by any notebook), with what is needed to follow it to its end."""
+    boto3 = import_boto3()
+    session = boto3.session.Session(region_name=region)
+    if not session.region_name:
+        raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
+    sagemaker = session.client("sagemaker")
+    try:
+        described = sagemaker.describe_training_job(TrainingJobName=name)
+    except sagemaker.exceptions.ClientError as exc:
+        raise SageMakerSetupError(f"no training job {name!r} in {session.region_name} ({exc})") from None
+    environment = described.get("Environment", {})
+    if "MPI_MAGIC_RESULTS_URI" not in environment:
+        raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")
+    channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == "payload")
+    bucket, key = split_s3(channel["DataSource"]["S3DataSource"]["S3Uri"].rstrip("/") + "/payload.bin")
+    s3 = session.client("s3")
+    head = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-15")["Body"].read()
+    length = int.from_bytes(head[8:16], "little")
+    header = json.loads(s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=16-{15 + length}")["Body"].read())
+    info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
+            "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
+            "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
+    return SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"]), info  # reads the log from its start
