@@ -23,7 +23,7 @@ from .events import Phase
 from .job import Job
 from .options import Config, LaunchOptions
 from .rebind import is_notebook_function, rebind
-from .runtime.rank import VALUE_NAME, result_path
+from .layout import VALUE_NAME, result_path
 from .view import make_view
 from .view.console import ConsoleEcho
 

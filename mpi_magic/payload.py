@@ -22,7 +22,7 @@ import pickle
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 
@@ -70,7 +70,7 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
         "align": ALIGN,
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
     }
-    head = json.dumps(header).encode()
+    head = encode_header(header)
     hasher = hashlib.sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as out:
@@ -93,12 +93,32 @@ def _write_all(out, view: memoryview, hasher) -> int:
 
 def _chunks(head: bytes, packed: list[Packed]):
     """(bytes to write, whether it is an out-of-band buffer), in file order."""
-    for part in (MAGIC, _LENGTH.pack(len(head)), head):
-        yield memoryview(part), False
+    yield memoryview(head), False
     for p in packed:
         yield memoryview(p.data), False
         for buffer in p.buffers:
             yield buffer, True
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    """What a file starts with: ``MAGIC``, the JSON header's length, the JSON header."""
+    head = json.dumps(header).encode()
+    return MAGIC + _LENGTH.pack(len(head)) + head
+
+
+def read_header(read: Callable[[int], bytes], name: str = "the payload") -> tuple[dict[str, Any], int]:
+    """The header of a file read through ``read(size)`` (a file's, or ranged reads of an S3
+    object), and the offset its first entry starts at. Nothing is checked but the framing."""
+    magic = read(len(MAGIC))
+    if magic != MAGIC:
+        raise PayloadError(f"{name} is not an mpi_magic payload")
+    length = read(_LENGTH.size)
+    head = read(_LENGTH.unpack(length)[0]) if len(length) == _LENGTH.size else b""
+    try:
+        header = json.loads(head)
+    except ValueError:
+        raise PayloadError(f"{name} is truncated or damaged: its header does not read") from None
+    return header, len(MAGIC) + _LENGTH.size + len(head)
 
 
 @dataclass
@@ -142,11 +162,7 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
                 "it was modified after submission, so it is not loaded"
             )
     with open(path, "rb", buffering=0) as src:
-        magic = _read_exact(src, len(MAGIC))
-        if magic != MAGIC:
-            raise PayloadError(f"{path} is not an mpi_magic payload")
-        (head_len,) = _LENGTH.unpack(_read_exact(src, _LENGTH.size))
-        header = json.loads(_read_exact(src, head_len))
+        header, _ = read_header(lambda size: _read_exact(src, size), path)
         _check_compatible(header)
         claimed = sum(e["pickle"] + sum(e["buffers"]) for e in header["entries"])
         if claimed > os.fstat(src.fileno()).st_size:

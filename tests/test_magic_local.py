@@ -281,7 +281,7 @@ def test_mpirun_args_reach_the_launcher(ip):
 
 def test_ranks_refuse_a_payload_from_another_python_minor_version(ip, tmp_path):
     """The rank runtime checks the payload's Python version before unpickling anything."""
-    import json
+    import io
     import subprocess
 
     from mpi_magic import payload
@@ -289,11 +289,9 @@ def test_ranks_refuse_a_payload_from_another_python_minor_version(ip, tmp_path):
     path = tmp_path / payload.PAYLOAD_FILE
     payload.write(str(path), [payload.pack("x", 1)], {"source": "y = x", "returns": ["y"]})
     raw = path.read_bytes()
-    head_len = int.from_bytes(raw[8:16], "little")
-    header = json.loads(raw[16:16 + head_len])
+    header, entries_at = payload.read_header(io.BytesIO(raw).read)
     header["python"] = f"{sys.version_info[0]}.{sys.version_info[1] - 1}.0"
-    new_head = json.dumps(header).encode()
-    path.write_bytes(raw[:8] + len(new_head).to_bytes(8, "little") + new_head + raw[16 + head_len:])
+    path.write_bytes(payload.encode_header(header) + raw[entries_at:])
     proc = subprocess.run([sys.executable, "-m", "mpi_magic.runtime", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     minor = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import io
 
 import numpy as np
 import pytest
@@ -51,11 +51,9 @@ def test_truncated_or_foreign_files_are_refused(tmp_path):
 
 def _rewrite_header(path, **changes):
     raw = path.read_bytes()
-    n = int.from_bytes(raw[8:16], "little")
-    header = json.loads(raw[16:16 + n])
+    header, entries_at = payload.read_header(io.BytesIO(raw).read)
     header.update(changes)
-    head = json.dumps(header).encode()
-    path.write_bytes(raw[:8] + len(head).to_bytes(8, "little") + head + raw[16 + n:])
+    path.write_bytes(payload.encode_header(header) + raw[entries_at:])
 
 
 def test_another_python_minor_version_is_refused_with_a_clear_message(tmp_path):
@@ -99,3 +97,22 @@ def test_large_buffers_are_mapped_copy_on_write_and_still_checked(tmp_path):
 
 def test_without_a_digest_nothing_is_hashed_and_none_is_returned(tmp_path):
     assert payload.write(str(tmp_path / "p.bin"), [payload.pack("x", 1)], {}, digest=False) is None
+
+
+def test_the_header_is_read_alone_through_any_reader(tmp_path):
+    """What attach does with ranged S3 reads: the header, without reading the values."""
+    path = tmp_path / "p.bin"
+    payload.write(str(path), [payload.pack("big", np.zeros(1 << 18))], {"returns": ["y"], "gather": True})
+    raw = path.read_bytes()
+    asked: list[int] = []
+
+    def read(size: int) -> bytes:
+        start = sum(asked)
+        asked.append(size)
+        return raw[start:start + size]
+
+    header, entries_at = payload.read_header(read)
+    assert header["meta"] == {"returns": ["y"], "gather": True}
+    assert sum(asked) == entries_at < len(raw) // 100
+    with pytest.raises(PayloadError, match="truncated or damaged"):
+        payload.read_header(io.BytesIO(raw[:entries_at - 1]).read)

@@ -15,6 +15,7 @@ import time
 import psutil
 
 from .. import launcher as launchers
+from .. import procs
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
@@ -58,17 +59,11 @@ class LocalBackend:
             "MPI_MAGIC_INSTANCES": str(options.instances),
             "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.gpus),
             "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
-            "MPI_MAGIC_MASTER_PORT": str(_free_port()),
+            "MPI_MAGIC_MASTER_PORT": str(procs.free_port()),
             "MPI_MAGIC_JOB": job_name,
         })
         env.update(options.env)
         return LocalJob(job_name, argv, env, os.getcwd(), self.tag_style)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalJob:
@@ -195,26 +190,7 @@ class LocalJob:
 
     def _session(self) -> list[psutil.Process]:
         """mpirun's process tree and everything else in its session."""
-        members = {}
-        try:
-            root = psutil.Process(self.pid)
-            members = {p.pid: p for p in [root, *root.children(recursive=True)]}
-        except psutil.Error:
-            pass
-        for pid in psutil.pids():
-            if pid not in members and _session_of(pid) == self.pid:
-                try:
-                    members[pid] = psutil.Process(pid)
-                except psutil.Error:
-                    pass
-        return list(members.values())
-
-
-def _session_of(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
+        return procs.session(self.pid)
 
 
 def _pid_alive(pid: int) -> bool:

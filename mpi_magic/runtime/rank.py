@@ -19,12 +19,12 @@ import types
 from dataclasses import dataclass
 
 from .. import events, payload, reporting
+from ..layout import VALUE_NAME, result_path, result_uri, split_s3
 from ..rebind import rebind_all
 from . import tqdm_hook
 from .shell import RankShell
 
 CELL_FILENAME = "<mpirun_remote cell>"
-VALUE_NAME = "<value>"  # not an identifier, so it never collides with a variable
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
 
 
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
             results_dir = tempfile.mkdtemp(prefix="mpi_magic_results_") if results_uri else job_dir
             unreturned, results_digest = write_results(results_dir, place.rank, bundle.meta, namespace, value)
             if results_uri:
-                upload(result_path(results_dir, place.rank), f"{results_uri.rstrip('/')}/rank-{place.rank}.bin")
+                upload(result_path(results_dir, place.rank), result_uri(results_uri, place.rank))
     except Exception as exc:  # noqa: BLE001 - a rank whose results are lost has failed
         return _fail(emitter, exc)
     emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results=results_digest)
@@ -123,7 +123,7 @@ def upload(path: str, uri: str) -> None:
     """Put one rank's results where the notebook reads them (its own key: no rank overwrites another)."""
     import boto3  # only on cloud instances, where the image has it
 
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, key = split_s3(uri)
     boto3.client("s3").upload_file(path, bucket, key)
 
 
@@ -189,13 +189,10 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
             packed.append(payload.pack(name, val))
         except Exception as exc:  # noqa: BLE001 - reported per name; the rest still come back
             unreturned[name] = f"{type(val).__name__}: {type(exc).__name__}: {exc}"
-    os.makedirs(os.path.join(job_dir, "results"), exist_ok=True)
-    digest = payload.write(result_path(job_dir, rank), packed, {"rank": rank, "modules": modules})
+    path = result_path(job_dir, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    digest = payload.write(path, packed, {"rank": rank, "modules": modules})
     return unreturned, digest
-
-
-def result_path(job_dir: str, rank: int) -> str:
-    return os.path.join(job_dir, "results", f"rank-{rank}.bin")
 
 
 def _fail(emitter: events.Emitter, exc: BaseException) -> int:

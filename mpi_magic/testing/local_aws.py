@@ -16,11 +16,7 @@ import sys
 import tempfile
 import time
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..procs import free_port
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) -> None:
@@ -39,7 +35,7 @@ def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) ->
 @contextlib.contextmanager
 def local_aws(root: str | None = None, region: str = "us-east-1"):
     """Start both servers; yield the environment for boto3; stop them (and their jobs) on exit."""
-    moto_port, emulator_port = _free_port(), _free_port()
+    moto_port, emulator_port = free_port(), free_port()
     own_root = root is None
     root = root or tempfile.mkdtemp(prefix="mpi_magic_local_aws_")
     env = {

@@ -30,6 +30,11 @@ import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import psutil
+
+from ..layout import split_s3
+from ..procs import session
+
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
@@ -147,7 +152,7 @@ class Job:
         s3 = session.client("s3")
         for channel in self.request.get("InputDataConfig", []):
             uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
-            bucket, _, prefix = uri[len("s3://"):].partition("/")
+            bucket, prefix = split_s3(uri)
             target = os.path.join(base, "input", "data", channel["ChannelName"])
             os.makedirs(target, exist_ok=True)
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
@@ -232,23 +237,11 @@ class Job:
             while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for process in self.processes:  # what the instances started in their own sessions too
-            for pid in _session_members(process.pid):
+            for member in session(process.pid):
                 try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    member.kill()
+                except psutil.Error:
                     pass
-
-
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    members.append(int(entry))
-            except OSError:
-                pass
-    return members
 
 
 def _pump(pipe, logs, stream: str) -> None:

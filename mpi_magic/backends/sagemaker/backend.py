@@ -10,7 +10,10 @@ import os
 from . import package
 from .history import record_job
 from .job import SageMakerJob
-from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s3, training_job_request, validate
+from ...layout import split_s3
+from ...payload import PAYLOAD_FILE
+from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
+from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
 from .settings import instance_gpus
 
 
@@ -38,12 +41,18 @@ class SageMakerBackend:
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options) -> str:
         """What --dry-run prints: the exact request and the S3 objects that would be written."""
-        prefix = job_prefix(self.settings, job_name)
-        objects = [f"{prefix}/code/{BOOTSTRAP}", f"{prefix}/code/{CODE_ARCHIVE}", f"{prefix}/payload/payload.bin"]
-        if self.requirements:
-            objects.insert(2, f"{prefix}/code/requirements.txt")
+        objects = [uri for uri, _ in self._uploads(job_dir, job_name)]
         request = json.dumps(self.request(job_name, digest or "", options), indent=2)
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
+
+    def _uploads(self, job_dir: str, job_name: str) -> list[tuple[str, bytes | str]]:
+        """(S3 URI, the bytes or a local file's path) of every file the instances read."""
+        files: list[tuple[str, str, bytes | str]] = [(CODE_CHANNEL, BOOTSTRAP, self.bootstrap),
+                                                     (CODE_CHANNEL, CODE_ARCHIVE, self.archive)]
+        if self.requirements:
+            files.append((CODE_CHANNEL, REQUIREMENTS, self.requirements))
+        files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
+        return [(input_uri(self.settings, job_name, channel, name), body) for channel, name, body in files]
 
     def request(self, job_name: str, digest: str, options) -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
@@ -54,14 +63,14 @@ class SageMakerBackend:
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options) -> "SageMakerJob":
         request = self.request(job_name, digest or "", options)
-        bucket, prefix = split_s3(job_prefix(self.settings, job_name))
         s3 = self.session.client("s3")
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{BOOTSTRAP}", Body=self.bootstrap)
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{CODE_ARCHIVE}", Body=self.archive)
-        if self.requirements:
-            s3.upload_file(self.requirements, bucket, f"{prefix}/code/requirements.txt")
-        s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")
-        job = SageMakerJob(self.session, job_name, f"{job_prefix(self.settings, job_name)}/results")
+        for uri, body in self._uploads(job_dir, job_name):
+            bucket, key = split_s3(uri)
+            if isinstance(body, bytes):
+                s3.put_object(Bucket=bucket, Key=key, Body=body)
+            else:
+                s3.upload_file(body, bucket, key)
+        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name))
         job.create(request)
         try:
             record_job(job_name, self.settings.region)

@@ -1,4 +1,7 @@
-"""Entrypoint of every instance of an mpi_magic SageMaker training job. Standard library only.
+"""Entrypoint of every instance of an mpi_magic SageMaker training job.
+
+Standard library only until the job's code (this client's mpi_magic) is unpacked; after that
+the ranks' events are read with mpi_magic's own decoder, never a copy of the wire format.
 
 The first host leads: it waits until every other host answers over ssh, writes a hostfile
 with ``slots=<processes per instance>``, and runs ``mpirun`` over all of them, forwarding the
@@ -23,6 +26,11 @@ import time
 
 BASE = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
 CODE_DIR = os.path.join(BASE, "mpi_magic_code")
+CODE_CHANNEL, PAYLOAD_CHANNEL = "code", "payload"  # the job's input channels, under input/data
+CODE_ARCHIVE = "mpi_magic_code.tar.gz"
+REQUIREMENTS = "requirements.txt"  # installed on every instance before the ranks start
+SAID = "mpi_magic bootstrap: "
+ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -32,12 +40,19 @@ RANK_LAUNCH = (
     "import os, sys; base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml'); "
     "sys.path.insert(0, os.path.join(base, 'mpi_magic_code')); "
     "from mpi_magic.runtime.rank import main; "
-    "sys.exit(main([os.path.join(base, 'input', 'data', 'payload')] + sys.argv[1:]))"
+    "sys.exit(main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % PAYLOAD_CHANNEL
 )
 
 
 def say(text):
-    print("mpi_magic bootstrap: " + text, flush=True)
+    print(SAID + text, flush=True)
+
+
+def announced_tag_style(line):
+    """The tag style of the ranks' lines, from the leader's line naming its mpirun; else None."""
+    if not line.startswith(ANNOUNCED_MPIRUN):
+        return None
+    return "openmpi4" if line[len(ANNOUNCED_MPIRUN):].startswith("4.") else "openmpi5"
 
 
 def main():
@@ -71,7 +86,7 @@ def fail(reason):
 
 
 def unpack_code():
-    archive = os.path.join(BASE, "input", "data", "code", "mpi_magic_code.tar.gz")
+    archive = os.path.join(BASE, "input", "data", CODE_CHANNEL, CODE_ARCHIVE)
     os.makedirs(CODE_DIR, exist_ok=True)
     with tarfile.open(archive) as tar:
         if hasattr(tarfile, "data_filter"):
@@ -82,7 +97,7 @@ def unpack_code():
 
 
 def install_requirements():
-    requirements = os.path.join(BASE, "input", "data", "code", "requirements.txt")
+    requirements = os.path.join(BASE, "input", "data", CODE_CHANNEL, REQUIREMENTS)
     if os.path.exists(requirements):
         say("installing requirements.txt")
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", requirements], check=True)
@@ -165,7 +180,7 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
     if not match:
         raise RuntimeError("%s is not Open MPI's mpirun (the SageMaker training images ship Open MPI under "
                            "/opt/amazon/openmpi); set MPI_MAGIC_MPIRUN to one" % mpirun)
-    say("mpirun (Open MPI) " + version.split(")", 1)[1].strip().splitlines()[0])
+    print(ANNOUNCED_MPIRUN + version.split(")", 1)[1].strip().splitlines()[0], flush=True)
     major = int(match.group(1))
     if major >= 5:
         launch = ["--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
@@ -187,23 +202,16 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
 
 def relay_output(output, failures):
     """Copy mpirun's output to this instance's log; note the ranks that failed."""
-    marker = '"k":"finished"'
+    from mpi_magic.events import RankFinished, StreamDecoder  # the job's own code, unpacked by now
+
+    decoder = StreamDecoder()  # Open MPI 4's tags differ by a space the events do not depend on
     for raw in iter(output.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         sys.stdout.write(line)
         sys.stdout.flush()
-        if marker in line and '"ok":false' in line:
-            reason = _failure_from(line)
-            if reason:
-                failures.append(reason)
-
-
-def _failure_from(line):
-    try:
-        body = json.loads(line[line.index("{"):])
-        return "rank %s raised %s: %s" % (body.get("rank"), body.get("error_type"), body.get("message", ""))
-    except ValueError:
-        return None
+        for event in decoder.feed(line):
+            if isinstance(event, RankFinished) and not event.ok:
+                failures.append("rank %d raised %s: %s" % (event.rank, event.error_type, event.message))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@ CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name.""
 
 from __future__ import annotations
 
-import json
-import os
 import time
+from typing import Callable
 
 from ...errors import SageMakerSetupError
 from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
-from .request import split_s3
+from ...layout import result_path, result_uri, split_s3
+from ...payload import PAYLOAD_FILE, read_header
+from .bootstrap import PAYLOAD_CHANNEL, announced_tag_style
 from .settings import import_boto3
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -145,8 +146,7 @@ class SageMakerJob:
             reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, **kwargs)
             for item in reply.get("events", []):
                 line = item["message"]
-                if line.startswith("mpi_magic bootstrap: mpirun (Open MPI) 4."):
-                    self._decoder.style = "openmpi4"
+                self._decoder.style = announced_tag_style(line) or self._decoder.style
                 decoded = self._decoder.feed(line)
                 self._quiet_since = None
                 for event in decoded:
@@ -173,11 +173,10 @@ class SageMakerJob:
 
     def fetch_results(self, job_dir: str, ranks) -> None:
         """Copy each rank's results from its own S3 key into the job folder."""
-        bucket, prefix = split_s3(self.results_uri)
         for rank in ranks:
-            path = os.path.join(job_dir, "results", f"rank-{rank}.bin")
+            bucket, key = split_s3(result_uri(self.results_uri, rank))
             try:
-                self.s3.download_file(bucket, f"{prefix}/rank-{rank}.bin", path)
+                self.s3.download_file(bucket, key, result_path(job_dir, rank))
             except Exception:  # noqa: BLE001 - a missing result is reported when it is read
                 pass
 
@@ -196,13 +195,25 @@ def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
     environment = described.get("Environment", {})
     if "MPI_MAGIC_RESULTS_URI" not in environment:
         raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")
-    channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == "payload")
-    bucket, key = split_s3(channel["DataSource"]["S3DataSource"]["S3Uri"].rstrip("/") + "/payload.bin")
-    s3 = session.client("s3")
-    head = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-15")["Body"].read()
-    length = int.from_bytes(head[8:16], "little")
-    header = json.loads(s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=16-{15 + length}")["Body"].read())
+    channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == PAYLOAD_CHANNEL)
+    bucket, key = split_s3(f"{channel['DataSource']['S3DataSource']['S3Uri'].rstrip('/')}/{PAYLOAD_FILE}")
+    header, _ = read_header(_ranged_reads(session.client("s3"), bucket, key), f"s3://{bucket}/{key}")
     info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
             "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
     return SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"]), info  # reads the log from its start
+
+
+def _ranged_reads(s3, bucket: str, key: str) -> Callable[[int], bytes]:
+    """``read(size)`` over an S3 object, each a ranged GET: the header without the payload."""
+    position = 0
+
+    def read(size: int) -> bytes:
+        nonlocal position
+        if size <= 0:
+            return b""
+        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={position}-{position + size - 1}")["Body"].read()
+        position += len(body)
+        return body
+
+    return read

@@ -6,14 +6,15 @@ import shlex
 
 from dataclasses import dataclass, field
 
+from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
+
 BOOTSTRAP = "bootstrap.py"
-CODE_ARCHIVE = "mpi_magic_code.tar.gz"
 # The entrypoint checks the code it is about to run against digests pinned in the job definition:
 # whoever can write to the job's S3 prefix cannot change what the instances run.
 PINNED_START = (
     "import hashlib, os, sys\n"
     "base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml')\n"
-    "code = os.path.join(base, 'input', 'data', 'code')\n"
+    f"code = os.path.join(base, 'input', 'data', '{CODE_CHANNEL}')\n"
     f"for name, variable in (('{BOOTSTRAP}', 'MPI_MAGIC_BOOTSTRAP_SHA256'), ('{CODE_ARCHIVE}', 'MPI_MAGIC_CODE_SHA256')):\n"
     "    with open(os.path.join(code, name), 'rb') as f:\n"
     "        found = hashlib.sha256(f.read()).hexdigest()\n"
@@ -51,12 +52,13 @@ def job_prefix(settings: CloudSettings, job_name: str) -> str:
     return f"{settings.s3_root}/{job_name}"
 
 
-def split_s3(uri: str) -> tuple[str, str]:
-    """('bucket', 'key/prefix') of 's3://bucket/key/prefix'."""
-    if not uri.startswith("s3://"):
-        raise ValueError(f"{uri!r} is not an s3:// address")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    return bucket, key
+def input_uri(settings: CloudSettings, job_name: str, channel: str, name: str) -> str:
+    """Where a file goes that every instance finds as ``input/data/<channel>/<name>``."""
+    return f"{job_prefix(settings, job_name)}/{channel}/{name}"
+
+
+def results_uri(settings: CloudSettings, job_name: str) -> str:
+    return f"{job_prefix(settings, job_name)}/results"
 
 
 def _channel(name: str, uri: str) -> dict:
@@ -84,7 +86,7 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         "MPI_MAGIC_PAYLOAD_DIGEST": digest,
         "MPI_MAGIC_BOOTSTRAP_SHA256": code_digests[0],
         "MPI_MAGIC_CODE_SHA256": code_digests[1],
-        "MPI_MAGIC_RESULTS_URI": f"{prefix}/results",
+        "MPI_MAGIC_RESULTS_URI": results_uri(settings, job_name),
         "MPI_MAGIC_JOB": job_name,
         "MPI_MAGIC_MASTER_ADDR": "algo-1",
         "MPI_MAGIC_MASTER_PORT": "29500",
@@ -98,7 +100,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
             "TrainingInputMode": "File",
             "ContainerEntrypoint": ENTRYPOINT,
         },
-        "InputDataConfig": [_channel("code", f"{prefix}/code/"), _channel("payload", f"{prefix}/payload/")],
+        "InputDataConfig": [_channel(CODE_CHANNEL, input_uri(settings, job_name, CODE_CHANNEL, "")),
+                            _channel(PAYLOAD_CHANNEL, input_uri(settings, job_name, PAYLOAD_CHANNEL, ""))],
         "OutputDataConfig": {"S3OutputPath": f"{prefix}/output/"},
         "ResourceConfig": {"InstanceType": settings.instance_type, "InstanceCount": instances,
                            "VolumeSizeInGB": settings.volume_size},

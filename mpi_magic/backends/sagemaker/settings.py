@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from ...errors import BackendNotAvailable, SageMakerSetupError
 from . import sdk
-from .request import CloudSettings, split_s3
+from ...layout import split_s3
+from .request import CloudSettings
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 

@@ -1,0 +1,32 @@
+"""Where a job's results are, and how they are named: written by the ranks, read by the notebook.
+
+A job folder holds ``results/rank-N.bin``; a SageMaker job's ranks upload theirs to
+``<results URI>/rank-N.bin``. Standard library only: the rank runtime imports it too.
+"""
+
+from __future__ import annotations
+
+import os
+
+VALUE_NAME = "<value>"  # the cell's value among its results; not an identifier, so no variable collides
+
+
+def result_file(rank: int) -> str:
+    return f"rank-{rank}.bin"
+
+
+def result_path(job_dir: str, rank: int) -> str:
+    return os.path.join(job_dir, "results", result_file(rank))
+
+
+def result_uri(results_uri: str, rank: int) -> str:
+    """One rank's own key under a job's results prefix: no rank overwrites another's."""
+    return f"{results_uri.rstrip('/')}/{result_file(rank)}"
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """('bucket', 'key/prefix') of 's3://bucket/key/prefix'."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"{uri!r} is not an s3:// address")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
