@@ -16,7 +16,7 @@ import threading
 import tokenize
 import types
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from . import payload
 from .errors import CaptureError
@@ -169,13 +169,14 @@ def _scan(body: list[ast.stmt], defined: set[str], reads: set[str], late: set[st
                     defined |= _targets(item.optional_vars)
             _scan(stmt.body, defined, reads, late)
         elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-            _scan(stmt.body, set(defined), reads, late)
-            for handler in stmt.handlers:
+            block = cast(ast.Try, stmt)  # try/except* (3.11+) has the same fields
+            _scan(block.body, set(defined), reads, late)
+            for handler in block.handlers:
                 if handler.type is not None:
                     reads |= _reads_now(handler.type) - defined
                 _scan(handler.body, defined | ({handler.name} if handler.name else set()), reads, late)
-            _scan(stmt.orelse, set(defined), reads, late)
-            _scan(stmt.finalbody, set(defined), reads, late)
+            _scan(block.orelse, set(defined), reads, late)
+            _scan(block.finalbody, set(defined), reads, late)
         elif isinstance(stmt, ast.Match):
             reads |= _reads_now(stmt.subject) - defined
             for case in stmt.cases:

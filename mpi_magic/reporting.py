@@ -29,7 +29,7 @@ class Reporter:
         self._interval = 1.0 / max_rate
         self.clock = clock
         self.next_at = 0.0
-        self._held: dict[int, object] = {}
+        self._held: dict[int, progress] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
 
@@ -89,7 +89,8 @@ class progress:  # noqa: N801 - named like tqdm, which it stands in for
                 total = len(iterable)  # type: ignore[arg-type]
             except TypeError:
                 total = None
-        self.iterable, self.total, self.desc, self.n = iterable, total, desc or "", 0
+        self.iterable, self.total, self.desc = iterable, total, desc or ""
+        self.n: float = 0
         self._reporter = _reporter
         self.bar_id = self._reporter.new_bar() if self._reporter else 0
         self._held = False

@@ -1,8 +1,13 @@
-"""What every backend provides: ``submit`` a packed job, then ``poll`` its events."""
+"""What every backend provides: ``submit`` a packed job, then ``poll`` its events.
+
+Data members are read-only properties here, so a plain class attribute (``name = "local"``)
+or one set in ``__init__`` satisfies them. Each backend module declares its conformance in a
+function that only the type checker reads, so a missing or mistyped member fails the check.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from ..events import Event
 
@@ -11,10 +16,15 @@ if TYPE_CHECKING:  # options reads the backends' instance facts: no import back 
 
 
 class BackendJob(Protocol):
-    name: str
-    host: str
-    abort_grace: float | None  # seconds after a rank's failure before the job is stopped from here
-    linger: float | None  # seconds after every rank succeeded before a launcher still running is stopped
+    """A submitted job, as the notebook follows it to its end."""
+
+    @property
+    def abort_grace(self) -> float | None:
+        """Seconds after a rank's failure before the job is stopped from here (None: never)."""
+
+    @property
+    def linger(self) -> float | None:
+        """Seconds after every rank succeeded before a launcher still running is stopped (None: never)."""
 
     @property
     def finished(self) -> bool:
@@ -24,16 +34,26 @@ class BackendJob(Protocol):
         """Events that arrived, waiting at most ``timeout`` seconds for the first."""
 
     def cancel(self) -> None:
-        """Stop every rank; returns when nothing of the job is left running."""
+        """Stop every rank; returns once the stop is under way (``finished`` says when it is done)."""
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
-        """Put each listed rank's results file into ``job_dir/results``."""
+    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
+        """Put each listed rank's results file where ``layout.result_path`` says."""
 
 
 class Backend(Protocol):
-    name: str
-    pins_digest: bool  # True where the payload leaves the user's private folder
-    stop_description: str  # how an interrupt stops the job, for the message the user sees
+    """Where ranks run: checks, plans and submits one cell's job."""
+
+    @property
+    def name(self) -> str:
+        """As the user names it: ``--backend NAME``."""
+
+    @property
+    def pins_digest(self) -> bool:
+        """True where the payload leaves the user's private folder, so ranks check its digest."""
+
+    @property
+    def stop_description(self) -> str:
+        """How an interrupt stops the job, for the message the user sees."""
 
     def check(self, options: LaunchOptions) -> list[str]:
         """Warnings to show before submitting (errors are raised when the backend is made)."""

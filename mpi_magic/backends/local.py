@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -18,6 +19,9 @@ from .. import launcher as launchers
 from .. import procs
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
+
+if TYPE_CHECKING:
+    from .base import Backend, BackendJob
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
@@ -158,7 +162,7 @@ class LocalJob:
         if now - self._checked_at < 0.5:
             return []
         self._checked_at = now
-        lost = []
+        lost: list[Event] = []
         with self._decode_lock:
             for rank, pid in self._rank_pids.items():
                 if rank in self._reported or _pid_alive(pid):
@@ -214,3 +218,11 @@ def _die_with_parent() -> None:
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its BackendJob
+    def _is_backend(backend: LocalBackend) -> Backend:
+        return backend
+
+    def _is_backend_job(job: LocalJob) -> BackendJob:
+        return job

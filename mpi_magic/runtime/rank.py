@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import io
 import linecache
 import os
 import socket
@@ -17,6 +18,7 @@ import tempfile
 import traceback
 import types
 from dataclasses import dataclass
+from typing import cast
 
 from .. import events, payload, reporting
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
@@ -83,7 +85,7 @@ def main(argv: list[str]) -> int:
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
-        stream.reconfigure(line_buffering=True, write_through=False)
+        cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=False)
     out = sys.stdout
     emitter = events.Emitter(place.rank, lambda line: (out.write(line), out.flush()))
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
@@ -102,7 +104,8 @@ def main(argv: list[str]) -> int:
             reporter.flush()
             return _fail(emitter, exc)
     reporter.flush()
-    unreturned, results_digest = {}, ""
+    unreturned: dict[str, str] = {}
+    results_digest = ""
     try:
         if place.rank == 0 or bundle.meta.get("gather"):
             results_dir = tempfile.mkdtemp(prefix="mpi_magic_results_") if results_uri else job_dir
@@ -158,7 +161,7 @@ def run_source(source: str, namespace: dict):
     _run(compile(tree, CELL_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     if last is None:
         return None
-    expression = ast.Expression(last.value)
+    expression = ast.Expression(cast(ast.Expr, last).value)
     return _run(compile(expression, CELL_FILENAME, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 
@@ -192,7 +195,7 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     path = result_path(job_dir, rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     digest = payload.write(path, packed, {"rank": rank, "modules": modules})
-    return unreturned, digest
+    return unreturned, digest or ""
 
 
 def _fail(emitter: events.Emitter, exc: BaseException) -> int:

@@ -6,11 +6,16 @@ such lines never import IPython. Without IPython on the ranks, the error names t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 class RankShell:
     def __init__(self, namespace: dict):
         self._namespace = namespace
-        self._shell = None
+        self._shell: InteractiveShell | None = None
 
     def get_ipython(self) -> "RankShell":
         return self

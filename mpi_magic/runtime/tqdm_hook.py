@@ -24,7 +24,7 @@ class _Discard(io.TextIOBase):
 
 
 def make_rank_tqdm(base: type, reporter: Reporter) -> type:
-    class RankTqdm(base):  # type: ignore[misc, valid-type]
+    class RankTqdm(base):
         """tqdm that reports each refresh as a progress event and prints nothing."""
 
         def __init__(self, *args, **kwargs):

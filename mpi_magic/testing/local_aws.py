@@ -23,7 +23,7 @@ def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) ->
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{' '.join(process.args)} exited with status {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with status {process.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return

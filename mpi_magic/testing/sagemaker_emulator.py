@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from datetime import datetime, timezone
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
@@ -320,7 +321,7 @@ class Emulator:
         start = int(body.get("NextToken") or 0)
         size = int(body.get("MaxResults") or 10)
         page = jobs[start:start + size]
-        reply = {"TrainingJobSummaries": [j.summary() for j in page]}
+        reply: dict[str, Any] = {"TrainingJobSummaries": [j.summary() for j in page]}
         if start + size < len(jobs):
             reply["NextToken"] = str(start + size)
         return reply

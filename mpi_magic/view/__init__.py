@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable
+from typing import Callable, Protocol
 
 from .model import JobModel
+
+
+class View(Protocol):
+    """What shows a running job: redrawn from the model while it runs, closed with its summary."""
+
+    @property
+    def widget(self) -> object | None:
+        """The live widget shown, if any: the job handle keeps it."""
+
+    def update(self) -> None:
+        """Redraw what changed in the model, if the last redraw is old enough."""
+
+    def close(self) -> None:
+        """Draw the final state and leave the summary in its place."""
 
 
 def in_kernel() -> bool:
@@ -18,7 +32,7 @@ def in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def make_view(kind: str, model: JobModel, log_dir: Callable[[], str]):
+def make_view(kind: str, model: JobModel, log_dir: Callable[[], str]) -> View:
     """The widget dashboard in a kernel with ipywidgets (or when asked for), else text lines."""
     from IPython.display import display
 

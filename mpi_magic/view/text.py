@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from .model import JobModel
 from .summary import Summary, headline, percent, rate
+
+if TYPE_CHECKING:
+    from . import View
 
 QUIET_START = 1.0  # a job done sooner prints only its summary
 EVERY = 2.0  # seconds between progress lines
@@ -65,3 +68,8 @@ class TextView:
         else:
             self.stream.write(repr(summary) + "\n")
             self.stream.flush()
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_view(view: TextView) -> View:
+        return view

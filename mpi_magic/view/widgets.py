@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import ipywidgets as w
 
 from .model import JobModel, RankState
 from .summary import Summary, count, duration, headline, percent, rate
+
+if TYPE_CHECKING:
+    from . import View
 
 GRID_ABOVE = 64
 REDRAW_EVERY = 0.1
@@ -246,3 +249,8 @@ def _cell_colour(state: RankState) -> str:
         shade = int(230 - 140 * fraction)
         return f"rgb({shade},{shade},255)"
     return _COLOUR_OF[state.status]
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_view(view: WidgetView) -> View:
+        return view

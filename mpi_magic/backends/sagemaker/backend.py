@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from typing import TYPE_CHECKING
 
 from . import package
 from .history import record_job
@@ -15,6 +16,10 @@ from ...payload import PAYLOAD_FILE
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
 from .settings import instance_gpus
+
+if TYPE_CHECKING:
+    from ..base import Backend
+    from ...options import LaunchOptions
 
 
 class SageMakerBackend:
@@ -26,7 +31,7 @@ class SageMakerBackend:
         self.settings, self.session, self.requirements = settings, session, requirements
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
-    def check(self, options) -> list[str]:
+    def check(self, options: LaunchOptions) -> list[str]:
         """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
         gpus = instance_gpus(self.settings.instance_type)
         if gpus is None:
@@ -39,7 +44,7 @@ class SageMakerBackend:
                     f"{options.gpus} processes per instance; they will share"]
         return []
 
-    def plan(self, job_dir: str, job_name: str, digest: str | None, options) -> str:
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the exact request and the S3 objects that would be written."""
         objects = [uri for uri, _ in self._uploads(job_dir, job_name)]
         request = json.dumps(self.request(job_name, digest or "", options), indent=2)
@@ -54,14 +59,14 @@ class SageMakerBackend:
         files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
         return [(input_uri(self.settings, job_name, channel, name), body) for channel, name, body in files]
 
-    def request(self, job_name: str, digest: str, options) -> dict:
+    def request(self, job_name: str, digest: str, options: LaunchOptions) -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env,
                                        options.mpirun_args, code_digests)
         validate(request)
         return request
 
-    def submit(self, job_dir: str, job_name: str, digest: str | None, options) -> "SageMakerJob":
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SageMakerJob:
         request = self.request(job_name, digest or "", options)
         s3 = self.session.client("s3")
         for uri, body in self._uploads(job_dir, job_name):
@@ -78,3 +83,8 @@ class SageMakerBackend:
             job.cancel()
             raise
         return job
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_backend(backend: SageMakerBackend) -> Backend:
+        return backend

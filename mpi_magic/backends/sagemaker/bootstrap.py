@@ -134,7 +134,7 @@ def lead(hosts):
         say("running " + " ".join(shlex.quote(a) for a in argv))
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: mpirun.send_signal(signal.SIGTERM))
-        failures = []
+        failures: list[str] = []
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures), daemon=True)
         relay.start()
         status = mpirun.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 from ...options import Config
 from .settings import import_boto3
@@ -38,7 +39,7 @@ def recent_jobs(limit: int = 20) -> list[dict]:
     except (OSError, ValueError):
         return []
     boto3 = import_boto3()
-    clients: dict[str, object] = {}
+    clients: dict[str, Any] = {}
     for record in records:
         client = clients.setdefault(record["region"], boto3.client("sagemaker", region_name=record["region"]))
         try:

@@ -4,7 +4,7 @@ CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name.""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ...errors import SageMakerSetupError
 from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
@@ -12,6 +12,9 @@ from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
 from .bootstrap import PAYLOAD_CHANNEL, announced_tag_style
 from .settings import import_boto3
+
+if TYPE_CHECKING:
+    from ..base import BackendJob
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
@@ -90,7 +93,7 @@ class SageMakerJob:
                 events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); retrying"))
                 self._next_describe = self._next_logs = now + 10 * LOGS_EVERY
             if self._ended_status and not events and self._drained(now):
-                events += self._end()
+                events += self._end(self._ended_status)
             if events or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
@@ -116,7 +119,7 @@ class SageMakerJob:
             self._next_logs = 0.0
         return events
 
-    def _end(self) -> list[Event]:
+    def _end(self, status: str) -> list[Event]:
         described = self._described
         events: list[Event] = []
         if described.get("FailureReason"):
@@ -124,7 +127,7 @@ class SageMakerJob:
             events.append(Note(f"SageMaker FailureReason: {described['FailureReason']}"))
         if "BillableTimeInSeconds" in described:
             events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
-        code = {"Completed": 0, "Failed": 1, "Stopped": -15}[self._ended_status]
+        code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
         events.append(LauncherExited(code))
         self._finished = True
         return events
@@ -217,3 +220,8 @@ def _ranged_reads(s3, bucket: str, key: str) -> Callable[[int], bytes]:
         return body
 
     return read
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_backend_job(job: SageMakerJob) -> BackendJob:
+        return job

@@ -3,6 +3,7 @@ so the image needs neither installed and their versions cannot drift from the no
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import tarfile
@@ -17,7 +18,7 @@ def code_archive() -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for package in (mpi_magic, cloudpickle):
-            root = os.path.dirname(package.__file__)
+            root = os.path.dirname(inspect.getfile(package))
             for folder, dirs, files in os.walk(root):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):

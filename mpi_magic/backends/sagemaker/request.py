@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shlex
-
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 
@@ -71,7 +71,7 @@ def _channel(name: str, uri: str) -> dict:
 
 
 def training_job_request(settings: CloudSettings, job_name: str, instances: int, procs_per_instance: int,
-                         digest: str, env: dict[str, str], mpirun_args: list[str] = (),
+                         digest: str, env: dict[str, str], mpirun_args: Sequence[str] = (),
                          code_digests: tuple[str, str] = ("", "")) -> dict:
     """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
     prefix = job_prefix(settings, job_name)
@@ -92,7 +92,7 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         "MPI_MAGIC_MASTER_PORT": "29500",
         "MPI_MAGIC_MAX_WAIT": str(settings.max_runtime),
     }
-    request = {
+    request: dict[str, Any] = {
         "TrainingJobName": job_name,
         "RoleArn": settings.role,
         "AlgorithmSpecification": {

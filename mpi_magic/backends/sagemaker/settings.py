@@ -62,9 +62,9 @@ def instance_gpus(instance_type: str) -> int | None:
 
 def _from_sdk(find, *args):
     """A default the SageMaker SDK finds; a clear sentence when it cannot."""
-    *args, option = args
+    *arguments, option = args
     try:
-        return find(*args)
+        return find(*arguments)
     except (sdk.SdkMissing, LookupError) as exc:
         raise SageMakerSetupError(f"{exc}; or pass {option}") from None
     except Exception as exc:  # noqa: BLE001 - the SDK raises many kinds; the user needs the option

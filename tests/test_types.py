@@ -1,0 +1,39 @@
+"""The package type-checks, and the check sees the seams: a backend, a running job or a view
+missing a member of its protocol fails it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+
+
+def _mypy(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mypy", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_package_type_checks():
+    result = _mypy()  # files and strictness from pyproject.toml
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_class_missing_a_member_of_its_protocol_fails_the_check(tmp_path):
+    shutil.copytree(os.path.join(ROOT, "mpi_magic"), tmp_path / "mpi_magic", ignore=shutil.ignore_patterns("__pycache__"))
+    missing = [("backends/local.py", "fetch_results", "LocalJob", "BackendJob"),
+               ("backends/sagemaker/backend.py", "plan", "SageMakerBackend", "Backend"),
+               ("view/widgets.py", "close", "WidgetView", "View")]
+    for module, member, _, _ in missing:
+        path = tmp_path / "mpi_magic" / module
+        source, renamed = re.subn(rf"(\n    def ){member}\(", rf"\1{member}_gone(", path.read_text(), count=1)
+        assert renamed == 1, f"{module} has no method {member}"
+        path.write_text(source)
+    result = _mypy("--config-file", os.path.join(ROOT, "pyproject.toml"), "--cache-dir", str(tmp_path / "cache"),
+                   "mpi_magic", cwd=str(tmp_path))
+    assert result.returncode == 1
+    for _, member, cls, protocol in missing:
+        assert re.search(rf'"{cls}" is missing following "{protocol}" protocol member:\n.*note:\s+{member}\n',
+                         result.stdout), result.stdout
