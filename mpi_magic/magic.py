@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import magic_arguments
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import execute
 from .errors import BackendNotAvailable, LauncherNotFound
@@ -52,24 +53,27 @@ class MpiMagics(Magics):
         return run.output if run.has_output else None
 
     @line_magic
+    @magic_arguments()
+    @argument("job_name", metavar="JOB_NAME",
+              help="The training job to follow (see %%mpirun_jobs).")
+    @argument("--out", default=None, metavar="NAME", help="Store the job handle in the notebook under NAME.")
     def mpirun_attach(self, line: str):
         """Follow a SageMaker job started earlier, e.g. after a kernel restart.
-
-        %mpirun_attach JOB_NAME [--out NAME]
 
         Rebuilds the dashboard from the job's status and logs, and brings its results back
         into the notebook when it ends. Interrupting stops the job, as for a running cell.
         """
-        words = line.split()
-        if not words or len(words) not in (1, 3) or (len(words) == 3 and words[1] != "--out"):
-            raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; %mpirun_jobs lists your recent jobs")
         try:
-            run = execute.attach(words[0], self.shell.user_ns, self.defaults)
+            args = _parse(self.mpirun_attach, line)
+        except (UsageError, ValueError):  # argparse's complaint, or quotes that do not close
+            raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; %mpirun_jobs lists your recent jobs") from None
+        try:
+            run = execute.attach(args.job_name, self.shell.user_ns, self.defaults)
         except BackendNotAvailable as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns.update(run.values)
-        if len(words) == 3:
-            self.shell.user_ns[words[2]] = run.job
+        if args.out:
+            self.shell.user_ns[args.out] = run.job
         return run.output if run.has_output else None
 
     @line_magic
@@ -103,3 +107,10 @@ class MpiMagics(Magics):
             return None
         print(self.defaults.describe())
         return None
+
+
+def _parse(magic_func, line: str):
+    """A line magic's arguments, quoted as in a shell, no abbreviated options (``UsageError``)."""
+    parser = magic_func.parser
+    parser.allow_abbrev = False
+    return parser.parse_args(shlex.split(line))

@@ -106,3 +106,16 @@ def test_help_lists_every_option(ip):
     for option in ("-i INSTANCES, --instances INSTANCES", "-g GPUS, --gpus GPUS", "--backend", "--gather", "--out",
                    "--env", "--timeout", "--mpirun-args", "--quiet"):
         assert option in doc
+
+
+@pytest.mark.parametrize("line", ["", "job-1 job-2", "job-1 --out", "--out handle", "job-1 --bogus", "job-1 --o handle",
+                                  "'job-1"])
+def test_attach_without_a_job_name_or_with_other_words_is_one_sentence(ip, line):
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("mpirun_attach", line)
+    assert str(caught.value) == "usage: %mpirun_attach JOB_NAME [--out NAME]; %mpirun_jobs lists your recent jobs"
+
+
+def test_attach_help_lists_its_arguments(ip):
+    doc = ip.magics_manager.magics["line"]["mpirun_attach"].__doc__
+    assert "JOB_NAME" in doc and "--out NAME" in doc and "(see %mpirun_jobs)" in doc
