@@ -52,7 +52,8 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     echo = echo or ConsoleEcho()
     for warning in backend.check(options):
         echo.say(warning)
-    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
+    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size,
+              options.procs_per_instance, clock)
     job.model.fold(Phase("packaging"))
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
@@ -73,8 +74,8 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         shutil.rmtree(job_dir, ignore_errors=True)
         return CellRun(job)
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
-                  instances=options.instances, gpus=options.gpus, digest=digest, status="running",
-                  started=time.time())
+                  instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
+                  status="running", started=time.time())
 
     view = None
     if not options.quiet:

@@ -66,7 +66,8 @@ class MpiMagics(Magics):
         try:
             args = _parse(self.mpirun_attach, line)
         except (UsageError, ValueError):  # argparse's complaint, or quotes that do not close
-            raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; %mpirun_jobs lists your recent jobs") from None
+            raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; "
+                             "%mpirun_jobs lists your recent jobs") from None
         try:
             run = execute.attach(args.job_name, self.shell.user_ns, self.defaults)
         except BackendNotAvailable as exc:

@@ -237,6 +237,11 @@ class LaunchOptions:
     def world_size(self) -> int:
         return self.instances * self.gpus
 
+    @property
+    def procs_per_instance(self) -> int:
+        """What ``--gpus`` asks for: ranks on each instance, whatever its GPU count."""
+        return self.gpus
+
 
 def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
     """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise)."""
@@ -295,7 +300,7 @@ def _cloud_values(args, pick) -> dict:
     def ids(text):
         return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
 
-    def seconds(text, what):
+    def positive_int_or_none(text, what):
         return _positive_int(text, what) if text is not None else None
 
     tags = {}
@@ -309,9 +314,10 @@ def _cloud_values(args, pick) -> dict:
     return {
         "instance_type": pick("instance_type", args.instance_type), "image_uri": pick("image_uri", args.image_uri),
         "role": pick("role", args.role), "s3_root": pick("s3_root", args.s3_root), "region": pick("region", args.region),
-        "volume_size": seconds(args.volume_size, "--volume-size"), "max_runtime": seconds(args.max_runtime, "--max-runtime"),
-        "spot": args.spot, "max_wait": seconds(args.max_wait, "--max-wait"),
-        "keep_alive": seconds(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
+        "volume_size": positive_int_or_none(args.volume_size, "--volume-size"),
+        "max_runtime": positive_int_or_none(args.max_runtime, "--max-runtime"),
+        "spot": args.spot, "max_wait": positive_int_or_none(args.max_wait, "--max-wait"),
+        "keep_alive": positive_int_or_none(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
         "security_groups": ids(args.security_groups), "kms_key": args.kms_key, "tags": tags,
     }
 

@@ -61,7 +61,7 @@ class LocalBackend:
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
         env.update({
             "MPI_MAGIC_INSTANCES": str(options.instances),
-            "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.gpus),
+            "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.procs_per_instance),
             "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
             "MPI_MAGIC_MASTER_PORT": str(procs.free_port()),
             "MPI_MAGIC_JOB": job_name,

@@ -61,8 +61,8 @@ class SageMakerBackend:
 
     def request(self, job_name: str, digest: str, options: LaunchOptions) -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
-        request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env,
-                                       options.mpirun_args, code_digests)
+        request = training_job_request(self.settings, job_name, options.instances, options.procs_per_instance, digest,
+                                       options.env, options.mpirun_args, code_digests)
         validate(request)
         return request
 
