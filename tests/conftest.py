@@ -1,4 +1,5 @@
-"""A real IPython shell with the extension loaded, and a check that nothing outlives a test."""
+"""A real IPython shell with the extension loaded, the rehearsal AWS a module's tests share,
+and a check that nothing outlives a test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from mpi_magic.options import Config
+
+# Servers a module-scoped fixture started for all of that module's tests, stopped at its end,
+# and the folders their jobs run in (searched for left-over ranks as a test's own folder is).
+_MODULE_SERVERS: set[int] = set()
+_MODULE_ROOTS: set[str] = set()
 
 
 @pytest.fixture(scope="session")
@@ -38,11 +44,36 @@ def ip(shell, cache_dir, monkeypatch):
     return shell
 
 
-def _job_processes(marker: str) -> list[psutil.Process]:
+@pytest.fixture(scope="module")
+def local_aws_env(tmp_path_factory):
+    """A moto server and the SageMaker emulator for one module's tests, which keep apart by
+    their own S3 prefixes and job names; the environment that points boto3 at them."""
+    from mpi_magic.testing.local_aws import local_aws
+
+    root = str(tmp_path_factory.mktemp("local_aws"))
+    before = _children()
+    with local_aws(root=root) as env:
+        servers = _children() - before
+        _MODULE_SERVERS.update(servers)
+        _MODULE_ROOTS.add(root)
+        try:
+            yield env
+        finally:
+            _MODULE_SERVERS.difference_update(servers)
+            _MODULE_ROOTS.discard(root)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children()}
+
+
+def _job_processes(markers: list[str]) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+            command = " ".join(proc.info["cmdline"] or [])
+            if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid not in _MODULE_SERVERS
+                    and any(marker in command for marker in markers)):
                 found.append(proc)
         except psutil.Error:
             pass
@@ -51,13 +82,15 @@ def _job_processes(marker: str) -> list[psutil.Process]:
 
 @pytest.fixture(autouse=True)
 def nothing_leaks(request, tmp_path):
-    """Fail a test that leaves a child process, a rank, or a thread of ours running."""
+    """Fail a test that leaves a child process, a rank, or a thread of ours running (a module's
+    shared servers are not the test's; what they run for it is)."""
     threads_before = set(threading.enumerate())
     yield
     deadline = time.monotonic() + 5
     while True:
-        children = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        ranks = _job_processes(str(tmp_path))
+        children = [p for p in psutil.Process().children(recursive=True)
+                    if p.pid not in _MODULE_SERVERS and p.status() != psutil.STATUS_ZOMBIE]
+        ranks = _job_processes([str(tmp_path), *_MODULE_ROOTS])
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         if not (children or ranks or threads) or time.monotonic() > deadline:
             break

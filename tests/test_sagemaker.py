@@ -1,5 +1,8 @@
 """The SageMaker backend over real HTTP: unchanged boto3 against a moto server (S3, CloudWatch
-Logs) and mpi_magic's SageMaker emulator, which really runs every simulated instance."""
+Logs) and mpi_magic's SageMaker emulator, which really runs every simulated instance.
+
+The tests share one server of each (``local_aws_env``); each keeps to its own S3 prefix and
+its own job names, so none sees another's files or jobs."""
 
 from __future__ import annotations
 
@@ -16,33 +19,47 @@ ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 
 
 @pytest.fixture
-def aws(tmp_path, monkeypatch):
-    """A moto server and the SageMaker emulator on loopback; the environment points boto3 at them."""
-    from mpi_magic.testing.local_aws import local_aws
-
+def aws(local_aws_env, monkeypatch):
+    """boto3, pointed at the module's moto server and SageMaker emulator on loopback."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
-    with local_aws(root=str(tmp_path)) as env:
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        import boto3
+    for name, value in local_aws_env.items():
+        monkeypatch.setenv(name, value)
+    import boto3
 
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        yield boto3
+    s3 = boto3.client("s3")
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    return boto3
 
 
 @pytest.fixture
-def cloud(ip, aws):
+def prefix(tmp_path) -> str:
+    """This test's own folder in the shared bucket."""
+    return f"jobs/{tmp_path.name}"
+
+
+@pytest.fixture
+def cloud(ip, aws, prefix):
     ip.run_line_magic("mpirun_config", f"backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
-                                       f"role={ROLE} s3_root=s3://{BUCKET}/jobs")
+                                       f"role={ROLE} s3_root=s3://{BUCKET}/{prefix}")
     return aws
+
+
+def _uploaded(aws, prefix: str) -> list[str]:
+    return [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/").get("Contents", [])]
+
+
+def _training_jobs(aws) -> list[str]:
+    pages = aws.client("sagemaker").get_paginator("list_training_jobs").paginate()
+    return [job["TrainingJobName"] for page in pages for job in page["TrainingJobSummaries"]]
 
 
 def _run(ip, line: str, cell: str):
     return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
-def test_ranks_spread_over_every_instance_with_their_own_results(ip, cloud):
+def test_ranks_spread_over_every_instance_with_their_own_results(ip, cloud, prefix):
     _run(ip, "-i 4 -g 2 --gather --out job", (
         "import os, mpi_magic\n"
         "where = (mpi_magic.rank(), mpi_magic.instance(), int(os.environ['OMPI_COMM_WORLD_LOCAL_RANK']),\n"
@@ -55,8 +72,8 @@ def test_ranks_spread_over_every_instance_with_their_own_results(ip, cloud):
     job = ip.user_ns["job"]
     assert job.status == "completed" and job.backend == "sagemaker"
     assert [(s.n, s.total) for s in job.ranks] == [(5, 5)] * 8, "every rank's progress, read from CloudWatch"
-    keys = [o["Key"] for o in cloud.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=f"jobs/{job.name}/results/")["Contents"]]
-    assert sorted(keys) == sorted(f"jobs/{job.name}/results/rank-{r}.bin" for r in range(8))
+    keys = [key for key in _uploaded(cloud, prefix) if key.startswith(f"{prefix}/{job.name}/results/")]
+    assert sorted(keys) == sorted(f"{prefix}/{job.name}/results/rank-{r}.bin" for r in range(8))
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
     assert described["TrainingJobStatus"] == "Completed" and described["ResourceConfig"]["InstanceCount"] == 4
 
@@ -109,16 +126,17 @@ def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypa
     assert "does not match the digest it was submitted with" in caught.value.message
 
 
-def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, capsys):
+def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, prefix, capsys):
+    jobs_before = _training_jobs(cloud)
     _run(ip, "-i 4 -g 2 --dry-run --job-name dry-1 --tags team=ml", "x = 1\n")
     out = capsys.readouterr().out
     request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
     assert request["TrainingJobName"] == "dry-1" and request["ResourceConfig"]["InstanceCount"] == 4
     assert request["Environment"]["MPI_MAGIC_PROCS_PER_INSTANCE"] == "2"
     assert request["Tags"] == [{"Key": "team", "Value": "ml"}]
-    assert "s3://mpi-magic-tests/jobs/dry-1/payload/payload.bin" in out
-    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
-    assert cloud.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+    assert f"s3://{BUCKET}/{prefix}/dry-1/payload/payload.bin" in out
+    assert _uploaded(cloud, prefix) == []
+    assert _training_jobs(cloud) == jobs_before
 
 
 @pytest.mark.parametrize(("setting", "message"), [
@@ -127,12 +145,12 @@ def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, capsys):
     ("instance_type=ml.p4dd.24xlarge", "did you mean ml.p4d.24xlarge?"),
     ("s3_root=s3://no-such-bucket/x", "the bucket 'no-such-bucket' of --s3-root cannot be used"),
 ])
-def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, cloud, setting, message):
+def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, cloud, prefix, setting, message):
     ip.run_line_magic("mpirun_config", setting)
     with pytest.raises(mpi_magic.MpiMagicError, match=message) as caught:
         _run(ip, "", "x = 1\n")
     assert "\n" not in str(caught.value)
-    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+    assert _uploaded(cloud, prefix) == []
 
 
 def test_the_default_image_is_the_sdks_pytorch_training_image_for_this_python(ip, cloud, capsys):
@@ -227,7 +245,7 @@ def test_attach_from_a_fresh_shell_rebuilds_the_dashboard_and_brings_the_results
     ip.user_ns["job"].wait(timeout=120)
 
 
-def test_an_image_for_another_python_is_refused_before_submitting(ip, cloud):
+def test_an_image_for_another_python_is_refused_before_submitting(ip, cloud, prefix):
     import sys
 
     other = sys.version_info[1] - 1
@@ -236,7 +254,7 @@ def test_an_image_for_another_python_is_refused_before_submitting(ip, cloud):
     with pytest.raises(mpi_magic.MpiMagicError,
                        match=rf"runs Python 3\.{other} but this notebook runs Python 3\.{sys.version_info[1]}"):
         _run(ip, "", "x = 1\n")
-    assert "Contents" not in cloud.client("s3").list_objects_v2(Bucket=BUCKET)
+    assert _uploaded(cloud, prefix) == []
 
 
 def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir):
