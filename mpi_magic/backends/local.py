@@ -15,6 +15,7 @@ import time
 import psutil
 
 from .. import launcher as launchers
+from .. import events
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
@@ -22,7 +23,9 @@ from ..options import Config, LaunchOptions
 STOP_WAITS = (2.0, 2.0, 2.0)
 QUEUE_SIZE = 10_000
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
-LOST_AFTER = 1.0  # seconds a rank's process is gone, unreported, before it counts as lost
+# A rank whose process is gone without having reported counts as lost once the launcher has
+# forwarded nothing for this many seconds: its last lines are then no longer on their way.
+LOST_AFTER = 1.0
 
 
 class LocalBackend:
@@ -50,6 +53,7 @@ class LocalBackend:
         return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
+        token = events.new_token()
         argv = launchers.mpirun_argv(
             self.launcher, options.world_size, self.command(job_dir, digest), options.mpirun_args, os.cpu_count() or 1
         )
@@ -59,10 +63,11 @@ class LocalBackend:
             "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.gpus),
             "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
             "MPI_MAGIC_MASTER_PORT": str(_free_port()),
-            "MPI_MAGIC_JOB": job_name,
+            "MPI_MAGIC_JOB": job_name,  # also marks every process of the job, whatever session it starts
+            events.TOKEN_VARIABLE: token,
         })
         env.update(options.env)
-        return LocalJob(job_name, argv, env, os.getcwd(), self.tag_style)
+        return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style))
 
 
 def _free_port() -> int:
@@ -74,8 +79,10 @@ def _free_port() -> int:
 class LocalJob:
     """A running mpirun: two pipe readers decode lines into one bounded queue of events.
 
-    Every process of the job is found by its session (mpirun leads a session of its own), so
-    a rank's own child processes are stopped with it. mpirun dies with the notebook process.
+    Every process of the job is found by its process tree, its session (mpirun leads a session
+    of its own) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a rank
+    started is stopped with it, even in a session of its own. mpirun dies with the notebook
+    process, and each rank with mpirun.
     """
 
     # After a rank reports an exception, mpirun normally stops the others at once; if it has
@@ -84,11 +91,11 @@ class LocalJob:
     # Once every rank has reported success, mpirun gets this long to exit by itself.
     linger = 3.0
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, tag_style: str):
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
         self.name = name
         self.host = socket.gethostname()
         self.argv = argv
-        self._decoder = StreamDecoder(tag_style)
+        self._decoder = decoder
         self._decode_lock = threading.Lock()
         # Bounded: a rank flooding stdout is slowed down instead of filling this process's memory.
         self._queue: queue.Queue[Event] = queue.Queue(maxsize=QUEUE_SIZE)
@@ -97,6 +104,8 @@ class LocalJob:
         self._reported: set[int] = set()
         self._gone_since: dict[int, float] = {}
         self._checked_at = 0.0
+        self._last_read = time.monotonic()
+        self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -117,6 +126,7 @@ class LocalJob:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 with self._decode_lock:
+                    self._last_read = time.monotonic()
                     try:
                         decoded = self._decoder.feed(line, stream)
                     except Exception:  # noqa: BLE001 - a line must never stop the reader
@@ -126,6 +136,8 @@ class LocalJob:
                             self._rank_pids[event.rank] = event.pid
                         elif isinstance(event, RankFinished):
                             self._reported.add(event.rank)
+                        elif isinstance(event, LauncherOutput):
+                            self._launcher_log.add(event.text)
                 for event in decoded:
                     self._queue.put(event)
 
@@ -133,8 +145,8 @@ class LocalJob:
         for reader in self._readers:
             reader.join()
         returncode = self.process.wait()
-        self._stop(self._session())  # what a rank started and left behind
-        self._queue.put(LauncherExited(returncode))
+        self._stop(self._processes())  # what a rank started and left behind
+        self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids)))
 
     @property
     def finished(self) -> bool:
@@ -158,31 +170,33 @@ class LocalJob:
         return batch
 
     def _lost_ranks(self) -> list[Event]:
-        """Ranks whose process is gone without having reported: killed, or exited early."""
+        """Ranks whose process is gone without having reported (killed, or exited early), once
+        everything the launcher had of them has arrived."""
         now = time.monotonic()
         if now - self._checked_at < 0.5:
             return []
         self._checked_at = now
         lost = []
         with self._decode_lock:
+            quiet_since = self._last_read
             for rank, pid in self._rank_pids.items():
                 if rank in self._reported or _pid_alive(pid):
                     continue
-                # its last lines may still be in the pipes: give them a moment to arrive
-                if now - self._gone_since.setdefault(rank, now) >= LOST_AFTER:
+                gone_since = self._gone_since.setdefault(rank, now)
+                if now - max(gone_since, quiet_since) >= LOST_AFTER and self._queue.empty():
                     self._reported.add(rank)
                     lost.append(RankFinished(rank=rank, ok=False, message="exited before the cell finished"))
         return lost
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
-        self._stop(self._session(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+        self._stop(self._processes(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
     def _stop(self, procs: list[psutil.Process], signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
         known = {p.pid: p for p in procs}
         for signum, wait in zip(signals, STOP_WAITS):
-            known.update((p.pid, p) for p in self._session())  # ranks whose mpirun died are still known
+            known.update((p.pid, p) for p in self._processes())  # ranks whose mpirun died are still known
             alive = [p for p in known.values() if _alive(p)]
             if not alive:
                 return
@@ -193,20 +207,24 @@ class LocalJob:
                     pass
             psutil.wait_procs(alive, timeout=wait)
 
-    def _session(self) -> list[psutil.Process]:
-        """mpirun's process tree and everything else in its session."""
+    def _processes(self) -> list[psutil.Process]:
+        """mpirun's process tree, everything else in its session, and every process that
+        carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a session of its own)."""
         members = {}
         try:
             root = psutil.Process(self.pid)
             members = {p.pid: p for p in [root, *root.children(recursive=True)]}
         except psutil.Error:
             pass
-        for pid in psutil.pids():
-            if pid not in members and _session_of(pid) == self.pid:
-                try:
-                    members[pid] = psutil.Process(pid)
-                except psutil.Error:
-                    pass
+        me = os.getpid()
+        for proc in psutil.process_iter():
+            if proc.pid in members or proc.pid == me:
+                continue
+            try:
+                if _session_of(proc.pid) == self.pid or proc.environ().get("MPI_MAGIC_JOB") == self.name:
+                    members[proc.pid] = proc
+            except psutil.Error:
+                pass
         return list(members.values())
 
 

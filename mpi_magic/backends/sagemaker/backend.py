@@ -11,9 +11,10 @@ import re
 import sys
 import time
 
+from ... import events as wire
 from ...errors import BackendNotAvailable, SageMakerSetupError
-from ...events import (Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted,
-                       StreamDecoder)
+from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from ...launcher import LauncherLog
 from . import package, sdk
 from .request import BOOTSTRAP, CODE_ARCHIVE, CloudSettings, job_prefix, split_s3, training_job_request, validate
 
@@ -165,15 +166,17 @@ class SageMakerBackend:
         request = json.dumps(self.request(job_name, digest or "", options), indent=2)
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
 
-    def request(self, job_name: str, digest: str, options) -> dict:
+    def request(self, job_name: str, digest: str, options, token: str = "<event token>") -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.gpus, digest, options.env,
                                        options.mpirun_args, code_digests)
+        request["Environment"][wire.TOKEN_VARIABLE] = token  # MPI_MAGIC_* reaches every rank
         validate(request)
         return request
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options) -> "SageMakerJob":
-        request = self.request(job_name, digest or "", options)
+        token = wire.new_token()
+        request = self.request(job_name, digest or "", options, token)
         bucket, prefix = split_s3(job_prefix(self.settings, job_name))
         s3 = self.session.client("s3")
         s3.put_object(Bucket=bucket, Key=f"{prefix}/code/{BOOTSTRAP}", Body=self.bootstrap)
@@ -181,7 +184,7 @@ class SageMakerBackend:
         if self.requirements:
             s3.upload_file(self.requirements, bucket, f"{prefix}/code/requirements.txt")
         s3.upload_file(os.path.join(job_dir, "payload.bin"), bucket, f"{prefix}/payload/payload.bin")
-        job = SageMakerJob(self.session, job_name, f"{job_prefix(self.settings, job_name)}/results")
+        job = SageMakerJob(self.session, job_name, f"{job_prefix(self.settings, job_name)}/results", token)
         job.create(request)
         try:
             record_job(job_name, self.settings.region)
@@ -201,7 +204,7 @@ class SageMakerJob:
     abort_grace = None
     linger = None
 
-    def __init__(self, session, name: str, results_uri: str):
+    def __init__(self, session, name: str, results_uri: str, token: str):
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
@@ -212,7 +215,8 @@ class SageMakerJob:
         self.api_calls = 0
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
-        self._decoder = StreamDecoder("openmpi5")
+        self._decoder = StreamDecoder(token, "openmpi5")
+        self._launcher_log = LauncherLog()
         self._stream: str | None = None
         self._token: str | None = None
         self._status = "InProgress"
@@ -291,7 +295,7 @@ class SageMakerJob:
         if "BillableTimeInSeconds" in described:
             events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[self._ended_status]
-        events.append(LauncherExited(code))
+        events.append(self._launcher_log.ended(code, self._world_size is not None))
         self._finished = True
         return events
 
@@ -321,6 +325,8 @@ class SageMakerJob:
                         self._reported.add(event.rank)
                     elif isinstance(event, RankStarted):
                         self._world_size = event.world_size
+                    elif isinstance(event, LauncherOutput):
+                        self._launcher_log.add(event.text)
                 events += decoded
             if reply.get("nextForwardToken") in (None, self._token):
                 return events
@@ -372,7 +378,8 @@ def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
     info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
             "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
-    return SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"]), info  # reads the log from its start
+    job = SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""))
+    return job, info  # reads the log from its start
 
 
 JOBS_RECORD = "sagemaker_jobs.json"
