@@ -109,6 +109,14 @@ class Phase:
 
 
 @dataclass
+class RankGone:
+    """A rank's process is gone without having reported; how it ended is settled when the
+    launcher exits (its output may still be on the way). Client-side."""
+
+    rank: int
+
+
+@dataclass
 class StopRequested:
     """The notebook asked the job to stop (``reason``: interrupt, timeout, cancel, error, ...). Client-side."""
 
@@ -126,7 +134,7 @@ class LauncherExited:
 
 
 WireEvent = RankStarted | RankFinished | Progress
-Event = WireEvent | Output | LauncherOutput | Note | Phase | StopRequested | LauncherExited
+Event = WireEvent | Output | LauncherOutput | Note | Phase | RankGone | StopRequested | LauncherExited
 
 _KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}

@@ -150,10 +150,14 @@ class LauncherLog:
     def add(self, text: str) -> None:
         self.lines.append(text)
 
-    def ended(self, returncode: int | None, ranks_started: bool) -> LauncherExited:
+    def ended(self, returncode: int | None, ranks_started: bool, gone: set[int] = frozenset()) -> LauncherExited:
+        """The end event: exit reports (ranks seen to vanish without reporting included)."""
         said = list(self.lines)
         refused = ""
         if returncode and not ranks_started:
             words = [" ".join(line.split()) for line in said]
             refused = " ".join([w for w in words if w.strip("-=")][:3])[:300] or f"status {returncode}"
-        return LauncherExited(returncode, exit_reports("\n".join(said)), refused)
+        reports = exit_reports("\n".join(said))
+        for rank in gone:
+            reports.setdefault(rank, "exited before the cell finished")
+        return LauncherExited(returncode, reports, refused)

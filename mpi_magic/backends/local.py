@@ -16,16 +16,14 @@ import psutil
 
 from .. import launcher as launchers
 from .. import events
-from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
+from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
 QUEUE_SIZE = 10_000
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
-# A rank whose process is gone without having reported counts as lost once the launcher has
-# forwarded nothing for this many seconds: its last lines are then no longer on their way.
-LOST_AFTER = 1.0
+READ_CHUNK = 1 << 16
 
 
 class LocalBackend:
@@ -102,7 +100,7 @@ class LocalJob:
         self._finished = False
         self._rank_pids: dict[int, int] = {}
         self._reported: set[int] = set()
-        self._gone_since: dict[int, float] = {}
+        self._gone: set[int] = set()
         self._checked_at = 0.0
         self._last_read = time.monotonic()
         self._launcher_log = launchers.LauncherLog()
@@ -122,31 +120,53 @@ class LocalJob:
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _read(self, pipe, stream: str) -> None:
+        """Read in chunks, not lines, so that a rank's output still on its way (a long line)
+        counts as activity; every line goes on whole, however long."""
+        pieces: list[bytes] = []  # the line read so far
         with pipe:
-            for raw in iter(pipe.readline, b""):
+            for chunk in iter(lambda: pipe.read1(READ_CHUNK), b""):
+                self._last_read = time.monotonic()
+                if b"\n" not in chunk:
+                    pieces.append(chunk)
+                    continue
+                lines = chunk.split(b"\n")
+                pieces.append(lines[0])
+                lines[0] = b"".join(pieces)
+                rest = lines.pop()
+                pieces = [rest] if rest else []
+                self._deliver(lines, stream)
+            if pieces:
+                self._deliver([b"".join(pieces)], stream)
+
+    def _deliver(self, lines: list[bytes], stream: str) -> None:
+        decoded: list[Event] = []
+        with self._decode_lock:
+            for raw in lines:
                 line = raw.decode("utf-8", errors="replace")
-                with self._decode_lock:
-                    self._last_read = time.monotonic()
-                    try:
-                        decoded = self._decoder.feed(line, stream)
-                    except Exception:  # noqa: BLE001 - a line must never stop the reader
-                        decoded = [LauncherOutput(line.rstrip("\n"))]
-                    for event in decoded:
-                        if isinstance(event, RankStarted):
-                            self._rank_pids[event.rank] = event.pid
-                        elif isinstance(event, RankFinished):
-                            self._reported.add(event.rank)
-                        elif isinstance(event, LauncherOutput):
-                            self._launcher_log.add(event.text)
-                for event in decoded:
-                    self._queue.put(event)
+                try:
+                    decoded += self._decoder.feed(line, stream)
+                except Exception:  # noqa: BLE001 - a line must never stop the reader
+                    decoded.append(LauncherOutput(line))
+            for event in decoded:
+                kind = type(event)
+                if kind is RankStarted:
+                    self._rank_pids[event.rank] = event.pid
+                elif kind is RankFinished:
+                    self._reported.add(event.rank)
+                elif kind is LauncherOutput:
+                    self._launcher_log.add(event.text)
+            self._last_read = time.monotonic()
+        for event in decoded:
+            self._queue.put(event)
 
     def _wait(self) -> None:
         for reader in self._readers:
             reader.join()
         returncode = self.process.wait()
         self._stop(self._processes())  # what a rank started and left behind
-        self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids)))
+        with self._decode_lock:
+            gone = self._gone - self._reported
+        self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
 
     @property
     def finished(self) -> bool:
@@ -165,28 +185,23 @@ class LocalJob:
                 batch.append(self._queue.get_nowait())
         except queue.Empty:
             pass
-        batch.extend(self._lost_ranks())
+        batch.extend(self._gone_ranks())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
-    def _lost_ranks(self) -> list[Event]:
-        """Ranks whose process is gone without having reported (killed, or exited early), once
-        everything the launcher had of them has arrived."""
+    def _gone_ranks(self) -> list[Event]:
+        """Ranks whose process is gone without having reported (killed, or exited early). They
+        are not failed yet: their last output may still be inside the launcher (Open MPI takes
+        over a minute to pass on one 20 MB line), so how they ended is settled when it exits."""
         now = time.monotonic()
         if now - self._checked_at < 0.5:
             return []
         self._checked_at = now
-        lost = []
         with self._decode_lock:
-            quiet_since = self._last_read
-            for rank, pid in self._rank_pids.items():
-                if rank in self._reported or _pid_alive(pid):
-                    continue
-                gone_since = self._gone_since.setdefault(rank, now)
-                if now - max(gone_since, quiet_since) >= LOST_AFTER and self._queue.empty():
-                    self._reported.add(rank)
-                    lost.append(RankFinished(rank=rank, ok=False, message="exited before the cell finished"))
-        return lost
+            gone = [r for r, pid in self._rank_pids.items()
+                    if r not in self._reported and r not in self._gone and not _pid_alive(pid)]
+            self._gone.update(gone)
+        return [RankGone(rank) for rank in gone]
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""

@@ -20,7 +20,6 @@ ENDED = ("completed", "failed", "stopped")
 OUTPUT_TAIL = 200
 LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
 WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits
-LOST = "exited before the cell finished"
 
 
 @dataclass
@@ -55,6 +54,7 @@ class RankState:
     started_at: float | None = None
     ended_at: float | None = None
     failed_at: float | None = None  # by the notebook's clock, for stopping the others after a grace
+    gone: bool = False  # its process vanished without reporting; settled when the launcher exits
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
 
@@ -193,6 +193,10 @@ class JobModel:
             if not self._valid(event.rank):
                 return
             self._finished(event)
+        elif kind is events.RankGone:
+            if not self._valid(event.rank) or self.ranks[event.rank].status not in ACTIVE:
+                return
+            self.ranks[event.rank].gone = True
         elif kind is events.Note:
             self.notes.append(event.text)
         elif kind is events.Phase:
@@ -213,10 +217,9 @@ class JobModel:
 
     def _finished(self, event: events.RankFinished) -> None:
         state = self.ranks[event.rank]
-        if state.status in ENDED and not (state.failure is not None and state.failure.message == LOST):
-            return  # a rank ends once; only a rank taken for lost can still report how it ended
-        state.ended_at = event.time or state.ended_at
-        state.failure, state.failed_at = None, None
+        if state.status in ENDED:
+            return  # a rank ends once
+        state.ended_at, state.gone = event.time, False
         if event.ok:
             state.status = "completed"
             if event.results_digest:
@@ -300,14 +303,15 @@ class JobModel:
         ("ranks 0, 1, 3 have been waiting 40s; rank 2 finished"): a hint that the job may be
         deadlocked, for the user to interrupt. None while output flows."""
         quiet = self.clock() - self.last_activity
-        active = [s.rank for s in self.ranks if s.status in ACTIVE]
+        active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]
         if self.exit is not None or not active or quiet < threshold:
             return None
         text = f"{_ranks(active)} {'has' if len(active) == 1 else 'have'} been waiting {quiet:.0f}s"
-        others = {}
+        others: dict[str, list[int]] = {}
         for state in self.ranks:
-            if state.status not in ACTIVE:
-                verb = {"completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
+            if state.status not in ACTIVE or state.gone:
+                verb = "exited without reporting" if state.gone else {
+                    "completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
                 others.setdefault(verb, []).append(state.rank)
         return "; ".join([text] + [f"{_ranks(ranks)} {verb}" for verb, ranks in others.items()])
 
