@@ -18,6 +18,8 @@ from mpi_magic.events import Emitter, Progress, RankStarted, StreamDecoder, enco
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.widgets import WidgetView
 
+TOKEN = "0123456789abcdef"  # the job's marker token
+
 
 def ns_per_call(fn, calls: int) -> float:
     start = time.perf_counter_ns()
@@ -29,7 +31,7 @@ def rank_side(calls: int) -> None:
     from tqdm import tqdm
 
     sink = []
-    reporting.install(reporting.Reporter(Emitter(0, sink.append)))
+    reporting.install(reporting.Reporter(Emitter(0, sink.append, TOKEN)))
 
     def ours(n: int) -> None:
         bar = reporting.progress(total=n)
@@ -63,13 +65,13 @@ class NoDisplay:
 def client_side(ranks: int, updates: int) -> None:
     lines = []
     for r in range(ranks):
-        lines.append(f"[1,{r}]<stdout>: " + encode(RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=ranks, seq=0, time=0.0)))
+        lines.append(f"[1,{r}]<stdout>: " + encode(RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=ranks, seq=0, time=0.0), TOKEN))
     for i in range(1, updates + 1):
         for r in range(ranks):
-            lines.append(f"[1,{r}]<stdout>: " + encode(Progress(rank=r, n=i, total=updates, seq=i, time=i * 0.001)))
+            lines.append(f"[1,{r}]<stdout>: " + encode(Progress(rank=r, n=i, total=updates, seq=i, time=i * 0.001), TOKEN))
     model = JobModel("bench", "local", ranks, 8)
     view = WidgetView(model, lambda: "", NoDisplay(), quiet_start=0.0)
-    decoder = StreamDecoder()
+    decoder = StreamDecoder(TOKEN)
     start = time.perf_counter()
     for line in lines:
         for event in decoder.feed(line):

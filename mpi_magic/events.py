@@ -1,22 +1,39 @@
 """The one stream between a running job and whoever watches it.
 
-Ranks report by writing one line per event to stdout: ``MARKER`` then compact JSON with a
-schema version, the rank, a per-rank sequence number and a timestamp. The launcher tags
-every line with its rank (``--tag-output`` in Open MPI, ``-l`` in MPICH), so plain output is
-attributed too. The same ``StreamDecoder`` reads a local mpirun pipe or a log re-read from
-the cloud: duplicates are dropped, gaps counted, and foreign lines become plain output.
+Ranks report by writing one line per event to stdout: the job's marker (``marker(token)``,
+with a random token only the job's runtime knows) then compact JSON with a schema version,
+the rank, a per-rank sequence number and a timestamp. The launcher tags every line with its
+rank (``--tag-output`` in Open MPI, ``-l`` in MPICH), so plain output is attributed too. The
+same ``StreamDecoder`` reads a local mpirun pipe or a log re-read from the cloud.
+
+An event is believed only as far as its source: it must carry the job's token (text a cell
+prints by accident does not), its rank must be the rank of the tag that carried it, and every
+field must have a sane type and range. Anything else is plain output, and a line that carried
+the token but failed those checks is dropped and counted, never raised.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
-MARKER = "@@mpi_magic@@"
-SCHEMA_VERSION = 1
+MARKER_PREFIX = "@@mpi_magic:"
+SCHEMA_VERSION = 2
+TOKEN_VARIABLE = "MPI_MAGIC_EVENT_TOKEN"  # how a job's runtime learns its token (removed before the cell runs)
+
+
+def new_token() -> str:
+    """A job's secret part of the marker: output that merely looks like an event lacks it."""
+    return secrets.token_hex(8)
+
+
+def marker(token: str) -> str:
+    return f"{MARKER_PREFIX}{token}@@"
 
 
 @dataclass
@@ -57,7 +74,7 @@ class RankFinished:
     message: str = ""
     traceback: str = ""
     unreturned: dict[str, str] = field(default_factory=dict)
-    results: str = ""  # SHA-256 of the rank's results file, checked before it is unpickled
+    results_digest: str = ""  # SHA-256 of the rank's results file, checked before it is unpickled
     seq: int = 0
     time: float = 0.0
 
@@ -92,40 +109,111 @@ class Phase:
 
 
 @dataclass
-class LauncherExited:
-    """The launcher process ended with ``returncode`` (negative: killed by that signal)."""
+class RankGone:
+    """A rank's process is gone without having reported; how it ended is settled when the
+    launcher exits (its output may still be on the way). Client-side."""
 
-    returncode: int
+    rank: int
+
+
+@dataclass
+class StopRequested:
+    """The notebook asked the job to stop (``reason``: interrupt, timeout, cancel, error, ...). Client-side."""
+
+    reason: str
+
+
+@dataclass
+class LauncherExited:
+    """The job ended: the launcher's ``returncode`` (negative: killed by that signal) and what
+    it said about ranks that did not end by themselves ({rank: "was killed by signal 9"})."""
+
+    returncode: int | None  # None: unknown (the job was still stopping when the notebook gave up waiting)
+    reports: dict[int, str] = field(default_factory=dict)
+    refused: str = ""  # the launcher's own reason when it refused to start any rank
 
 
 WireEvent = RankStarted | RankFinished | Progress
-Event = WireEvent | Output | LauncherOutput | Note | Phase | LauncherExited
+Event = WireEvent | Output | LauncherOutput | Note | Phase | RankGone | StopRequested | LauncherExited
 
 _KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
 
-def encode(event: WireEvent) -> str:
-    """One wire line (without newline) for ``event``."""
+def _count(value) -> bool:
+    return type(value) is int and 0 <= value < 1 << 53  # noqa: E721 - bool is not a count
+
+
+def _number(value) -> bool:
+    kind = type(value)
+    return (kind is float and math.isfinite(value) or kind is int and value < 1 << 53) and value >= 0
+
+
+def _optional_number(value) -> bool:
+    return value is None or _number(value)
+
+
+def _flag(value) -> bool:
+    return type(value) is bool  # noqa: E721
+
+
+def _text(limit: int):
+    return lambda value: type(value) is str and len(value) <= limit  # noqa: E721
+
+
+def _names(value) -> bool:
+    """{name: reason} of values that did not come back."""
+    return type(value) is dict and len(value) <= 10_000 and all(  # noqa: E721
+        type(k) is str and len(k) <= 1000 and type(v) is str and len(v) <= 4000 for k, v in value.items())  # noqa: E721
+
+
+def _digest(value) -> bool:
+    return type(value) is str and len(value) <= 128 and all(c in "0123456789abcdef" for c in value)  # noqa: E721
+
+
+_COMMON = {"rank": _count, "seq": _count, "time": _number}
+# Every field a rank may send, with what it must be. Bounds sit above what the runtime sends.
+_SCHEMA = {
+    RankStarted: {**_COMMON, "instance": _count, "local_rank": _count, "world_size": _count, "host": _text(1000),
+                  "pid": _count},
+    RankFinished: {**_COMMON, "ok": _flag, "error_type": _text(1000), "message": _text(20_000),
+                   "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest},
+    Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,
+               "closed": _flag},
+}
+
+
+def encode(event: WireEvent, token: str) -> str:
+    """One wire line (without newline) for ``event`` in the job whose token is ``token``."""
     body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
-    body.update({k: v for k, v in asdict(event).items() if v not in ("", None, {})})
-    return MARKER + json.dumps(body, separators=(",", ":"))
+    for name in _FIELDS[type(event)]:
+        value = getattr(event, name)
+        if value not in ("", None, {}):
+            body[name] = value
+    return marker(token) + json.dumps(body, separators=(",", ":"))
 
 
-def decode_payload(text: str) -> WireEvent | None:
-    """The event in ``text`` (the part after MARKER), or None when it is not one of ours."""
+class BadEvent(ValueError):
+    """A line carried the job's marker but no valid event."""
+
+
+def decode_payload(text: str) -> WireEvent:
+    """The event in ``text`` (the part after the marker); ``BadEvent`` when it is not a valid one."""
     try:
         body = json.loads(text)
+        if type(body) is not dict or body.pop("v", None) != SCHEMA_VERSION:  # noqa: E721
+            raise BadEvent("not an event of this version")
         cls = _KINDS[body.pop("k")]
-        if body.pop("v") != SCHEMA_VERSION:
-            return None
-        names = {f.name for f in fields(cls)}
-        event = cls(**{k: v for k, v in body.items() if k in names})
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if not (type(event.rank) is int and type(event.seq) is int):  # noqa: E721 - bool is not a rank
-        return None
-    return event
+        schema = _SCHEMA[cls]
+        for name, value in body.items():
+            if not schema[name](value):
+                raise BadEvent(f"bad {name}")
+        return cls(**body)
+    except BadEvent:
+        raise
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise BadEvent(type(exc).__name__) from None
 
 
 # Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text".
@@ -151,14 +239,20 @@ def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tup
 
 
 class StreamDecoder:
-    """Turns launcher lines into events, dropping duplicates and counting gaps per rank."""
+    """Turns launcher lines into events, dropping duplicates and counting gaps per rank.
 
-    def __init__(self, style: str = "openmpi5") -> None:
+    ``rejected`` counts lines that carried the job's marker but were not believed: malformed,
+    out of range, or claiming another rank than the launcher's tag says.
+    """
+
+    def __init__(self, token: str, style: str = "openmpi5") -> None:
         self.style = style
+        self.marker = marker(token)
         # Per rank: every seq below _complete has been seen; _ahead holds those seen beyond it.
         self._complete: dict[int, int] = {}
         self._ahead: dict[int, set[int]] = {}
         self.duplicates = 0
+        self.rejected = 0
 
     @property
     def gaps(self) -> dict[int, int]:
@@ -172,24 +266,20 @@ class StreamDecoder:
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
         line = line.rstrip("\r\n")
         tagged = parse_tag(line, stream, self.style)
-        if tagged is None:
-            if MARKER in line:
-                return self._split(None, stream, line)
+        if tagged is None:  # the launcher's own words: no rank vouches for an event in them
             return [LauncherOutput(line)]
         rank, stream, text = tagged
-        return self._split(rank, stream, text)
-
-    def _split(self, rank: int | None, stream: str, text: str) -> list[Event]:
-        at = text.find(MARKER)
+        at = text.find(self.marker)
         if at < 0:
-            return [Output(rank, stream, text)] if rank is not None else [LauncherOutput(text)]
-        events: list[Event] = []
-        before, wire = text[:at], text[at + len(MARKER):]
-        event = decode_payload(wire)
-        if event is None:
-            return [Output(rank, stream, text)] if rank is not None else [LauncherOutput(text)]
-        if before and rank is not None:
-            events.append(Output(rank, stream, before))
+            return [Output(rank, stream, text)]
+        try:
+            event = decode_payload(text[at + len(self.marker):])
+            if event.rank != rank:
+                raise BadEvent(f"rank {event.rank} in a line of rank {rank}")
+        except BadEvent:
+            self.rejected += 1
+            return [Output(rank, stream, text)]
+        events: list[Event] = [Output(rank, stream, text[:at])] if at else []
         if self._accept(event):
             events.append(event)
         return events
@@ -215,8 +305,9 @@ class StreamDecoder:
 class Emitter:
     """Writes one rank's wire events, numbering them; used by the rank runtime."""
 
-    def __init__(self, rank: int, write) -> None:
+    def __init__(self, rank: int, write, token: str) -> None:
         self.rank = rank
+        self.token = token
         self._write = write
         self._seq = 0
         self._lock = threading.Lock()
@@ -225,4 +316,4 @@ class Emitter:
         with self._lock:  # threads of one rank must not share a sequence number
             event = cls(rank=self.rank, seq=self._seq, time=time.time(), **values)
             self._seq += 1
-            self._write(encode(event) + "\n")
+            self._write(encode(event, self.token) + "\n")

@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 from . import capture, jobdir, payload
 from .backends import get_backend
 from .errors import JobError, JobTimeoutError, PayloadError
-from .events import Phase
+from .events import LauncherExited, Phase, StopRequested
 from .job import Job
 from .options import Config, LaunchOptions
 from .rebind import is_notebook_function, rebind
@@ -28,6 +28,7 @@ from .view import make_view
 from .view.console import ConsoleEcho
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
+POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
 
 
 @dataclass
@@ -84,31 +85,46 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         job.model.fold(Phase("submitting"))
         backend_job = backend.submit(job_dir, job.name, digest, options)
     except BaseException:
-        job.status = "failed"  # it never started
-        job.model.fold(Phase("failed", "could not be submitted"))
+        job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
+        job.model.fold(Phase(job.status, "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
         if view is not None:
             view.close()
         raise
     job.start(job_dir, backend_job.cancel)
+    job.view = view
     jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
                   launcher_started=getattr(backend_job, "started", None))
     on_job(job)
-    follower = Follower(job, backend_job, view, None if options.quiet or options.run_async else echo,
-                        code.assigns, options.gather, namespace, options.timeout, clock, backend.stop_description)
+    follow = FollowSettings(code.assigns, options.gather, namespace, options.timeout, backend.stop_description,
+                            None if options.quiet or options.run_async else echo, clock)
+    follower = Follower(job, backend_job, follow)
     if options.run_async:
         return follower.in_background(lambda run: deliver(run.values))
     return follower.run()
 
 
+@dataclass
+class FollowSettings:
+    """What following a job to its end needs besides the job: what to bring back, when to give
+    up, how to talk to the user, and the clock every wait is measured on."""
+
+    returns: list[str]
+    gather: bool
+    namespace: Any
+    timeout: float | None = None
+    stop_description: str = "stopping every rank"
+    echo: ConsoleEcho | None = None
+    clock: Callable[[], float] = time.monotonic
+    stop_limit: float = STOP_LIMIT
+
+
 class Follower:
     """Watches a submitted job to its end, stops it on any exception here, collects results."""
 
-    def __init__(self, job: Job, backend_job, view, echo: ConsoleEcho | None, returns: list[str], gather: bool,
-                 namespace, timeout: float | None, clock, stop_description: str):
-        self.job, self.backend_job, self.view, self.echo = job, backend_job, view, echo
-        self.returns, self.gather, self.namespace = returns, gather, namespace
-        self.timeout, self.clock, self.stop_description = timeout, clock, stop_description
+    def __init__(self, job: Job, backend_job, settings: FollowSettings):
+        self.job, self.backend_job, self.settings = job, backend_job, settings
+        self.echo, self.clock = settings.echo, settings.clock
         self.thread: threading.Thread | None = None
 
     def show(self, event) -> None:
@@ -117,47 +133,94 @@ class Follower:
             self.echo.show(event)
 
     def tick(self) -> None:
-        if self.view is not None:
-            self.view.update()
-            self.job.widget = self.view.widget
+        if self.job.view is not None:
+            self.job.view.update()
 
     def _say(self, text: str) -> None:
         (self.echo or ConsoleEcho()).say(text)
 
     def run(self) -> CellRun:
-        job, backend_job = self.job, self.backend_job
+        job, backend_job, settings = self.job, self.backend_job, self.settings
         try:  # whatever happens in this process, the job does not outlive the cell
             job.model.fold(Phase("starting"))
-            error = _watch(job, backend_job, self.show, self.tick, self.timeout, self.clock)
+            error = self._watch()
             if error is None:
                 job.model.fold(Phase("collecting results"))
-                backend_job.fetch_results(job.job_dir, range(job.world_size) if self.gather else [0])
+                backend_job.fetch_results(job.job_dir, range(job.world_size) if settings.gather else [0])
                 run = CellRun(job)
-                _collect(run, self.returns, self.gather, self.echo or ConsoleEcho())
+                _collect(run, settings.returns, settings.gather, self.echo or ConsoleEcho())
                 for name, value in run.values.items():
                     if is_notebook_function(value):
-                        run.values[name] = rebind(value, self.namespace)
-                job.model.fold(Phase(job.status))
+                        run.values[name] = rebind(value, settings.namespace)
         except BaseException as exc:
             if not backend_job.finished:
                 if isinstance(exc, KeyboardInterrupt):
-                    self._say(f"interrupted: stopping job {job.name} ({job.world_size} ranks: {self.stop_description})")
+                    self._say(f"interrupted: stopping job {job.name} ({job.world_size} ranks: {settings.stop_description})")
                 else:
                     self._say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
-                _stop(job, backend_job, self.show)
+                self._stop("interrupt" if isinstance(exc, KeyboardInterrupt) else "error")
                 if backend_job.finished:
                     self._say(f"job {job.name} stopped; nothing of it is left running")
                 else:
-                    self._say(f"job {job.name} was asked to stop ({self.stop_description}) and is still stopping")
+                    self._say(f"job {job.name} was asked to stop ({settings.stop_description}) and is still stopping")
             raise
         finally:
+            if job.model.exit is None:  # the backend could not say how it ended
+                job.model.fold(LauncherExited(None))
+            job.model.fold(Phase(job.status))
             jobdir.record(job.job_dir, status=job.status, ended=time.time())
-            if self.view is not None:
-                self.view.close()
-                job.widget = self.view.widget
+            if job.view is not None:
+                job.view.close()
         if error is not None:
             raise error
         return run
+
+    def _watch(self) -> JobError | None:
+        """Follow the job until the launcher is gone; the error the cell raises, if any."""
+        job, backend_job, clock, timeout = self.job, self.backend_job, self.clock, self.settings.timeout
+        deadline = clock() + timeout if timeout else None
+        all_done_at = None
+        while not backend_job.finished:
+            for event in backend_job.poll(POLL_SECONDS):
+                self.show(event)
+            self.tick()
+            now = clock()
+            if deadline is not None and now > deadline and not backend_job.finished:
+                self._stop("timeout")
+                return JobTimeoutError(
+                    f"job {job.name} ran past --timeout {timeout:g}s; all {job.world_size} ranks were stopped "
+                    "(raise --timeout, or see the job's logs for where it spent the time)"
+                )
+            grace, linger = backend_job.abort_grace, backend_job.linger
+            failed_at = job.model.first_failure_at
+            if grace is not None and failed_at is not None and now - failed_at > grace:
+                backend_job.cancel()  # a rank failed and the launcher has not stopped the others
+            if all_done_at is None and all(s.status == "completed" for s in job.ranks):
+                all_done_at = now
+            if linger is not None and all_done_at is not None and now - all_done_at > linger:
+                backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
+        if job.model.stop_reason == "cancel":
+            return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
+        return job.model.error()
+
+    def _stop(self, reason: str) -> None:
+        """Stop the job; an interrupt while stopping starts the stop again, and once the stop
+        is requested, an interrupt only ends the waiting (a cloud job may take minutes)."""
+        job, backend_job, clock = self.job, self.backend_job, self.clock
+        job.model.fold(StopRequested(reason))
+        requested_at = None
+        while True:
+            try:
+                if requested_at is None:
+                    backend_job.cancel()
+                    requested_at = clock()
+                while not backend_job.finished and clock() - requested_at < self.settings.stop_limit:
+                    for event in backend_job.poll(POLL_SECONDS):
+                        self.show(event)
+                break
+            except KeyboardInterrupt:
+                if requested_at is not None:
+                    break
 
     def in_background(self, deliver: Callable[[CellRun], None]) -> CellRun:
         """Follow the job from a thread; ``deliver`` gets the results when it succeeds."""
@@ -183,57 +246,10 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     echo = echo or ConsoleEcho()
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
     job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
-    view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    job.view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.start(job_dir, backend_job.cancel)
-    follower = Follower(job, backend_job, view, echo, info["returns"], info["gather"], namespace, None, clock,
-                        "StopTrainingJob")
-    return follower.run()
-
-
-def _watch(job: Job, backend_job, show, tick, timeout: float | None, clock) -> Exception | None:
-    deadline = clock() + timeout if timeout else None
-    all_done_at = None
-    while not backend_job.finished:
-        for event in backend_job.poll(0.1):
-            show(event)
-        tick()
-        now = clock()
-        if deadline is not None and now > deadline and not backend_job.finished:
-            _stop(job, backend_job, show)
-            return JobTimeoutError(
-                f"job {job.name} ran past --timeout {timeout:g}s; all {job.world_size} ranks were stopped "
-                "(raise --timeout, or see the job's logs for where it spent the time)"
-            )
-        grace, linger = backend_job.abort_grace, backend_job.linger
-        if grace is not None and job.first_failure_at is not None and now - job.first_failure_at > grace:
-            backend_job.cancel()
-        if all_done_at is None and all(s.status == "completed" for s in job.ranks):
-            all_done_at = now
-        if linger is not None and all_done_at is not None and now - all_done_at > linger:
-            backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
-    if job.cancelled:
-        job.finish(stopped=True)
-        return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
-    return job.finish()
-
-
-def _stop(job: Job, backend_job, show, limit: float = STOP_LIMIT) -> None:
-    """Stop the job; an interrupt while stopping starts the stop again, and once the stop
-    is requested, an interrupt only ends the waiting (a cloud job may take minutes)."""
-    requested_at = None
-    while True:
-        try:
-            if requested_at is None:
-                backend_job.cancel()
-                requested_at = time.monotonic()
-            while not backend_job.finished and time.monotonic() - requested_at < limit:
-                for event in backend_job.poll(0.1):
-                    show(event)
-            break
-        except KeyboardInterrupt:
-            if requested_at is not None:
-                break
-    job.finish(stopped=True)
+    follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
+    return Follower(job, backend_job, follow).run()
 
 
 def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:
@@ -245,7 +261,7 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
     ranks = range(run.job.world_size) if gather else [0]
     per_rank = []
     for rank in ranks:
-        digest = run.job.result_digests.get(rank)
+        digest = run.job.model.result_digests.get(rank)
         try:
             if not digest:
                 raise PayloadError("its digest was never reported, so they are not trusted")

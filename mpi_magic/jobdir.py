@@ -41,7 +41,9 @@ def create(cache_dir: str, name: str, reuse: bool = False) -> str:
 
 
 def record(job_dir: str, **fields: Any) -> None:
-    """Merge ``fields`` into the folder's job.json."""
+    """Merge ``fields`` into the folder's job.json (nothing, if the folder has gone)."""
+    if not os.path.isdir(job_dir):
+        return
     path = os.path.join(job_dir, JOB_FILE)
     data = read_record(job_dir)
     data.update(fields)

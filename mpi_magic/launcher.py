@@ -13,9 +13,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections import deque
 from dataclasses import dataclass
+from typing import Iterable
 
 from .errors import LauncherNotFound
+from .events import LauncherExited
 
 
 @dataclass(frozen=True)
@@ -135,3 +138,27 @@ def exit_reports(launcher_text: str) -> dict[int, str]:
     for rank, signum, code in _MPICH_REPORT.findall(text):
         reports.setdefault(int(rank), f"was killed by signal {signum}" if signum else f"exited with status {code}")
     return reports
+
+
+
+class LauncherLog:
+    """The launcher's own last lines, read for its exit reports and, when it started no rank,
+    its reason ("An unrecognized option was included on the mpirun command line: ...")."""
+
+    def __init__(self, keep: int = 1000):
+        self.lines: deque[str] = deque(maxlen=keep)
+
+    def add(self, text: str) -> None:
+        self.lines.append(text)
+
+    def ended(self, returncode: int | None, ranks_started: bool, gone: Iterable[int] = ()) -> LauncherExited:
+        """The end event: exit reports (ranks seen to vanish without reporting included)."""
+        said = list(self.lines)
+        refused = ""
+        if returncode and not ranks_started:
+            words = [" ".join(line.split()) for line in said]
+            refused = " ".join([w for w in words if w.strip("-=")][:3])[:300] or f"status {returncode}"
+        reports = exit_reports("\n".join(said))
+        for rank in gone:
+            reports.setdefault(rank, "exited before the cell finished")
+        return LauncherExited(returncode, reports, refused)

@@ -15,21 +15,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def session(leader: int) -> list[psutil.Process]:
-    """``leader``'s process tree and every other process of the session it leads: a job's
-    processes, including those that left its tree (daemonised, or orphaned by a killed parent)."""
+def session(leader: int, job: str | None = None) -> list[psutil.Process]:
+    """``leader``'s process tree, every other process of the session it leads, and (given
+    ``job``) every process whose ``MPI_MAGIC_JOB`` names that job: a job's processes,
+    including those that left its tree or started a session of their own."""
     members = {}
     try:
         root = psutil.Process(leader)
         members = {p.pid: p for p in [root, *root.children(recursive=True)]}
     except psutil.Error:
         pass
-    for pid in psutil.pids():
-        if pid not in members and _session_of(pid) == leader:
-            try:
-                members[pid] = psutil.Process(pid)
-            except psutil.Error:
-                pass
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid in members or proc.pid == me:
+            continue
+        try:
+            if _session_of(proc.pid) == leader or (job is not None and proc.environ().get("MPI_MAGIC_JOB") == job):
+                members[proc.pid] = proc
+        except psutil.Error:
+            pass
     return list(members.values())
 
 

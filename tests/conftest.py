@@ -100,3 +100,17 @@ def nothing_leaks(request, tmp_path):
     assert not children, f"left running: {[p.cmdline() for p in children]}"
     assert not ranks, f"ranks left running: {[p.pid for p in ranks]}"
     assert not threads, f"threads left running: {threads}"
+
+
+@pytest.fixture(autouse=True)
+def kernel_sigint_handler():
+    """Interrupts reach the test as they reach a cell: a Jupyter kernel installs Python's
+    default SIGINT handler even where it was started with SIGINT ignored."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from mpi_magic import events
-from mpi_magic.events import (MARKER, LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
-                              encode, parse_tag)
+from mpi_magic.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
+                              encode, marker, parse_tag)
+
+TOKEN = "0123456789abcdef"
+MARKER = marker(TOKEN)
 
 
 def test_tags_of_open_mpi_5_and_4_and_mpich():
@@ -18,13 +21,13 @@ def test_tags_of_open_mpi_5_and_4_and_mpich():
 
 def test_events_round_trip_through_tagged_lines():
     finished = RankFinished(rank=2, ok=False, error_type="ValueError", message="bad", traceback="Traceback...\n", seq=4, time=1.5)
-    decoder = StreamDecoder()
-    assert decoder.feed(f"[1,2]<stdout>: {encode(finished)}\n") == [finished]
+    decoder = StreamDecoder(TOKEN)
+    assert decoder.feed(f"[1,2]<stdout>: {encode(finished, TOKEN)}\n") == [finished]
 
 
 def test_duplicates_are_dropped_and_gaps_counted():
-    decoder = StreamDecoder()
-    lines = [f"[1,0]<stdout>: {encode(Progress(rank=0, n=i, total=10, seq=i))}" for i in range(6)]
+    decoder = StreamDecoder(TOKEN)
+    lines = [f"[1,0]<stdout>: {encode(Progress(rank=0, n=i, total=10, seq=i), TOKEN)}" for i in range(6)]
     got = []
     for line in [lines[0], lines[1], lines[1], lines[4], lines[0], lines[5]]:
         got += decoder.feed(line)
@@ -37,23 +40,23 @@ def test_duplicates_are_dropped_and_gaps_counted():
 
 def test_text_before_the_marker_is_output_of_that_rank():
     started = RankStarted(rank=1, instance=0, local_rank=1, world_size=2, seq=0, time=1.0)
-    got = StreamDecoder().feed(f"[1,1]<stdout>: partial line{encode(started)}")
+    got = StreamDecoder(TOKEN).feed(f"[1,1]<stdout>: partial line{encode(started, TOKEN)}")
     assert got == [Output(1, "stdout", "partial line"), started]
 
 
 def test_malformed_and_foreign_lines_become_plain_output():
-    decoder = StreamDecoder()
+    decoder = StreamDecoder(TOKEN)
     assert decoder.feed(f"[1,0]<stdout>: {MARKER}{{not json") == [Output(0, "stdout", f"{MARKER}{{not json")]
     assert decoder.feed(f'[1,0]<stdout>: {MARKER}{{"v":99,"k":"started","rank":0}}')[0].__class__ is Output
-    assert decoder.feed(f'[1,0]<stdout>: {MARKER}{{"v":1,"k":"nonsense"}}')[0].__class__ is Output
+    assert decoder.feed(f'[1,0]<stdout>: {MARKER}{{"v":2,"k":"nonsense"}}')[0].__class__ is Output
     assert decoder.feed("prterun noticed that ...") == [LauncherOutput("prterun noticed that ...")]
     assert decoder.feed("\x00\xff garbage") == [LauncherOutput("\x00\xff garbage")]
 
 
 def test_emitter_numbers_events_per_rank():
     lines = []
-    emitter = events.Emitter(3, lines.append)
+    emitter = events.Emitter(3, lines.append, TOKEN)
     emitter.emit(Progress, n=1, total=2)
     emitter.emit(Progress, n=2, total=2)
-    decoded = [StreamDecoder().feed(line)[0] for line in lines]
+    decoded = [StreamDecoder(TOKEN).feed(f"[1,3]<stdout>: {line}")[0] for line in lines]
     assert [(e.rank, e.seq, e.n) for e in decoded] == [(3, 0, 1), (3, 1, 2)]

@@ -401,7 +401,7 @@ def test_cancel_on_the_handle_stops_the_job(ip):
 
 def test_a_rank_that_exits_early_with_status_0_is_reported(ip):
     with pytest.raises(mpi_magic.RankExitError, match=r"rank 1 \(instance 0, .*\) exited before the cell finished"):
-        run(ip, "-g 2", "import os, time, mpi_magic\nif mpi_magic.rank() == 1:\n    os._exit(0)\ntime.sleep(30)\n")
+        run(ip, "-g 2", "import os, time, mpi_magic\nif mpi_magic.rank() == 1:\n    os._exit(0)\ntime.sleep(2)\n")
 
 
 def test_functions_defined_in_the_cell_come_back_using_the_notebooks_globals(ip):

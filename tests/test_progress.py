@@ -8,6 +8,8 @@ from mpi_magic import progress, reporting
 from mpi_magic.events import Emitter, Progress, StreamDecoder
 from mpi_magic.reporting import Reporter
 
+TOKEN = "0123456789abcdef"  # the job's marker token
+
 
 def test_progress_api_reaches_every_ranks_total(ip):
     ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet --out job", (
@@ -70,15 +72,15 @@ class Bar:
 def test_emission_is_rate_limited_and_the_final_state_always_sent():
     lines = []
     now = [0.0]
-    reporter = Reporter(Emitter(0, lines.append), max_rate=10, clock=lambda: now[0])
+    reporter = Reporter(Emitter(0, lines.append, TOKEN), max_rate=10, clock=lambda: now[0])
     bar = Bar(reporter.new_bar(), total=10_000)
     for i in range(1, 10_001):
         now[0] = i * 0.0001  # 10,000 updates in one second
         bar.n = i
         reporter.update(bar)
     reporter.update(bar, final=True)
-    decoder = StreamDecoder()
-    events = [e for line in lines for e in decoder.feed(line)]
+    decoder = StreamDecoder(TOKEN)
+    events = [e for line in lines for e in decoder.feed("[1,0]<stdout>: " + line)]
     assert all(isinstance(e, Progress) for e in events)
     assert 10 <= len(events) <= 12
     assert events[-1].n == 10_000
@@ -87,7 +89,7 @@ def test_emission_is_rate_limited_and_the_final_state_always_sent():
 def test_progress_bars_are_rate_limited_too_and_flush_sends_their_latest_state():
     lines = []
     now = [5.0]
-    reporter = Reporter(Emitter(0, lines.append), max_rate=1, clock=lambda: now[0])
+    reporter = Reporter(Emitter(0, lines.append, TOKEN), max_rate=1, clock=lambda: now[0])
     reporting.install(reporter)
     try:
         a = progress(total=10, desc="a")  # sent: the first state of a bar
@@ -100,8 +102,8 @@ def test_progress_bars_are_rate_limited_too_and_flush_sends_their_latest_state()
         a.update()  # due again
     finally:
         reporting.install(None)
-    decoder = StreamDecoder()
-    sent = [(e.desc, e.n) for line in lines for e in decoder.feed(line)]
+    decoder = StreamDecoder(TOKEN)
+    sent = [(e.desc, e.n) for line in lines for e in decoder.feed("[1,0]<stdout>: " + line)]
     assert sent == [("a", 0), ("a", 5), ("b", 10), ("a", 6)]
 
 
@@ -115,7 +117,7 @@ def test_progress_outside_a_job_just_iterates():
 def test_an_outer_bar_moves_while_an_inner_bar_keeps_the_rate_limit_busy():
     lines = []
     now = [0.0]
-    reporter = Reporter(Emitter(0, lines.append), max_rate=10, clock=lambda: now[0])
+    reporter = Reporter(Emitter(0, lines.append, TOKEN), max_rate=10, clock=lambda: now[0])
     reporting.install(reporter)
     try:
         for _epoch in progress(range(3), desc="epochs"):
@@ -123,8 +125,8 @@ def test_an_outer_bar_moves_while_an_inner_bar_keeps_the_rate_limit_busy():
                 now[0] += 0.01
     finally:
         reporting.install(None)
-    decoder = StreamDecoder()
-    outer = [e.n for line in lines for e in decoder.feed(line) if e.desc == "epochs"]
+    decoder = StreamDecoder(TOKEN)
+    outer = [e.n for line in lines for e in decoder.feed("[1,0]<stdout>: " + line) if e.desc == "epochs"]
     assert outer[:-1] == sorted(outer[:-1]) and {1, 2} <= set(outer), outer
 
 

@@ -12,6 +12,8 @@ from mpi_magic.view.summary import Summary
 from mpi_magic.view.text import TextView
 from mpi_magic.view.widgets import GRID_ABOVE, WidgetView
 
+TOKEN = "0123456789abcdef"  # the job's marker token
+
 
 class Clock:
     def __init__(self):
@@ -42,7 +44,7 @@ class Slot:
 def wire(model: JobModel, decoder: StreamDecoder, *events_) -> None:
     """Send events as the ranks would: tagged wire lines through the decoder."""
     for event in events_:
-        for decoded in decoder.feed(f"[1,{event.rank}]<stdout>: {encode(event)}"):
+        for decoded in decoder.feed(f"[1,{event.rank}]<stdout>: {encode(event, TOKEN)}"):
             model.fold(decoded)
 
 
@@ -57,7 +59,7 @@ def world():
     model = JobModel("job-1", "local", 4, 2, clock)
     slot = Slot()
     view = WidgetView(model, lambda: "/jobs/job-1/logs", slot)
-    return clock, model, view, slot, StreamDecoder()
+    return clock, model, view, slot, StreamDecoder(TOKEN)
 
 
 def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
@@ -180,7 +182,7 @@ def test_a_1024_rank_world_uses_the_compact_grid():
     clock = Clock()
     model = JobModel("big", "local", 1024, 8, clock)
     view = WidgetView(model, lambda: "", Slot())
-    decoder = StreamDecoder()
+    decoder = StreamDecoder(TOKEN)
     clock.now += 2
     for r in range(1024):
         wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=1024, seq=0, time=1.0),
@@ -222,7 +224,7 @@ def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
     model = JobModel("job-2", "local", 2, 1, clock)
     out = io.StringIO()
     view = TextView(model, stream=out, every=2.0)
-    decoder = StreamDecoder()
+    decoder = StreamDecoder(TOKEN)
     wire(model, decoder, started(0, 1), started(1, 1))
     view.update()
     assert out.getvalue() == "", "nothing during the first second"

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .. import launcher as launchers
-from .. import procs
-from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
+from .. import events, procs
+from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 STOP_WAITS = (2.0, 2.0, 2.0)
 QUEUE_SIZE = 10_000
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
-LOST_AFTER = 1.0  # seconds a rank's process is gone, unreported, before it counts as lost
+READ_CHUNK = 1 << 16
 
 
 class LocalBackend:
@@ -55,6 +55,7 @@ class LocalBackend:
         return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
+        token = events.new_token()
         argv = launchers.mpirun_argv(
             self.launcher, options.world_size, self.command(job_dir, digest), options.mpirun_args, os.cpu_count() or 1
         )
@@ -64,17 +65,20 @@ class LocalBackend:
             "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.procs_per_instance),
             "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
             "MPI_MAGIC_MASTER_PORT": str(procs.free_port()),
-            "MPI_MAGIC_JOB": job_name,
+            "MPI_MAGIC_JOB": job_name,  # also marks every process of the job, whatever session it starts
+            events.TOKEN_VARIABLE: token,
         })
         env.update(options.env)
-        return LocalJob(job_name, argv, env, os.getcwd(), self.tag_style)
+        return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style))
 
 
 class LocalJob:
     """A running mpirun: two pipe readers decode lines into one bounded queue of events.
 
-    Every process of the job is found by its session (mpirun leads a session of its own), so
-    a rank's own child processes are stopped with it. mpirun dies with the notebook process.
+    Every process of the job is found by its process tree, its session (mpirun leads a session
+    of its own) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a rank
+    started is stopped with it, even in a session of its own. mpirun dies with the notebook
+    process, and each rank with mpirun.
     """
 
     # After a rank reports an exception, mpirun normally stops the others at once; if it has
@@ -83,19 +87,21 @@ class LocalJob:
     # Once every rank has reported success, mpirun gets this long to exit by itself.
     linger = 3.0
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, tag_style: str):
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
         self.name = name
         self.host = socket.gethostname()
         self.argv = argv
-        self._decoder = StreamDecoder(tag_style)
+        self._decoder = decoder
         self._decode_lock = threading.Lock()
         # Bounded: a rank flooding stdout is slowed down instead of filling this process's memory.
         self._queue: queue.Queue[Event] = queue.Queue(maxsize=QUEUE_SIZE)
         self._finished = False
         self._rank_pids: dict[int, int] = {}
         self._reported: set[int] = set()
-        self._gone_since: dict[int, float] = {}
+        self._gone: set[int] = set()
         self._checked_at = 0.0
+        self._last_read = time.monotonic()
+        self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -112,28 +118,52 @@ class LocalJob:
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _read(self, pipe, stream: str) -> None:
+        """Read in chunks, not lines, so that a rank's output still on its way (a long line)
+        counts as activity; every line goes on whole, however long."""
+        pieces: list[bytes] = []  # the line read so far
         with pipe:
-            for raw in iter(pipe.readline, b""):
+            for chunk in iter(lambda: pipe.read1(READ_CHUNK), b""):
+                self._last_read = time.monotonic()
+                if b"\n" not in chunk:
+                    pieces.append(chunk)
+                    continue
+                lines = chunk.split(b"\n")
+                pieces.append(lines[0])
+                lines[0] = b"".join(pieces)
+                rest = lines.pop()
+                pieces = [rest] if rest else []
+                self._deliver(lines, stream)
+            if pieces:
+                self._deliver([b"".join(pieces)], stream)
+
+    def _deliver(self, lines: list[bytes], stream: str) -> None:
+        decoded: list[Event] = []
+        with self._decode_lock:
+            for raw in lines:
                 line = raw.decode("utf-8", errors="replace")
-                with self._decode_lock:
-                    try:
-                        decoded = self._decoder.feed(line, stream)
-                    except Exception:  # noqa: BLE001 - a line must never stop the reader
-                        decoded = [LauncherOutput(line.rstrip("\n"))]
-                    for event in decoded:
-                        if isinstance(event, RankStarted):
-                            self._rank_pids[event.rank] = event.pid
-                        elif isinstance(event, RankFinished):
-                            self._reported.add(event.rank)
-                for event in decoded:
-                    self._queue.put(event)
+                try:
+                    decoded += self._decoder.feed(line, stream)
+                except Exception:  # noqa: BLE001 - a line must never stop the reader
+                    decoded.append(LauncherOutput(line))
+            for event in decoded:
+                if isinstance(event, RankStarted):
+                    self._rank_pids[event.rank] = event.pid
+                elif isinstance(event, RankFinished):
+                    self._reported.add(event.rank)
+                elif isinstance(event, LauncherOutput):
+                    self._launcher_log.add(event.text)
+            self._last_read = time.monotonic()
+        for event in decoded:
+            self._queue.put(event)
 
     def _wait(self) -> None:
         for reader in self._readers:
             reader.join()
         returncode = self.process.wait()
-        self._stop(self._session())  # what a rank started and left behind
-        self._queue.put(LauncherExited(returncode))
+        self._stop(self._processes())  # what a rank started and left behind
+        with self._decode_lock:
+            gone = self._gone - self._reported
+        self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
 
     @property
     def finished(self) -> bool:
@@ -152,36 +182,33 @@ class LocalJob:
                 batch.append(self._queue.get_nowait())
         except queue.Empty:
             pass
-        batch.extend(self._lost_ranks())
+        batch.extend(self._gone_ranks())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
-    def _lost_ranks(self) -> list[Event]:
-        """Ranks whose process is gone without having reported: killed, or exited early."""
+    def _gone_ranks(self) -> list[Event]:
+        """Ranks whose process is gone without having reported (killed, or exited early). They
+        are not failed yet: their last output may still be inside the launcher (Open MPI takes
+        over a minute to pass on one 20 MB line), so how they ended is settled when it exits."""
         now = time.monotonic()
         if now - self._checked_at < 0.5:
             return []
         self._checked_at = now
-        lost: list[Event] = []
         with self._decode_lock:
-            for rank, pid in self._rank_pids.items():
-                if rank in self._reported or _pid_alive(pid):
-                    continue
-                # its last lines may still be in the pipes: give them a moment to arrive
-                if now - self._gone_since.setdefault(rank, now) >= LOST_AFTER:
-                    self._reported.add(rank)
-                    lost.append(RankFinished(rank=rank, ok=False, message="exited before the cell finished"))
-        return lost
+            gone = [r for r, pid in self._rank_pids.items()
+                    if r not in self._reported and r not in self._gone and not _pid_alive(pid)]
+            self._gone.update(gone)
+        return [RankGone(rank) for rank in gone]
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
-        self._stop(self._session(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+        self._stop(self._processes(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
     def _stop(self, procs: list[psutil.Process], signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
         known = {p.pid: p for p in procs}
         for signum, wait in zip(signals, STOP_WAITS):
-            known.update((p.pid, p) for p in self._session())  # ranks whose mpirun died are still known
+            known.update((p.pid, p) for p in self._processes())  # ranks whose mpirun died are still known
             alive = [p for p in known.values() if _alive(p)]
             if not alive:
                 return
@@ -192,9 +219,10 @@ class LocalJob:
                     pass
             psutil.wait_procs(alive, timeout=wait)
 
-    def _session(self) -> list[psutil.Process]:
-        """mpirun's process tree and everything else in its session."""
-        return procs.session(self.pid)
+    def _processes(self) -> list[psutil.Process]:
+        """mpirun's process tree, everything else in its session, and every process that
+        carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a session of its own)."""
+        return procs.session(self.pid, self.name)
 
 
 def _pid_alive(pid: int) -> bool:

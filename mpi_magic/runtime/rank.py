@@ -18,7 +18,7 @@ import tempfile
 import traceback
 import types
 from dataclasses import dataclass
-from typing import cast
+from typing import NoReturn, cast
 
 from .. import events, payload, reporting
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
@@ -82,12 +82,13 @@ def main(argv: list[str]) -> int:
     job_dir = argv[0]
     digest = _option(argv, "--digest")
     results_uri = _option(argv, "--results")
+    _die_with_launcher()
+    token = os.environ.pop(events.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=False)
-    out = sys.stdout
-    emitter = events.Emitter(place.rank, lambda line: (out.write(line), out.flush()))
+    emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
                  world_size=place.world_size, host=socket.gethostname(), pid=os.getpid())
     reporter = reporting.Reporter(emitter)
@@ -98,11 +99,7 @@ def main(argv: list[str]) -> int:
         namespace = build_namespace(bundle)
         value = run_source(bundle.meta["source"], namespace)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
-        if isinstance(exc, SystemExit) and exc.code in (None, 0):
-            value = None
-        else:
-            reporter.flush()
-            return _fail(emitter, exc)
+        _fail(emitter, reporter, exc)
     reporter.flush()
     unreturned: dict[str, str] = {}
     results_digest = ""
@@ -112,10 +109,38 @@ def main(argv: list[str]) -> int:
             unreturned, results_digest = write_results(results_dir, place.rank, bundle.meta, namespace, value)
             if results_uri:
                 upload(result_path(results_dir, place.rank), result_uri(results_uri, place.rank))
-    except Exception as exc:  # noqa: BLE001 - a rank whose results are lost has failed
-        return _fail(emitter, exc)
-    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results=results_digest)
+    except BaseException as exc:  # noqa: BLE001 - a rank whose results are lost has failed
+        _fail(emitter, reporter, exc)
+    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results_digest=results_digest)
     return 0
+
+
+def event_writer(fd: int):
+    """Events go to a private copy of the rank's stdout, so a cell that closes or replaces its
+    stdout cannot silence them; the cell's buffered text goes first, to keep the order."""
+    def write(line: str) -> None:
+        try:
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001 - the cell's stream may be closed or replaced
+            pass
+        data = line.encode("utf-8", errors="replace")
+        while data:
+            data = data[os.write(fd, data):]
+
+    return write
+
+
+def _die_with_launcher() -> None:
+    """SIGKILL when the launcher that started this rank dies, so no rank outlives a killed
+    notebook, even one that ignores SIGINT and SIGTERM (Linux)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the launcher died before the call: nothing would send the signal
+            os._exit(1)
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -198,15 +223,48 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     return unreturned, digest or ""
 
 
-def _fail(emitter: events.Emitter, exc: BaseException) -> int:
-    if isinstance(exc, KeyboardInterrupt):  # stopped from outside: not the cell's failure
-        emitter.emit(events.RankFinished, ok=False, error_type="KeyboardInterrupt", message="interrupted")
+def _fail(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseException) -> NoReturn:
+    """Report the failure and end the rank without finalizing MPI, so the launcher stops the
+    ranks still waiting on this one. Nothing here may depend on the cell's objects behaving:
+    whatever goes wrong while reporting, the rank still ends."""
+    try:
+        try:
+            reporter.flush()
+        except BaseException:  # noqa: BLE001 - progress is the least of what matters now
+            pass
+        if isinstance(exc, KeyboardInterrupt):  # stopped from outside: not the cell's failure
+            emitter.emit(events.RankFinished, ok=False, error_type="KeyboardInterrupt", message="interrupted")
+        else:
+            error_type, message, trace = describe_failure(exc, emitter.rank)
+            emitter.emit(events.RankFinished, ok=False, error_type=error_type, message=message, traceback=trace)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a closed stream must not keep the rank alive
+                pass
+        os._exit(1)
+
+
+def describe_failure(exc: BaseException, rank: int) -> tuple[str, str, str]:
+    """(type name, message, traceback) of a failure, each falling back to what can be said
+    when the exception's own ``__str__`` or traceback formatting fails."""
+    error_type = _safe(lambda: type(exc).__name__, "BaseException")
+    if isinstance(exc, SystemExit):
+        code = _safe(lambda: repr(exc.code) if exc.code is not None else "", "")
+        message = f"rank {rank} called sys.exit({code}) before the cell finished"
     else:
-        emitter.emit(events.RankFinished, ok=False, error_type=type(exc).__name__,
-                     message=_cap(str(exc), 2000), traceback=_cap(format_traceback(exc), 8000))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)  # no MPI_Finalize: the launcher then stops the ranks still waiting on this one
+        message = _cap(_safe(lambda: str(exc), f"(the {error_type}'s message could not be shown)"), 2000)
+    trace = _cap(_safe(lambda: format_traceback(exc), ""), 8000)
+    return error_type, message, trace
+
+
+def _safe(describe, fallback: str) -> str:
+    try:
+        text = describe()
+        return text if isinstance(text, str) else fallback
+    except BaseException:  # noqa: BLE001 - any failure here is the cell's object misbehaving
+        return fallback
 
 
 def _cap(text: str, limit: int) -> str:

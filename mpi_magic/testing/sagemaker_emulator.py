@@ -238,7 +238,7 @@ class Job:
             while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for process in self.processes:  # what the instances started in their own sessions too
-            for member in session(process.pid):
+            for member in session(process.pid, self.name):
                 try:
                     member.kill()
                 except psutil.Error:

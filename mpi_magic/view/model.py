@@ -1,4 +1,5 @@
-"""Job state folded from events. It draws nothing; the widget and text views render it.
+"""Job state folded from events: the one place a job's state lives. It draws nothing; the
+widget and text views render it, and the job handle reads it.
 
 Rates and ETAs come from the ranks' own timestamps, elapsed times from an injected clock,
 so tests are deterministic.
@@ -12,10 +13,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import events
-from ..errors import RankFailure
+from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
+ENDED = ("completed", "failed", "stopped")
 OUTPUT_TAIL = 200
+LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
+WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits
 
 
 @dataclass
@@ -49,6 +53,8 @@ class RankState:
     last_line: str = ""
     started_at: float | None = None
     ended_at: float | None = None
+    failed_at: float | None = None  # by the notebook's clock, for stopping the others after a grace
+    gone: bool = False  # its process vanished without reporting; settled when the launcher exits
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
 
@@ -99,6 +105,8 @@ class RankState:
 
 
 class JobModel:
+    """A job as folded from its events: phase, every rank's state, and how the job ended."""
+
     def __init__(self, name: str, backend: str, world_size: int, procs_per_instance: int,
                  clock: Callable[[], float] = time.monotonic):
         self.name, self.backend, self.world_size = name, backend, world_size
@@ -108,61 +116,154 @@ class JobModel:
         self.clock = clock
         self.started_at = clock()
         self.ended_at: float | None = None
+        self.last_activity = self.started_at  # when a rank last reported or printed, by our clock
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
+        self.launcher_tail: deque = deque(maxlen=20)
         self.outputs = 0
         self.notes: list[str] = []  # what the backend reports at the end (FailureReason, billable time)
+        self.stop_reason: str | None = None
+        self.exit: events.LauncherExited | None = None
+        self.result_digests: dict[int, str] = {}  # as each rank reported them
+        self.unreturned: dict[str, str] = {}
 
     @property
     def num_instances(self) -> int:
         return (self.world_size + self.procs_per_instance - 1) // self.procs_per_instance
 
+    @property
+    def status(self) -> str:
+        """running until the launcher has exited; then stopped, failed or completed."""
+        if self.exit is None:
+            return "running"
+        if self.stop_reason is not None:
+            return "stopped"
+        return "failed" if self.error() is not None else "completed"
+
+    @property
+    def first_failure_at(self) -> float | None:
+        """When the first rank still counted as failed failed (by our clock)."""
+        times = [s.failed_at for s in self.ranks if s.status == "failed" and s.failed_at is not None]
+        return min(times, default=None)
+
     def fold(self, event: events.Event) -> None:
-        if isinstance(event, events.Note):
-            self.notes.append(event.text)
-        elif isinstance(event, events.Phase):
-            self.phase = event.name
-            if event.name in ("completed", "failed", "stopped"):
-                self.ended_at = self.clock()
-                self._stop_active()
-        elif isinstance(event, events.Output) and self._valid(event.rank):
+        if isinstance(event, events.Progress):
+            if not self._valid(event.rank):
+                return
             state = self.ranks[event.rank]
-            state.tail.append((event.stream, event.text))
+            bar = state.bars.get(event.bar)
+            if bar is None:
+                bar = state.bars[event.bar] = Bar()
+            if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
+                bar.first = (event.time, event.n)
+            bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
+            if event.desc:
+                bar.desc = event.desc
+            if state.status == "starting":
+                state.status = "running"
+            self.last_activity = self.clock()
+        elif isinstance(event, events.Output):
+            if not self._valid(event.rank):
+                return
+            state = self.ranks[event.rank]
+            text = event.text if len(event.text) <= LIVE_LINE else event.text[:LIVE_LINE] + " [...]"
+            state.tail.append((event.stream, text))
             state.outputs += 1
-            self.tail.append((event.rank, event.stream, event.text))
+            self.tail.append((event.rank, event.stream, text))
             self.outputs += 1
+            if text.strip():
+                state.last_line = text
+            self.last_activity = self.clock()
+        elif isinstance(event, events.LauncherOutput):
             if event.text.strip():
-                state.last_line = event.text
-        elif isinstance(event, events.RankStarted) and self._valid(event.rank):
+                self.launcher_tail.append(event.text[:LIVE_LINE])
+            return  # not shown live: no redraw needed
+        elif isinstance(event, events.RankStarted):
+            if not self._valid(event.rank):
+                return
             state = self.ranks[event.rank]
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
             if state.status == "starting":
                 state.status = "running"
             if self.phase in ("packaging", "submitting", "starting"):
                 self.phase = "running"
-        elif isinstance(event, events.Progress) and self._valid(event.rank):
-            state = self.ranks[event.rank]
-            bar = state.bars.setdefault(event.bar, Bar())
-            if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
-                bar.first = (event.time, event.n)
-            bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
-            bar.desc = event.desc or bar.desc
-            if state.status == "starting":
-                state.status = "running"
-        elif isinstance(event, events.RankFinished) and self._valid(event.rank):
-            state = self.ranks[event.rank]
-            state.ended_at = event.time
-            if event.ok:
-                state.status = "completed"
-            elif event.error_type == "KeyboardInterrupt":  # the launcher or the user stopped it
-                state.status = "stopped"
-            else:
-                state.status = "failed"
-                state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
-                                            event.message, event.traceback)
+            self.last_activity = self.clock()
+        elif isinstance(event, events.RankFinished):
+            if not self._valid(event.rank):
+                return
+            self._finished(event)
+        elif isinstance(event, events.RankGone):
+            if not self._valid(event.rank) or self.ranks[event.rank].status not in ACTIVE:
+                return
+            self.ranks[event.rank].gone = True
+        elif isinstance(event, events.Note):
+            self.notes.append(event.text)
+        elif isinstance(event, events.Phase):
+            self.phase = event.name
+            if event.name in ENDED:
+                self.ended_at = self.ended_at or self.clock()
+                self._stop_active()
+        elif isinstance(event, events.StopRequested):
+            if self.stop_reason is None:
+                self.stop_reason = event.reason
+        elif isinstance(event, events.LauncherExited):
+            if self.exit is None:
+                self.exit = event
+                self._settle(event)
         else:
             return
         self.version += 1
+
+    def _finished(self, event: events.RankFinished) -> None:
+        state = self.ranks[event.rank]
+        if state.status in ENDED:
+            return  # a rank ends once
+        state.ended_at, state.gone = event.time, False
+        if event.ok:
+            state.status = "completed"
+            if event.results_digest:
+                self.result_digests[event.rank] = event.results_digest
+            if event.rank == 0:
+                self.unreturned.update(event.unreturned)
+        elif event.error_type == "KeyboardInterrupt":  # the launcher or the user stopped it
+            state.status = "stopped"
+        else:
+            state.status = "failed"
+            state.failed_at = self.clock()
+            state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
+                                        event.message, event.traceback)
+        self.last_activity = self.clock()
+
+    def _settle(self, end: events.LauncherExited) -> None:
+        """The launcher is gone: every rank still active ended with it."""
+        stopped = self.stop_reason is not None
+        for state in self.ranks:
+            report = end.reports.get(state.rank)
+            if state.status in ACTIVE:
+                if report and not stopped:
+                    state.status, state.failed_at = "failed", self.clock()
+                    state.failure = RankFailure(state.rank, state.instance, state.host, message=report)
+                else:
+                    state.status = "stopped"
+            elif state.failure is not None and not state.failure.error_type and report:
+                state.failure.message = report  # "exited before the cell finished" -> its exit status
+
+    def error(self) -> JobError | None:
+        """What the cell raises for how the job ended (None while running, stopped, or all ok)."""
+        if self.exit is None or self.stop_reason is not None or all(s.status == "completed" for s in self.ranks):
+            return None  # every rank reported success: how the launcher ended does not matter
+        failed = [s.failure for s in self.ranks if s.failure is not None]
+        raised = [f for f in failed if f.error_type]
+        if raised:
+            return RemoteRankError(raised, self.world_size)
+        if failed:
+            return RankExitError(failed)
+        if self.exit.refused:
+            return RankExitError([], f"the launcher refused to start the job: {self.exit.refused}")
+        tail = "\n".join(self.launcher_tail)
+        unfinished = [s.rank for s in self.ranks if s.status != "completed"]
+        return RankExitError([], f"ranks {unfinished} stopped before the cell finished; the launcher exited with "
+                                 f"status {self.exit.returncode}" + (f":\n{tail}" if tail else ""))
 
     def _valid(self, rank: int | None) -> bool:
         return rank is not None and 0 <= rank < self.world_size
@@ -195,3 +296,28 @@ class JobModel:
 
     def by_instance(self) -> list[list[RankState]]:
         return [self.ranks[i:i + self.procs_per_instance] for i in range(0, self.world_size, self.procs_per_instance)]
+
+    def waiting(self, threshold: float = WAITING_AFTER) -> str | None:
+        """Who waits, once no rank has made progress or printed for ``threshold`` seconds
+        ("ranks 0, 1, 3 have been waiting 40s; rank 2 finished"): a hint that the job may be
+        deadlocked, for the user to interrupt. None while output flows."""
+        quiet = self.clock() - self.last_activity
+        active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]
+        if self.exit is not None or not active or quiet < threshold:
+            return None
+        text = f"{_ranks(active)} {'has' if len(active) == 1 else 'have'} been waiting {quiet:.0f}s"
+        others: dict[str, list[int]] = {}
+        for state in self.ranks:
+            if state.status not in ACTIVE or state.gone:
+                verb = "exited without reporting" if state.gone else {
+                    "completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
+                others.setdefault(verb, []).append(state.rank)
+        return "; ".join([text] + [f"{_ranks(ranks)} {verb}" for verb, ranks in others.items()])
+
+
+def _ranks(ranks: list[int], shown: int = 8) -> str:
+    """'rank 2', 'ranks 0, 1, 3', 'ranks 0, 1, 2, ... (40 in all)'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    listed = ", ".join(str(r) for r in ranks[:shown])
+    return f"ranks {listed}" + (f", ... ({len(ranks)} in all)" if len(ranks) > shown else "")

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 QUIET_START = 1.0  # a job done sooner prints only its summary
 EVERY = 2.0  # seconds between progress lines
 EACH_RANK_UP_TO = 16  # smaller worlds list every rank's progress on the line
+WAITING_EVERY = 30.0  # seconds between lines saying which ranks wait, while none reports
 
 
 class TextView:
@@ -26,6 +27,7 @@ class TextView:
         self._last_at: float | None = None
         self._seen_version = -1
         self._reported_failures: set[int] = set()
+        self._waiting_said_at: float | None = None
         self.widget = None
 
     @property
@@ -42,6 +44,10 @@ class TextView:
         model = self.model
         elapsed = model.elapsed()
         self._report_failures()
+        waiting = model.waiting()
+        if waiting and (self._waiting_said_at is None or elapsed - self._waiting_said_at >= WAITING_EVERY):
+            self._waiting_said_at = elapsed
+            self._write(waiting)
         if elapsed < QUIET_START or model.version == self._seen_version:
             return
         if self._last_at is not None and elapsed - self._last_at < self._every:

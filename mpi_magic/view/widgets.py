@@ -165,7 +165,9 @@ class WidgetView:
         model = self.model
         self._drawn_version, self._drawn_at = model.version, model.elapsed()
         self.redraws += 1
-        self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}"
+        waiting = model.waiting()
+        self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + (
+            f" <span style='color:#b35900'>· {html.escape(waiting)}</span>" if waiting else "")
         self._draw_total()
         if self.compact:
             self.grid.value = self._grid_html()

@@ -8,6 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from ... import events as wire
 from . import package
 from .history import record_job
 from .job import SageMakerJob
@@ -59,15 +60,17 @@ class SageMakerBackend:
         files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
         return [(input_uri(self.settings, job_name, channel, name), body) for channel, name, body in files]
 
-    def request(self, job_name: str, digest: str, options: LaunchOptions) -> dict:
+    def request(self, job_name: str, digest: str, options: LaunchOptions, token: str = "<event token>") -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.procs_per_instance, digest,
                                        options.env, options.mpirun_args, code_digests)
+        request["Environment"][wire.TOKEN_VARIABLE] = token  # MPI_MAGIC_* reaches every rank
         validate(request)
         return request
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SageMakerJob:
-        request = self.request(job_name, digest or "", options)
+        token = wire.new_token()
+        request = self.request(job_name, digest or "", options, token)
         s3 = self.session.client("s3")
         for uri, body in self._uploads(job_dir, job_name):
             bucket, key = split_s3(uri)
@@ -75,7 +78,7 @@ class SageMakerBackend:
                 s3.put_object(Bucket=bucket, Key=key, Body=body)
             else:
                 s3.upload_file(body, bucket, key)
-        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name))
+        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name), token)
         job.create(request)
         try:
             record_job(job_name, self.settings.region)

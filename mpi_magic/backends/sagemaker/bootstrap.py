@@ -202,9 +202,10 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
 
 def relay_output(output, failures):
     """Copy mpirun's output to this instance's log; note the ranks that failed."""
-    from mpi_magic.events import RankFinished, StreamDecoder  # the job's own code, unpacked by now
+    from mpi_magic.events import TOKEN_VARIABLE, RankFinished, StreamDecoder  # the job's code, unpacked by now
 
-    decoder = StreamDecoder()  # Open MPI 4's tags differ by a space the events do not depend on
+    # Open MPI 4's tags differ from 5's by a space the events do not depend on
+    decoder = StreamDecoder(os.environ.get(TOKEN_VARIABLE, ""))
     for raw in iter(output.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         sys.stdout.write(line)

@@ -7,7 +7,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import SageMakerSetupError
-from ...events import Event, LauncherExited, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from ... import events as wire
+from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
 from .bootstrap import PAYLOAD_CHANNEL, announced_tag_style
@@ -38,7 +40,7 @@ class SageMakerJob:
     abort_grace = None
     linger = None
 
-    def __init__(self, session, name: str, results_uri: str):
+    def __init__(self, session, name: str, results_uri: str, token: str):
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
@@ -49,7 +51,8 @@ class SageMakerJob:
         self.api_calls = 0
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
-        self._decoder = StreamDecoder("openmpi5")
+        self._decoder = StreamDecoder(token, "openmpi5")
+        self._launcher_log = LauncherLog()
         self._stream: str | None = None
         self._token: str | None = None
         self._status = "InProgress"
@@ -128,7 +131,7 @@ class SageMakerJob:
         if "BillableTimeInSeconds" in described:
             events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
-        events.append(LauncherExited(code))
+        events.append(self._launcher_log.ended(code, self._world_size is not None))
         self._finished = True
         return events
 
@@ -157,6 +160,8 @@ class SageMakerJob:
                         self._reported.add(event.rank)
                     elif isinstance(event, RankStarted):
                         self._world_size = event.world_size
+                    elif isinstance(event, LauncherOutput):
+                        self._launcher_log.add(event.text)
                 events += decoded
             if reply.get("nextForwardToken") in (None, self._token):
                 return events
@@ -204,7 +209,8 @@ def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
     info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
             "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
-    return SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"]), info  # reads the log from its start
+    job = SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""))
+    return job, info  # reads the log from its start
 
 
 def _ranged_reads(s3, bucket: str, key: str) -> Callable[[int], bytes]:

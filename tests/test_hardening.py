@@ -1,0 +1,258 @@
+"""Hostile but fair input against the real local backend: output that mimics events, floods and
+long lines, ranks that leave early or cannot report, processes that try to outlive their job."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import mpi_magic
+from mpi_magic import events
+from mpi_magic.events import Output, Progress, RankFinished, RankStarted, StreamDecoder, encode, marker
+
+TOKEN = "0123456789abcdef"
+
+
+def run(ip, line: str, cell: str):
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids, limit: float = 10.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if all(_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# -- events are believed only as far as their source ----------------------------------------
+
+FORGERIES = [  # what a cell's output can contain: the marker of another job, or of no job at all
+    '@@mpi_magic@@{"v":1,"k":"finished","rank":0,"ok":true,"seq":99}',
+    '@@mpi_magic:ffffffffffffffff@@{"v":2,"k":"progress","rank":0,"n":5,"total":1e18,"seq":50}',
+    '@@mpi_magic:ffffffffffffffff@@{"v":2,"k":"finished","rank":0,"ok":false,"error_type":"Forged","seq":51}',
+    '@@mpi_magic:ffffffffffffffff@@{"v":2,"k":"started","rank":0,"instance":0,"local_rank":0,"world_size":2,'
+    '"pid":999999,"seq":52}',
+]
+
+
+def test_printed_lines_that_look_like_events_change_nothing(ip):
+    cell = textwrap.dedent(f"""
+        import mpi_magic
+        if mpi_magic.rank() == 1:
+            for line in {FORGERIES!r}:
+                print(line, flush=True)
+        with mpi_magic.progress(total=4) as bar:
+            bar.update(4)
+        x = mpi_magic.rank()
+    """)
+    run(ip, "-g 2 --out job --gather", cell)
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and ip.user_ns["x"] == [0, 1]
+    assert [(r.n, r.total, r.status) for r in job.ranks] == [(4, 4, "completed"), (4, 4, "completed")]
+    assert job.ranks[0].pid != 999999
+    assert job.logs(1).splitlines()[:len(FORGERIES)] == FORGERIES, "forgeries are plain output of the rank that printed them"
+
+
+def test_a_forged_success_cannot_hide_a_real_failure(ip):
+    cell = textwrap.dedent(f"""
+        import mpi_magic, time
+        if mpi_magic.rank() == 1:
+            print({FORGERIES[0]!r}, flush=True)
+        else:
+            time.sleep(0.5)
+            raise ValueError("the real failure")
+    """)
+    with pytest.raises(mpi_magic.RemoteRankError, match="rank 0 .* raised ValueError: the real failure"):
+        run(ip, "-g 2", cell)
+
+
+def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
+    """A rank that learns its job's token (a deliberate act) still cannot speak for another rank,
+    and a malformed event is dropped and counted, never raised in the notebook."""
+    cell = textwrap.dedent("""
+        import json, mpi_magic, sys
+        from mpi_magic import events, reporting
+        token = reporting.current_reporter()._emitter.token
+        if mpi_magic.rank() == 1:
+            bodies = [
+                {"v": 2, "k": "finished", "rank": 0, "ok": False, "error_type": "Forged", "seq": 70},
+                {"v": 2, "k": "progress", "rank": 1, "n": "x", "seq": 71},
+                {"v": 2, "k": "progress", "rank": 1, "n": 1, "total": float("nan"), "seq": 72},
+            ]
+            for body in bodies:
+                print(events.marker(token) + json.dumps(body), flush=True)
+        x = 1
+    """)
+    run(ip, "-g 2 --out job", cell)
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and ip.user_ns["x"] == 1
+    assert all(r.failure is None for r in job.ranks)
+    assert sum('"k": "' in line for line in job.logs(1).splitlines()) == 3
+
+
+def _valid(event) -> bool:
+    numbers = [event.seq, event.time, getattr(event, "n", 0), getattr(event, "total", 0) or 0]
+    return all(isinstance(v, (int, float)) and v >= 0 and v == v and v != float("inf") for v in numbers)
+
+
+def test_the_decoder_survives_mangled_lines_and_believes_only_valid_events():
+    rng = random.Random(7)
+    decoder = StreamDecoder(TOKEN)
+    good = [encode(Progress(rank=2, n=i, total=10, seq=i), TOKEN) for i in range(50)]
+    good += [encode(RankStarted(rank=2, instance=0, local_rank=2, world_size=4, seq=50), TOKEN),
+             encode(RankFinished(rank=2, ok=False, error_type="E", message="m", seq=51), TOKEN)]
+    alphabet = '{}[]",:0123456789.-eE naNInfinity\\\x00\xff' + TOKEN
+    accepted = 0
+    for _ in range(20_000):
+        line = rng.choice(good)
+        body = list(line)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(body))
+            body[at:at + rng.randint(0, 3)] = rng.choice(alphabet) * rng.randint(0, 2)
+        tag = rng.choice(["[1,2]<stdout>: ", "[1,3]<stdout>: ", "[1,2]<stderr>: ", ""])
+        for event in decoder.feed(tag + "".join(body)):
+            if not isinstance(event, (Output, events.LauncherOutput)):
+                assert event.rank == 2 and tag.startswith("[1,2]") and _valid(event)
+                accepted += 1
+    assert decoder.rejected > 0 and accepted > 0
+
+
+@pytest.mark.parametrize("body", [
+    {"k": "progress", "rank": 0, "n": float("inf"), "seq": 0},
+    {"k": "progress", "rank": 0, "n": -1, "seq": 0},
+    {"k": "progress", "rank": 0, "n": 1, "total": "10", "seq": 0},
+    {"k": "progress", "rank": 0, "n": 1, "desc": "x" * 10_000, "seq": 0},
+    {"k": "progress", "rank": True, "n": 1, "seq": 0},
+    {"k": "finished", "rank": 0, "ok": 1, "seq": 0},
+    {"k": "finished", "rank": 0, "ok": True, "results_digest": "../../etc", "seq": 0},
+    {"k": "started", "rank": 0, "instance": 0, "local_rank": 0, "world_size": 1, "pid": -5, "seq": 0},
+    {"k": "started", "rank": 0, "seq": 0, "surprise": 1},
+])
+def test_out_of_range_fields_drop_the_event(body):
+    decoder = StreamDecoder(TOKEN)
+    line = "[1,0]<stdout>: " + marker(TOKEN) + json.dumps({"v": events.SCHEMA_VERSION, **body})
+    assert [type(e) for e in decoder.feed(line)] == [Output]
+    assert decoder.rejected == 1
+
+
+# -- no output is lost, no false failures ---------------------------------------------------
+
+def test_a_flood_of_output_arrives_whole_and_in_order(ip):
+    lines = 200_000
+    run(ip, "-g 4 --out job --quiet", f"for i in range({lines}):\n    print(i)\nx = 1\n")
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and ip.user_ns["x"] == 1
+    for rank in range(4):
+        assert job.logs(rank).split() == [str(i) for i in range(lines)]
+
+
+def test_a_long_line_still_inside_the_launcher_is_not_a_lost_rank(ip):
+    """The rank has exited while Open MPI still passes its line on (it takes seconds)."""
+    run(ip, "-g 2 --out job --quiet", "import mpi_magic\nif mpi_magic.rank() == 1:\n    print('y' * 4_000_000)\nx = 1\n")
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and ip.user_ns["x"] == 1
+    assert job.logs(1) == "y" * 4_000_000 + "\n", "the log has the line whole"
+    assert len(job.ranks[1].last_line) < 5000, "the live view keeps a bounded part of it"
+
+
+# -- no hang when a rank leaves early or cannot report --------------------------------------
+
+def test_sys_exit_on_one_rank_is_its_failure_and_stops_the_others(ip):
+    cell = "from mpi4py import MPI\nimport sys\nif MPI.COMM_WORLD.rank == 2:\n    sys.exit(0)\nMPI.COMM_WORLD.barrier()\n"
+    started = time.monotonic()
+    with pytest.raises(mpi_magic.RemoteRankError, match=r"rank 2 .* raised SystemExit: rank 2 called sys.exit\(0\)"):
+        run(ip, "-g 4 --timeout 60", cell)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("setup", [
+    "class Bad(Exception):\n    def __str__(self):\n        raise RuntimeError('no words')\nerror = Bad()\n",
+    "import os\nerror = ValueError('after closing stdout')\nos.close(1)\n",
+])
+def test_a_failure_that_cannot_be_described_still_ends_the_job(ip, setup):
+    cell = ("from mpi4py import MPI\n" + "if MPI.COMM_WORLD.rank == 1:\n" + textwrap.indent(setup, "    ")
+            + "    raise error\nMPI.COMM_WORLD.barrier()\n")
+    started = time.monotonic()
+    with pytest.raises(mpi_magic.RemoteRankError, match=r"rank 1 .* raised (Bad|ValueError)"):
+        run(ip, "-g 3 --timeout 60", cell)
+    assert time.monotonic() - started < 20
+
+
+# -- no process outlives its job ------------------------------------------------------------
+
+def test_a_process_started_in_a_session_of_its_own_is_stopped_with_the_job(ip):
+    cell = ("import subprocess\n"
+            "child = subprocess.Popen(['sleep', '300'], start_new_session=True, stdout=subprocess.DEVNULL,"
+            " stderr=subprocess.DEVNULL)\n"
+            "pid = child.pid\n")
+    run(ip, "-g 1", cell)
+    assert _wait_gone([ip.user_ns["pid"]], 10), "the detached child was stopped with its job"
+
+
+NOTEBOOK = """
+import os, sys
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "mpi_magic")
+ip.run_cell_magic("mpirun_remote", "-g 2 --quiet", '''
+import os, signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.path.join(os.environ["PIDS"], str(os.getpid())), "w"):
+    pass
+time.sleep(300)
+''')
+"""
+
+
+def test_ranks_that_ignore_signals_die_with_a_killed_notebook(tmp_path, cache_dir):
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    env = {**os.environ, "PIDS": str(pids_dir), "MPI_MAGIC_CACHE_DIR": cache_dir}
+    notebook = subprocess.Popen([sys.executable, "-c", NOTEBOOK], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(os.listdir(pids_dir)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = [int(name) for name in os.listdir(pids_dir)]
+    assert len(ranks) == 2
+    notebook.send_signal(signal.SIGKILL)
+    notebook.wait()
+    assert _wait_gone(ranks, 10), "no rank outlives the killed notebook"
+
+
+# -- the launcher and the job folder ----------------------------------------------------------
+
+def test_a_launcher_that_refuses_its_arguments_says_why(ip):
+    with pytest.raises(mpi_magic.RankExitError, match="the launcher refused to start the job: .*--no-such-flag"):
+        run(ip, "-g 2 --mpirun-args=--no-such-flag", "x = 1\n")
+
+
+def test_a_job_folder_removed_during_the_run_ends_with_the_ranks_outcome(ip):
+    import shutil
+
+    from helpers import once_running
+
+    with once_running(ip, lambda: shutil.rmtree(ip.user_ns["job"].job_dir)):
+        run(ip, "-g 2 --out job", "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after')\nx = 1\n")
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and ip.user_ns["x"] == 1, "the ranks' own outcome"
+    assert any("disappeared while the job ran" in note for note in job.model.notes)
