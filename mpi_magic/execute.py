@@ -179,6 +179,7 @@ class Follower:
         job, backend_job, clock, timeout = self.job, self.backend_job, self.clock, self.settings.timeout
         deadline = clock() + timeout if timeout else None
         all_done_at = None
+        ended_here = False
         while not backend_job.finished:
             for event in backend_job.poll(POLL_SECONDS):
                 self.show(event)
@@ -192,12 +193,15 @@ class Follower:
                 )
             grace, linger = backend_job.abort_grace, backend_job.linger
             failed_at = job.model.first_failure_at
-            if grace is not None and failed_at is not None and now - failed_at > grace:
-                backend_job.cancel()  # a rank failed and the launcher has not stopped the others
             if all_done_at is None and all(s.status == "completed" for s in job.ranks):
                 all_done_at = now
-            if linger is not None and all_done_at is not None and now - all_done_at > linger:
-                backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
+            # a rank failed and the launcher has not stopped the others, or every rank succeeded and
+            # something a rank started still holds the launcher's output
+            stuck_after_failure = grace is not None and failed_at is not None and now - failed_at > grace
+            held_after_success = linger is not None and all_done_at is not None and now - all_done_at > linger
+            if (stuck_after_failure or held_after_success) and not ended_here:
+                ended_here = True
+                backend_job.cancel()
         if job.model.stop_reason == "cancel":
             return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
         return job.model.error()
