@@ -183,7 +183,8 @@ def launch_arguments(func):
         argument("--timeout", default=None, metavar="SECONDS",
                  help="Stop all ranks and raise after this many seconds."),
         argument("--mpirun-args", default=None, metavar="ARGS",
-                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp".'),
+                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
+                      'or --mpirun-args=--report-bindings.'),
         argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
         argument("--dry-run", action="store_true",
                  help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
@@ -245,7 +246,7 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
     except ValueError as exc:
         raise UsageError(f"the options {line!r} cannot be split ({exc}); check their quotes") from None
     try:
-        args = parser.parse_args(argv)  # shell-style quoting, unlike IPython's parse_argstring
+        args = parser.parse_args(_attach_launcher_args(argv))  # shell-style quoting, unlike IPython's parse_argstring
     except UsageError as exc:
         raise UsageError(_with_suggestion(str(exc), magic_func.parser)) from None
     env = {}
@@ -279,6 +280,16 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async,
     )
+
+
+def _attach_launcher_args(argv: list[str]) -> list[str]:
+    """``--mpirun-args --report-bindings`` -> ``--mpirun-args=--report-bindings``: argparse would
+    take a lone value that starts with '-' for an option and refuse it."""
+    attached, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word == "--mpirun-args" else None
+        attached.append(word if value is None else f"{word}={value}")
+    return attached
 
 
 _CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",

@@ -106,3 +106,17 @@ def test_help_lists_every_option(ip):
     for option in ("-i INSTANCES, --instances INSTANCES", "-g GPUS, --gpus GPUS", "--backend", "--gather", "--out",
                    "--env", "--timeout", "--mpirun-args", "--quiet"):
         assert option in doc
+
+
+@pytest.mark.parametrize(("line", "passed"), [
+    ('--mpirun-args "--report-bindings"', "--report-bindings"),
+    ("--mpirun-args --report-bindings", "--report-bindings"),
+    ("--mpirun-args=--report-bindings", "--report-bindings"),
+    ("--mpirun-args -v", "-v"),
+    ('--mpirun-args "--mca btl self,sm"', "--mca btl self,sm"),
+])
+def test_mpirun_args_may_be_a_single_flag(ip, capsys, cache_dir, line, passed):
+    ip.run_cell_magic("mpirun_remote", line + " --dry-run", "x = 1")
+    command = capsys.readouterr().out
+    assert f" --tag-output {passed} " in command
+    assert "x" not in ip.user_ns
