@@ -33,7 +33,7 @@ POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view
 
 @dataclass
 class CellRun:
-    job: Job
+    job: Job | None  # None after --dry-run
     values: dict[str, Any] = field(default_factory=dict)
     output: Any = None
     has_output: bool = False
@@ -53,8 +53,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     echo = echo or ConsoleEcho()
     for warning in backend.check(options):
         echo.say(warning)
-    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
-    job.model.fold(Phase("packaging"))
+    job_name = options.job_name or jobdir.new_job_name()
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
         echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
@@ -62,17 +61,18 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     cache_dir = config.get("cache_dir")
     jobdir.prune(cache_dir, config.get("keep_jobs"))
     try:
-        job_dir = jobdir.create(cache_dir, job.name)
+        job_dir = jobdir.create(cache_dir, job_name)
     except FileExistsError:
-        raise UsageError(f"a job named {job.name} exists already (see {cache_dir}/jobs); "
+        raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
                          "choose another --job-name") from None
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
     if options.dry_run:
-        print(backend.plan(job_dir, job.name, digest, options))
+        print(backend.plan(job_dir, job_name, digest, options))
         shutil.rmtree(job_dir, ignore_errors=True)
-        return CellRun(job)
+        return CellRun(None)
+    job = Job(job_name, backend.name, options.world_size, options.gpus, clock)  # per-rank state: only for a real job
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
                   started=time.time())

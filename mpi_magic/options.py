@@ -20,6 +20,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
 BACKENDS = ("local", "sagemaker")
+
+# The most ranks one job may have, and the reason a refusal gives. SageMaker's API sets no maximum
+# InstanceCount (the account's quotas do); its bound is the notebook's, about 1 KiB of state per rank.
+MAX_RANKS = {"local": 1024, "sagemaker": 65536}
+_WHY_MAX = {"local": "each rank is a Python process on this machine, about 32 MiB each",
+            "sagemaker": "the notebook keeps live state for every rank"}
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -173,7 +179,7 @@ def launch_arguments(func):
                  help="How many instances (machines) to run on. Default 1."),
         argument("-g", "--gpus", type=str, default=None,
                  help="Processes per instance. Default: the instance's GPU count, 1 where it has none. "
-                      "World size is instances x gpus."),
+                      "World size is instances x gpus: at most 1024 ranks locally, 65536 on SageMaker."),
         argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
         argument("--gather", action="store_true",
                  help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
@@ -273,9 +279,13 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
                          "hyphens, starting with a letter or digit")
     gpus = pick("gpus", args.gpus) or _default_gpus(backend, cloud) or 1
+    instances = pick("instances", args.instances)
+    if instances * gpus > MAX_RANKS[backend]:
+        raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "
+                         f"({MAX_RANKS[backend]} at most: {_WHY_MAX[backend]}); lower --instances or --gpus")
     extra = " ".join(a for a in (config.get("mpirun_args"), args.mpirun_args and pick("mpirun_args", args.mpirun_args)) if a)
     return LaunchOptions(
-        instances=pick("instances", args.instances), gpus=gpus, backend=backend, gather=args.gather,
+        instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async,
