@@ -49,10 +49,12 @@ class Packed:
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def pack(name: str, value: Any) -> Packed:
-    """Pickle ``value`` with cloudpickle; raises what pickling raises."""
+def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] = cloudpickle.Pickler) -> Packed:
+    """Pickle ``value`` with cloudpickle (or a subclass of its pickler); raises what pickling raises."""
     buffers: list[pickle.PickleBuffer] = []
-    data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    with io.BytesIO() as out:
+        pickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
+        data = out.getvalue()
     return Packed(name, data, [b.raw() for b in buffers])
 
 

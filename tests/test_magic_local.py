@@ -62,12 +62,12 @@ def test_unpicklable_names_the_cell_does_not_read_are_ignored(ip):
 @pytest.mark.parametrize(
     ("setup", "cell", "name", "kind", "hint"),
     [
-        ("import threading\nlock = threading.Lock()", "with lock:\n    pass", "lock", "_thread.lock", "Create the lock inside the cell"),
+        ("import threading\nlock = threading.Lock()", "with lock:\n    pass", "lock", "_thread.lock", "create the lock inside the cell"),
         ("gen = (i for i in range(3))", "total = sum(gen)", "gen", "generator", "list"),
         ("f = open('/dev/null')", "data = f.read()", "f", "_io.TextIOWrapper", "open it inside the cell"),
         ("import socket\nsock = socket.socket()", "sock.close()", "sock", "socket.socket", "inside the cell"),
         ("import sqlite3\ndb = sqlite3.connect(':memory:')", "rows = db.execute('select 1').fetchall()", "db",
-         "sqlite3.Connection", "Open the connection inside the cell"),
+         "sqlite3.Connection", "open the connection inside the cell"),
     ],
 )
 def test_a_read_name_that_cannot_travel_stops_the_launch_before_anything_starts(ip, cache_dir, setup, cell, name, kind, hint):
