@@ -59,6 +59,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
 
     cache_dir = config.get("cache_dir")
+    _prepare(cache_dir)
     jobdir.prune(cache_dir, config.get("keep_jobs"))
     try:
         job_dir = jobdir.create(cache_dir, job_name)
@@ -244,11 +245,20 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     backend_job, info = find(name, config.get("region"))
     echo = echo or ConsoleEcho()
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
+    _prepare(config.get("cache_dir"))
     job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
     job.view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.start(job_dir, backend_job.cancel)
     follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
     return Follower(job, backend_job, follow).run()
+
+
+def _prepare(cache_dir: str) -> None:
+    """The cache folder checked before anything is written or launched; what is wrong with it is a UsageError."""
+    try:
+        jobdir.prepare(cache_dir)
+    except jobdir.FolderError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:

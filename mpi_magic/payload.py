@@ -75,6 +75,7 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
     head = json.dumps(header).encode()
     hasher = hashlib.sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # whatever the umask, and a file written before keeps its mode otherwise
     with os.fdopen(fd, "wb", buffering=0) as out:
         position = 0
         for chunk, is_buffer in _chunks(head, packed):
