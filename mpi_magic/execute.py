@@ -60,7 +60,6 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
 
     cache_dir = config.get("cache_dir")
     _prepare(cache_dir)
-    jobdir.prune(cache_dir, config.get("keep_jobs"))
     try:
         job_dir = jobdir.create(cache_dir, job_name)
     except FileExistsError:
@@ -73,10 +72,11 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         print(backend.plan(job_dir, job_name, digest, options))
         shutil.rmtree(job_dir, ignore_errors=True)
         return CellRun(None)
+    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
     job = Job(job_name, backend.name, options.world_size, options.gpus, clock)  # per-rank state: only for a real job
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
-                  started=time.time())
+                  started=time.time(), keep_payload=config.get("keep_payloads"))
 
     view = None
     if not options.quiet:
@@ -88,6 +88,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
         job.model.fold(Phase(job.status, "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
+        jobdir.finished(job_dir)
         if view is not None:
             view.close()
         raise
@@ -169,6 +170,7 @@ class Follower:
                 job.model.fold(LauncherExited(None))
             job.model.fold(Phase(job.status))
             jobdir.record(job.job_dir, status=job.status, ended=time.time())
+            jobdir.finished(job.job_dir)
             if job.view is not None:
                 job.view.close()
         if error is not None:

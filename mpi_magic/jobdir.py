@@ -8,6 +8,7 @@ the umask, and a tree that another user could change is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -17,6 +18,8 @@ import time
 from typing import IO, Any
 
 import psutil
+
+from .payload import PAYLOAD_FILE
 
 JOB_FILE = "job.json"
 _MOVE_IT = "%mpirun_config cache_dir=... or MPI_MAGIC_CACHE_DIR"
@@ -121,21 +124,25 @@ def read_record(job_dir: str) -> dict[str, Any]:
         return {}
 
 
-def prune(cache_dir: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` job folders whose job is no longer running."""
+def prune(cache_dir: str, keep: int, new_job_dir: str) -> list[str]:
+    """Delete the oldest folders of jobs no longer running, so that ``keep`` remain, the new one included."""
     jobs = os.path.join(cache_dir, "jobs")
-    try:
-        names = os.listdir(jobs)
-    except FileNotFoundError:
-        return []
-    folders = sorted((os.path.join(jobs, n) for n in names), key=_mtime, reverse=True)
+    others = [os.path.join(jobs, n) for n in os.listdir(jobs) if os.path.join(jobs, n) != new_job_dir]
     removed = []
-    for job_dir in folders[keep:]:
+    for job_dir in sorted(others, key=_mtime, reverse=True)[keep - 1:]:
         if _is_running(read_record(job_dir)):
             continue
         shutil.rmtree(job_dir, ignore_errors=True)
         removed.append(job_dir)
     return removed
+
+
+def finished(job_dir: str) -> None:
+    """The job has ended: its payload goes (it may hold large data), unless the job was started with
+    ``keep_payloads``; logs, results and job.json stay."""
+    if not read_record(job_dir).get("keep_payload"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(job_dir, PAYLOAD_FILE))
 
 
 def _mtime(path: str) -> float:

