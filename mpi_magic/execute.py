@@ -33,7 +33,7 @@ POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view
 
 @dataclass
 class CellRun:
-    job: Job
+    job: Job | None  # None after --dry-run
     values: dict[str, Any] = field(default_factory=dict)
     output: Any = None
     has_output: bool = False
@@ -53,29 +53,30 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     echo = echo or ConsoleEcho()
     for warning in backend.check(options):
         echo.say(warning)
-    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size, options.gpus, clock)
-    job.model.fold(Phase("packaging"))
+    job_name = options.job_name or jobdir.new_job_name()
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
         echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
 
     cache_dir = config.get("cache_dir")
-    jobdir.prune(cache_dir, config.get("keep_jobs"))
+    _prepare(cache_dir)
     try:
-        job_dir = jobdir.create(cache_dir, job.name)
+        job_dir = jobdir.create(cache_dir, job_name)
     except FileExistsError:
-        raise UsageError(f"a job named {job.name} exists already (see {cache_dir}/jobs); "
+        raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
                          "choose another --job-name") from None
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
     if options.dry_run:
-        print(backend.plan(job_dir, job.name, digest, options))
+        print(backend.plan(job_dir, job_name, digest, options))
         shutil.rmtree(job_dir, ignore_errors=True)
-        return CellRun(job)
+        return CellRun(None)
+    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+    job = Job(job_name, backend.name, options.world_size, options.gpus, clock)  # per-rank state: only for a real job
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, gpus=options.gpus, digest=digest, status="running",
-                  started=time.time())
+                  started=time.time(), keep_payload=config.get("keep_payloads"))
 
     view = None
     if not options.quiet:
@@ -87,6 +88,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
         job.model.fold(Phase(job.status, "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
+        jobdir.finished(job_dir)
         if view is not None:
             view.close()
         raise
@@ -168,6 +170,7 @@ class Follower:
                 job.model.fold(LauncherExited(None))
             job.model.fold(Phase(job.status))
             jobdir.record(job.job_dir, status=job.status, ended=time.time())
+            jobdir.finished(job.job_dir)
             if job.view is not None:
                 job.view.close()
         if error is not None:
@@ -248,11 +251,20 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     backend_job, info = find(name, config.get("region"))
     echo = echo or ConsoleEcho()
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
+    _prepare(config.get("cache_dir"))
     job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
     job.view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.start(job_dir, backend_job.cancel)
     follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
     return Follower(job, backend_job, follow).run()
+
+
+def _prepare(cache_dir: str) -> None:
+    """The cache folder checked before anything is written or launched; what is wrong with it is a UsageError."""
+    try:
+        jobdir.prepare(cache_dir)
+    except jobdir.FolderError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:

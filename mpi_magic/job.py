@@ -11,7 +11,7 @@ import os
 import time
 from typing import Callable
 
-from . import events
+from . import events, jobdir
 from .view.model import JobModel, RankState
 
 _FLUSH_BYTES = 1 << 20
@@ -97,7 +97,7 @@ class Job:
             return
         try:
             for filename, lines in pending.items():
-                with open(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
+                with jobdir.open_private(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
                     f.writelines(lines)
         except FileNotFoundError:
             self._folder_lost = True

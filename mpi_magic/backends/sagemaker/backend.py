@@ -12,6 +12,7 @@ import sys
 import time
 
 from ... import events as wire
+from ... import jobdir
 from ...errors import BackendNotAvailable, SageMakerSetupError
 from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
 from ...launcher import LauncherLog
@@ -400,8 +401,8 @@ def record_job(name: str, region: str) -> None:
     except (OSError, ValueError):
         records = []
     records = ([{"name": name, "region": region, "created": time.time()}] + records)[:100]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    jobdir.make_private_dirs(os.path.dirname(path))
+    with jobdir.open_private(path) as f:
         json.dump(records, f)
 
 
