@@ -35,6 +35,7 @@ def results(values: dict):
 @pytest.fixture
 def world(tmp_path):
     clock = FakeClock()
+    jobdir.prepare(str(tmp_path / "cache"))
     job_dir = jobdir.create(str(tmp_path / "cache"), "scripted-job")
     err = io.StringIO()
 
