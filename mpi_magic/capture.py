@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import ast
 import io
+import pickle
 import socket
 import symtable
+import sys
 import threading
 import tokenize
 import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping, cast
+
+import cloudpickle
 
 from . import payload
 from .errors import CaptureError
@@ -219,29 +223,63 @@ def capture(code: CellCode, namespace: Mapping[str, Any]) -> Captured:
         except _CannotTravel as exc:
             problems.append(f"{name} ({_type_name(value)}) cannot be sent to the ranks: {exc}")
     if problems:
-        raise CaptureError("; ".join(problems) if len(problems) == 1 else "\n".join(["cannot start:"] + problems))
+        raise CaptureError(problems[0] if len(problems) == 1 else "\n".join(["cannot start:"] + problems))
     return captured
 
 
 class _CannotTravel(Exception):
-    pass
+    """Why a value cannot travel (completing "x cannot be sent to the ranks: ...") and the fix."""
+
+    def __init__(self, reason: str, fix: str):
+        super().__init__(f"{reason}; {fix}")
+        self.reason, self.fix = reason, fix
+
+
+_OS_FILES = (io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+_FILE_FIX = "pass the file's path instead and open it inside the cell"
+
+
+def _is_file(value: Any) -> bool:
+    """A file of this process. The notebook's stdout and stderr are not: cloudpickle sends them
+    as the rank's own, which is what a function printing to them means."""
+    return isinstance(value, _OS_FILES) and value is not sys.stdout and value is not sys.stderr
+
+
+def _file_reason(file: Any) -> str:
+    return f"{'a closed' if file.closed else 'an open'} file of this process ({getattr(file, 'name', '?')!r})"
+
+
+class _FileFound(pickle.PicklingError):
+    def __init__(self, file: Any):
+        super().__init__(_file_reason(file))
+        self.file = file
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, refusing every file wherever it is: cloudpickle would send a copy of what is
+    left to read of a file opened for reading, and refuse one opened for writing."""
+
+    def reducer_override(self, obj):
+        if _is_file(obj):
+            raise _FileFound(obj)
+        return super().reducer_override(obj)
 
 
 def _pack(name: str, value: Any) -> payload.Packed:
-    reason = _why_not_travelling(value)
-    if reason is None:
-        try:
-            return payload.pack(name, value)
-        except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
-            culprit = _culprit(value) if isinstance(value, types.FunctionType) else None
-            if culprit is not None:
-                raise _CannotTravel(culprit) from None
-            reason = f"{type(exc).__name__}: {exc}"
-    raise _CannotTravel(f"{reason}. {_hint(value)}")
+    try:
+        return payload.pack(name, value, _Pickler)
+    except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
+        culprit = _culprit(value) if isinstance(value, types.FunctionType) else None
+        if culprit is not None:
+            raise culprit from None
+        if isinstance(exc, _FileFound):
+            raise _CannotTravel(f"it {'is' if exc.file is value else 'holds'} {exc}", _FILE_FIX) from None
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split()).rstrip(".")
+        raise _CannotTravel(reason, _hint(name, value)) from None
 
 
-def _culprit(function: types.FunctionType) -> str | None:
-    """'it uses log (_io.TextIOWrapper), which ...' for the global or closure value that fails."""
+def _culprit(function: types.FunctionType) -> _CannotTravel | None:
+    """'it uses log, an open file ...' for the global or closure value that fails."""
     import inspect
 
     try:
@@ -249,10 +287,12 @@ def _culprit(function: types.FunctionType) -> str | None:
     except (TypeError, ValueError):
         return None
     for name, value in {**used.nonlocals, **used.globals}.items():
+        if _is_file(value):
+            return _CannotTravel(f"it uses {name}, {_file_reason(value)}", _FILE_FIX)
         try:
             _pack(name, value)
         except _CannotTravel as exc:
-            return f"it uses {name} ({_type_name(value)}), which cannot be sent: {exc}"
+            return _CannotTravel(f"it uses {name} ({_type_name(value)}), which cannot be sent: {exc.reason}", exc.fix)
     return None
 
 
@@ -261,27 +301,11 @@ def _type_name(value: Any) -> str:
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-_OS_FILES = (io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
-
-
-def _why_not_travelling(value: Any) -> str | None:
-    """Things cloudpickle would accept but that make no sense in another process.
-
-    An open file would arrive as a copy of what is left to read, if at all; in-memory
-    streams (io.BytesIO, io.StringIO) are plain data and travel.
-    """
-    if isinstance(value, _OS_FILES):
-        return "a file handle belongs to this process" + (" (and it is closed)" if value.closed else "")
-    return None
-
-
-def _hint(value: Any) -> str:
-    if isinstance(value, _OS_FILES):
-        return "Pass the file's path instead and open it inside the cell"
+def _hint(name: str, value: Any) -> str:
     if isinstance(value, (types.GeneratorType, types.AsyncGeneratorType)):
-        return "Turn it into a list first (name = list(name)) or create the generator inside the cell"
+        return f"turn it into a list first ({name} = list({name})) or create the generator inside the cell"
     if isinstance(value, socket.socket) or "connect" in type(value).__name__.lower():
-        return "Open the connection inside the cell instead, on each rank"
+        return "open the connection inside the cell instead, on each rank"
     if isinstance(value, (type(threading.Lock()), type(threading.RLock()))) or "lock" in type(value).__name__.lower():
-        return "Create the lock inside the cell instead; a lock cannot be shared between processes"
-    return "Create it inside the cell instead, or stop the cell from reading it"
+        return "create the lock inside the cell instead, since a lock cannot be shared between processes"
+    return "create it inside the cell instead, or stop the cell from reading it"

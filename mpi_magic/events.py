@@ -194,6 +194,9 @@ def encode(event: WireEvent, token: str) -> str:
     return marker(token) + json.dumps(body, separators=(",", ":"))
 
 
+_loads = json.JSONDecoder().decode
+
+
 class BadEvent(ValueError):
     """A line carried the job's marker but no valid event."""
 
@@ -201,7 +204,7 @@ class BadEvent(ValueError):
 def decode_payload(text: str) -> WireEvent:
     """The event in ``text`` (the part after the marker); ``BadEvent`` when it is not a valid one."""
     try:
-        body = json.loads(text)
+        body = _loads(text)
         if type(body) is not dict or body.pop("v", None) != SCHEMA_VERSION:  # noqa: E721
             raise BadEvent("not an event of this version")
         cls = _KINDS[body.pop("k")]
@@ -264,7 +267,8 @@ class StreamDecoder:
         return gaps
 
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
-        line = line.rstrip("\r\n")
+        if line.endswith("\n"):
+            line = line.rstrip("\r\n")
         tagged = parse_tag(line, stream, self.style)
         if tagged is None:  # the launcher's own words: no rank vouches for an event in them
             return [LauncherOutput(line)]
@@ -279,26 +283,30 @@ class StreamDecoder:
         except BadEvent:
             self.rejected += 1
             return [Output(rank, stream, text)]
-        events: list[Event] = [Output(rank, stream, text[:at])] if at else []
-        if self._accept(event):
-            events.append(event)
-        return events
+        if not self._accept(rank, event.seq):
+            return [Output(rank, stream, text[:at])] if at else []
+        return [Output(rank, stream, text[:at]), event] if at else [event]
 
-    def _accept(self, event: WireEvent) -> bool:
-        complete = self._complete.get(event.rank, 0)
-        ahead = self._ahead.setdefault(event.rank, set())
-        if event.seq < complete or event.seq in ahead:
+    def _accept(self, rank: int, seq: int) -> bool:
+        complete = self._complete.get(rank, 0)
+        ahead = self._ahead.get(rank)
+        if seq == complete and not ahead:  # the usual case: the next event, none missing
+            self._complete[rank] = complete + 1
+            return True
+        if ahead is None:
+            ahead = self._ahead[rank] = set()
+        if seq < complete or seq in ahead:
             self.duplicates += 1
             return False
-        if event.seq == complete:
+        if seq == complete:
             complete += 1
             while complete in ahead:
                 ahead.remove(complete)
                 complete += 1
-            self._complete[event.rank] = complete
+            self._complete[rank] = complete
         else:
-            self._complete.setdefault(event.rank, complete)
-            ahead.add(event.seq)
+            self._complete.setdefault(rank, complete)
+            ahead.add(seq)
         return True
 
 

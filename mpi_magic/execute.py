@@ -33,7 +33,7 @@ POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view
 
 @dataclass
 class CellRun:
-    job: Job
+    job: Job | None  # None after --dry-run
     values: dict[str, Any] = field(default_factory=dict)
     output: Any = None
     has_output: bool = False
@@ -53,30 +53,31 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     echo = echo or ConsoleEcho()
     for warning in backend.check(options):
         echo.say(warning)
-    job = Job(options.job_name or jobdir.new_job_name(), backend.name, options.world_size,
-              options.procs_per_instance, clock)
-    job.model.fold(Phase("packaging"))
+    job_name = options.job_name or jobdir.new_job_name()
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
         echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
 
     cache_dir = config.get("cache_dir")
-    jobdir.prune(cache_dir, config.get("keep_jobs"))
+    _prepare(cache_dir)
     try:
-        job_dir = jobdir.create(cache_dir, job.name)
+        job_dir = jobdir.create(cache_dir, job_name)
     except FileExistsError:
-        raise UsageError(f"a job named {job.name} exists already (see {cache_dir}/jobs); "
+        raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
                          "choose another --job-name") from None
     meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
     if options.dry_run:
-        print(backend.plan(job_dir, job.name, digest, options))
+        print(backend.plan(job_dir, job_name, digest, options))
         shutil.rmtree(job_dir, ignore_errors=True)
-        return CellRun(job)
+        return CellRun(None)
+    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+    # per-rank state: only for a real job
+    job = Job(job_name, backend.name, options.world_size, options.procs_per_instance, clock)
     jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
                   instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
-                  status="running", started=time.time())
+                  status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
 
     view = None
     if not options.quiet:
@@ -88,6 +89,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
         job.model.fold(Phase(job.status, "could not be submitted"))
         jobdir.record(job_dir, status=job.status, ended=time.time())
+        jobdir.finished(job_dir)
         if view is not None:
             view.close()
         raise
@@ -169,6 +171,7 @@ class Follower:
                 job.model.fold(LauncherExited(None))
             job.model.fold(Phase(job.status))
             jobdir.record(job.job_dir, status=job.status, ended=time.time())
+            jobdir.finished(job.job_dir)
             if job.view is not None:
                 job.view.close()
         if error is not None:
@@ -180,6 +183,7 @@ class Follower:
         job, backend_job, clock, timeout = self.job, self.backend_job, self.clock, self.settings.timeout
         deadline = clock() + timeout if timeout else None
         all_done_at = None
+        ended_here = False
         while not backend_job.finished:
             for event in backend_job.poll(POLL_SECONDS):
                 self.show(event)
@@ -193,12 +197,15 @@ class Follower:
                 )
             grace, linger = backend_job.abort_grace, backend_job.linger
             failed_at = job.model.first_failure_at
-            if grace is not None and failed_at is not None and now - failed_at > grace:
-                backend_job.cancel()  # a rank failed and the launcher has not stopped the others
             if all_done_at is None and all(s.status == "completed" for s in job.ranks):
                 all_done_at = now
-            if linger is not None and all_done_at is not None and now - all_done_at > linger:
-                backend_job.cancel()  # e.g. a process a rank started still holds the launcher's output
+            # a rank failed and the launcher has not stopped the others, or every rank succeeded and
+            # something a rank started still holds the launcher's output
+            stuck_after_failure = grace is not None and failed_at is not None and now - failed_at > grace
+            held_after_success = linger is not None and all_done_at is not None and now - all_done_at > linger
+            if (stuck_after_failure or held_after_success) and not ended_here:
+                ended_here = True
+                backend_job.cancel()
         if job.model.stop_reason == "cancel":
             return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
         return job.model.error()
@@ -245,11 +252,20 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     backend_job, info = find(name, config.get("region"))
     echo = echo or ConsoleEcho()
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
+    _prepare(config.get("cache_dir"))
     job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
     job.view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
     job.start(job_dir, backend_job.cancel)
     follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
     return Follower(job, backend_job, follow).run()
+
+
+def _prepare(cache_dir: str) -> None:
+    """The cache folder checked before anything is written or launched; what is wrong with it is a UsageError."""
+    try:
+        jobdir.prepare(cache_dir)
+    except jobdir.FolderError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:
@@ -258,15 +274,17 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
     A module the cell imported comes back only if the notebook has imported it already:
     importing, say, mpi4py.MPI here would initialise MPI inside the notebook's kernel.
     """
-    ranks = range(run.job.world_size) if gather else [0]
+    job = run.job
+    assert job is not None, "results are collected only for a job that ran"
+    ranks = range(job.world_size) if gather else [0]
     per_rank = []
     for rank in ranks:
-        digest = run.job.model.result_digests.get(rank)
+        digest = job.model.result_digests.get(rank)
         try:
             if not digest:
                 raise PayloadError("its digest was never reported, so they are not trusted")
             # checked against what the rank reported: results changed on their way are not unpickled
-            bundle = payload.read(result_path(run.job.job_dir, rank), digest)
+            bundle = payload.read(result_path(job.job_dir, rank), digest)
             values, problems = bundle.load_all()
         except (OSError, PayloadError) as exc:
             values, problems = {}, {"(all)": f"rank {rank}'s results could not be read: {exc}"}
@@ -274,7 +292,7 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
             modules = {name: sys.modules.get(module) for name, module in bundle.meta.get("modules", {}).items()}
             run.values.update({name: module for name, module in modules.items() if module is not None})
         for name, reason in problems.items():
-            run.job.unreturned.setdefault(name, f"could not be unpickled here: {reason}")
+            job.unreturned.setdefault(name, f"could not be unpickled here: {reason}")
         per_rank.append(values)
     first = per_rank[0]
     if VALUE_NAME in first:
@@ -285,10 +303,10 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
             if not missing:
                 run.values[name] = [values[name] for values in per_rank]
             elif len(missing) < len(per_rank):
-                run.job.unreturned.setdefault(name, f"missing on ranks {missing}")
+                job.unreturned.setdefault(name, f"missing on ranks {missing}")
         elif name in first:
             run.values[name] = first[name]
-    for name, reason in run.job.unreturned.items():
+    for name, reason in job.unreturned.items():
         shown = "the cell's output" if name == VALUE_NAME else name
         echo.say(f"{shown} was not brought back: {reason}")
 

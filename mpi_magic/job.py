@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from . import events
+from . import events, jobdir
 from .view.model import JobModel, RankState
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class Job:
             return
         try:
             for filename, lines in pending.items():
-                with open(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
+                with jobdir.open_private(os.path.join(self.job_dir, "logs", filename), "a", encoding="utf-8") as f:
                     f.writelines(lines)
         except FileNotFoundError:
             self._folder_lost = True

@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -71,13 +72,34 @@ def _wheel_mpirun() -> str | None:
     return next((os.path.realpath(c) for c in candidates if os.path.isfile(c)), None)
 
 
+IDENTIFY_SECONDS = 5.0  # a working mpirun answers --version in milliseconds
+
+
 @functools.lru_cache(maxsize=8)
 def _identify(path: str) -> Launcher:
     try:
-        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        text = _version_text(path)
+    except subprocess.TimeoutExpired:
+        raise LauncherNotFound(
+            f"{path} did not answer --version within {IDENTIFY_SECONDS:g} seconds, so it is not a working mpirun; "
+            "point MPI_MAGIC_MPIRUN (or %mpirun_config mpirun=...) at an Open MPI or MPICH mpirun"
+        ) from None
+    except OSError as exc:
         raise LauncherNotFound(f"{path} --version failed ({exc}); is it a working mpirun?") from None
     return parse_version(path, text)
+
+
+def _version_text(path: str) -> str:
+    """What ``path --version`` prints; on timeout its whole session is killed, children included,
+    so nothing it started is left holding the pipe."""
+    with subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, start_new_session=True) as process:
+        try:
+            return process.communicate(timeout=IDENTIFY_SECONDS)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
 
 
 def parse_version(path: str, text: str) -> Launcher:

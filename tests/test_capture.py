@@ -59,16 +59,19 @@ def test_only_read_names_are_packed():
     assert [p.name for p in captured.packed] == ["used"]
 
 
-def test_every_unpicklable_read_name_is_listed():
+def test_every_unpicklable_read_name_is_listed_one_sentence_each():
     import threading
 
     ns = {"a": threading.Lock(), "b": (i for i in range(3))}
     with pytest.raises(CaptureError) as caught:
         capture(analyze("print(a, b)"), ns)
-    lines = str(caught.value).splitlines()
-    assert lines[0] == "cannot start:"
-    assert lines[1].startswith("a (_thread.lock) cannot be sent to the ranks: TypeError: cannot pickle '_thread.lock' object")
-    assert lines[2].startswith("b (generator) cannot be sent to the ranks:")
+    assert str(caught.value).splitlines() == [
+        "cannot start:",
+        "a (_thread.lock) cannot be sent to the ranks: TypeError: cannot pickle '_thread.lock' object; "
+        "create the lock inside the cell instead, since a lock cannot be shared between processes",
+        "b (generator) cannot be sent to the ranks: TypeError: cannot pickle 'generator' object; "
+        "turn it into a list first (b = list(b)) or create the generator inside the cell",
+    ]
 
 
 def test_large_values_are_reported_by_name_and_size():
@@ -87,17 +90,52 @@ def test_in_memory_streams_travel_but_files_do_not():
     assert [p.name for p in capture(analyze("d = buf.getvalue()"), {"buf": io.BytesIO(b"abc")}).packed] == ["buf"]
 
 
-def test_a_function_that_cannot_travel_names_what_it_uses(tmp_path):
-    log = open(tmp_path / "log.txt", "w")
+OPEN_FILE = "an open file of this process ({!r}); pass the file's path instead and open it inside the cell"
+
+
+@pytest.mark.parametrize("mode", ["r", "w", "rb", "ab"])
+def test_a_function_using_an_open_file_names_it_whatever_the_mode(tmp_path, mode):
+    path = tmp_path / "log.txt"
+    path.write_text("the file's content")
+    log = open(path, mode)
 
     def step(x):
-        log.write(str(x))
+        return log.read() if log.readable() else log.write(str(x))
 
     try:
         with pytest.raises(CaptureError) as caught:
             capture(analyze("step(1)"), {"step": step})
-        assert str(caught.value) == (
-            "step (function) cannot be sent to the ranks: it uses log (_io.TextIOWrapper), which cannot be sent: "
-            "a file handle belongs to this process. Pass the file's path instead and open it inside the cell")
+        assert str(caught.value) == "step (function) cannot be sent to the ranks: it uses log, " + OPEN_FILE.format(str(path))
     finally:
         log.close()
+
+
+@pytest.mark.parametrize("mode", ["r", "w"])
+def test_an_open_file_is_refused_as_a_value_or_inside_one(tmp_path, mode):
+    path = tmp_path / "data.txt"
+    path.write_text("the file's content")
+    with open(path, mode) as f:
+        with pytest.raises(CaptureError) as direct:
+            capture(analyze("d = f.read()"), {"f": f})
+        with pytest.raises(CaptureError) as held:
+            capture(analyze("d = cfg['src'].read()"), {"cfg": {"src": f, "n": 1}})
+    kind = type(f).__module__ + "." + type(f).__qualname__
+    assert str(direct.value) == f"f ({kind}) cannot be sent to the ranks: it is " + OPEN_FILE.format(str(path))
+    assert str(held.value) == "cfg (dict) cannot be sent to the ranks: it holds " + OPEN_FILE.format(str(path))
+
+
+def test_the_notebooks_stderr_still_travels_as_the_ranks_own(monkeypatch):
+    import os
+    import pickle
+    import sys
+
+    with open(os.devnull, "w") as terminal:  # sys.stderr as a terminal IPython has it
+        monkeypatch.setattr(sys, "stderr", terminal)
+        err = sys.stderr
+
+        def say(text):
+            print(text, file=err)
+
+        [packed] = capture(analyze("say(1)"), {"say": say}).packed
+    monkeypatch.undo()
+    assert pickle.loads(packed.data).__closure__[0].cell_contents is sys.stderr

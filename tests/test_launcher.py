@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -77,3 +78,20 @@ thus causing the job to be terminated. The first process to do so was:
     assert exit_reports(ompi4_code) == {6: "exited with status 4"}
     assert exit_reports(mpich) == {5: "was killed by signal 11"}
     assert exit_reports("all fine") == {}
+
+
+def test_a_launcher_that_never_answers_is_refused_within_seconds(ip, tmp_path, monkeypatch, cache_dir):
+    from IPython.core.error import UsageError
+
+    broken = tmp_path / "hanging-mpirun"  # stands for a broken mpirun: it never answers --version
+    broken.write_text("#!/bin/sh\nsh -c 'sleep 60; exit' \"$0\"\n")  # a child holds the output pipe open
+    broken.chmod(0o755)
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN", str(broken))
+    started = time.monotonic()
+    with pytest.raises(UsageError) as caught:
+        ip.run_cell_magic("mpirun_remote", "", "x = 1")
+    assert time.monotonic() - started < launcher.IDENTIFY_SECONDS + 2
+    assert str(caught.value) == (
+        f"{broken} did not answer --version within {launcher.IDENTIFY_SECONDS:g} seconds, so it is not a working "
+        "mpirun; point MPI_MAGIC_MPIRUN (or %mpirun_config mpirun=...) at an Open MPI or MPICH mpirun")
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))

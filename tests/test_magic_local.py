@@ -62,12 +62,12 @@ def test_unpicklable_names_the_cell_does_not_read_are_ignored(ip):
 @pytest.mark.parametrize(
     ("setup", "cell", "name", "kind", "hint"),
     [
-        ("import threading\nlock = threading.Lock()", "with lock:\n    pass", "lock", "_thread.lock", "Create the lock inside the cell"),
+        ("import threading\nlock = threading.Lock()", "with lock:\n    pass", "lock", "_thread.lock", "create the lock inside the cell"),
         ("gen = (i for i in range(3))", "total = sum(gen)", "gen", "generator", "list"),
         ("f = open('/dev/null')", "data = f.read()", "f", "_io.TextIOWrapper", "open it inside the cell"),
         ("import socket\nsock = socket.socket()", "sock.close()", "sock", "socket.socket", "inside the cell"),
         ("import sqlite3\ndb = sqlite3.connect(':memory:')", "rows = db.execute('select 1').fetchall()", "db",
-         "sqlite3.Connection", "Open the connection inside the cell"),
+         "sqlite3.Connection", "open the connection inside the cell"),
     ],
 )
 def test_a_read_name_that_cannot_travel_stops_the_launch_before_anything_starts(ip, cache_dir, setup, cell, name, kind, hint):
@@ -255,7 +255,7 @@ def test_job_folder_is_private_and_holds_payload_logs_and_results(ip, cache_dir)
     job = ip.user_ns["job"]
     assert os.path.dirname(job.job_dir) == os.path.join(cache_dir, "jobs")
     assert stat.S_IMODE(os.stat(job.job_dir).st_mode) == 0o700
-    assert sorted(os.listdir(job.job_dir)) == ["job.json", "logs", "payload.bin", "results"]
+    assert sorted(os.listdir(job.job_dir)) == ["job.json", "logs", "results"]  # the payload goes once the job ends
     assert "rank-0.bin" in os.listdir(os.path.join(job.job_dir, "results"))
     with open(os.path.join(job.job_dir, "logs", "rank-1.log")) as log:
         assert log.read() == "hi\n"
@@ -265,7 +265,7 @@ def test_old_job_folders_are_pruned(ip, cache_dir):
     ip.run_line_magic("mpirun_config", "keep_jobs=2")
     for _ in range(4):
         run(ip, "--quiet", "pass")
-    assert len(os.listdir(os.path.join(cache_dir, "jobs"))) == 3  # two kept plus the newest
+    assert len(os.listdir(os.path.join(cache_dir, "jobs"))) == 2  # the newest among them
 
 
 def test_more_ranks_than_cores_need_no_flags(ip):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
+import tracemalloc
 
 import pytest
 from IPython.core.error import UsageError
 
-from mpi_magic.options import SETTINGS, Config
+from mpi_magic import execute
+from mpi_magic.options import SETTINGS, Config, LaunchOptions
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -119,3 +122,47 @@ def test_attach_without_a_job_name_or_with_other_words_is_one_sentence(ip, line)
 def test_attach_help_lists_its_arguments(ip):
     doc = ip.magics_manager.magics["line"]["mpirun_attach"].__doc__
     assert "JOB_NAME" in doc and "--out NAME" in doc and "(see %mpirun_jobs)" in doc
+
+
+@pytest.mark.parametrize(("line", "passed"), [
+    ('--mpirun-args "--report-bindings"', "--report-bindings"),
+    ("--mpirun-args --report-bindings", "--report-bindings"),
+    ("--mpirun-args=--report-bindings", "--report-bindings"),
+    ("--mpirun-args -v", "-v"),
+    ('--mpirun-args "--mca btl self,sm"', "--mca btl self,sm"),
+])
+def test_mpirun_args_may_be_a_single_flag(ip, capsys, cache_dir, line, passed):
+    ip.run_cell_magic("mpirun_remote", line + " --dry-run", "x = 1")
+    command = capsys.readouterr().out
+    assert f" --tag-output {passed} " in command
+    assert "x" not in ip.user_ns
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("-i 2 -g 513 --dry-run", "1026 ranks (2 x 513) is more than the local backend runs (1024 at most"),
+    ("-i 100000 -g 100000 --dry-run", "10000000000 ranks (100000 x 100000) is more than the local backend runs"),
+    ("--backend sagemaker -i 100000 -g 100000 --dry-run",
+     "10000000000 ranks (100000 x 100000) is more than the sagemaker backend runs (65536 at most"),
+])
+def test_absurd_world_sizes_are_refused_at_once(ip, cache_dir, line, message):
+    started = time.monotonic()
+    with pytest.raises(UsageError) as caught:
+        ip.run_cell_magic("mpirun_remote", line, "x = 1")
+    assert time.monotonic() - started < 1
+    assert message in str(caught.value) and str(caught.value).endswith("; lower --instances or --gpus")
+    assert "\n" not in str(caught.value)
+    assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+
+
+def test_a_dry_run_builds_nothing_per_rank(cache_dir, capsys):
+    """The plan of a million ranks costs what the plan of one does: no per-rank state is made for it."""
+    config = Config(environ={"MPI_MAGIC_CACHE_DIR": cache_dir})
+    options = LaunchOptions(instances=1000, gpus=1000, dry_run=True)
+    tracemalloc.start()
+    try:
+        execute.run_cell("x = 1", {}, options, config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "-np 1000000 " in capsys.readouterr().out
+    assert peak < 5 * 2**20

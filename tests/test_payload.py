@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -72,9 +73,16 @@ def test_another_format_version_is_refused(tmp_path):
         payload.read(str(path))
 
 
-def test_the_file_is_private(tmp_path):
+@pytest.mark.parametrize("umask", [0o022, 0o000, 0o277], ids=oct)
+def test_the_file_is_private_whatever_the_umask(tmp_path, umask):
     path = tmp_path / "p.bin"
-    payload.write(str(path), [], {})
+    path.write_bytes(b"an older file, readable by all")
+    path.chmod(0o644)
+    before = os.umask(umask)
+    try:
+        payload.write(str(path), [], {})
+    finally:
+        os.umask(before)
     assert path.stat().st_mode & 0o777 == 0o600
 
 

@@ -248,3 +248,21 @@ def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
     summary = out.getvalue().splitlines()[-3:]
     assert summary[0].startswith("mpi_magic: job job-2 (local, 2 x 1) failed")
     assert summary[1:] == ["  rank 0 (instance 0) stopped", "  rank 1 (instance 1, h) raised OSError: disk"]
+
+
+def test_when_no_rank_reports_the_views_say_who_waits(world):
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    wire(model, decoder, RankFinished(rank=2, ok=True, seq=1, time=11.0))
+    clock.now += 10
+    view.update()
+    assert model.waiting() is None and "waiting" not in view.header.value, "quiet for 10s is not yet a hint"
+    clock.now += 30
+    assert model.waiting() == "ranks 0, 1, 3 have been waiting 40s; rank 2 finished"
+    view.redraw()
+    assert "ranks 0, 1, 3 have been waiting 40s" in view.header.value
+    text = io.StringIO()
+    TextView(model, text).update()
+    assert "mpi_magic: ranks 0, 1, 3 have been waiting 40s; rank 2 finished" in text.getvalue()
+    wire(model, decoder, Progress(rank=0, n=1, total=2, seq=1, time=50.0))
+    assert model.waiting() is None, "progress from any rank ends the hint"

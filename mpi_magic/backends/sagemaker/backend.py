@@ -9,12 +9,12 @@ import os
 from typing import TYPE_CHECKING
 
 from ... import events as wire
-from . import package
-from .history import record_job
-from .job import SageMakerJob
 from ...layout import split_s3
 from ...payload import PAYLOAD_FILE
+from . import package
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
+from .history import record_job
+from .job import SageMakerJob
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
 from .settings import instance_gpus
 

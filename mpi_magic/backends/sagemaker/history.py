@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any
 
+from ... import jobdir
 from ...options import Config
 from .settings import import_boto3
 
@@ -26,8 +27,8 @@ def record_job(name: str, region: str) -> None:
     except (OSError, ValueError):
         records = []
     records = ([{"name": name, "region": region, "created": time.time()}] + records)[:100]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
+    jobdir.make_private_dirs(os.path.dirname(path))
+    with jobdir.open_private(path) as f:
         json.dump(records, f)
 
 
