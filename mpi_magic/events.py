@@ -195,13 +195,17 @@ def encode(event: WireEvent, token: str) -> str:
     if type(event) is Progress:
         total = "" if event.total is None else repr(event.total)
         return (f"{marker(token)}p{event.rank},{event.seq},{event.time!r},{event.n!r},{total},{event.bar},"
-                f"{int(event.closed)},{event.desc}")
+                f"{int(event.closed)},{_one_line(event.desc)}")
     body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
     for name in _FIELDS[type(event)]:
         value = getattr(event, name)
         if value not in ("", None, {}):
             body[name] = value
     return marker(token) + json.dumps(body, separators=(",", ":"))
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", " ").replace("\r", " ") if "\n" in text or "\r" in text else text
 
 
 def _wire_number(text: str) -> int | float:
