@@ -193,8 +193,9 @@ def encode(event: WireEvent, token: str) -> str:
     events are compact JSON.
     """
     if type(event) is Progress:
-        total = "" if event.total is None else repr(event.total)
-        return (f"{marker(token)}p{event.rank},{event.seq},{event.time!r},{event.n!r},{total},{event.bar},"
+        total = "" if event.total is None else _number_text(event.total)
+        return (f"{marker(token)}p{event.rank},{event.seq},{_number_text(event.time)},{_number_text(event.n)},{total},"
+                f"{event.bar},"
                 f"{int(event.closed)},{_one_line(event.desc)}")
     body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
     for name in _FIELDS[type(event)]:
@@ -202,6 +203,11 @@ def encode(event: WireEvent, token: str) -> str:
         if value not in ("", None, {}):
             body[name] = value
     return marker(token) + json.dumps(body, separators=(",", ":"))
+
+
+def _number_text(value) -> str:
+    """An int as digits, anything else (numpy scalars too) as the repr of a Python float."""
+    return str(value) if type(value) is int else repr(float(value))  # noqa: E721
 
 
 def _one_line(text: str) -> str:

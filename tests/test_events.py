@@ -69,3 +69,11 @@ def test_progress_round_trips_whatever_its_description_holds():
                         time=12.25)
         (got,) = decoder.feed(f"[1,1]<stdout>: {encode(sent, TOKEN)}")
         assert got == Progress(**{**sent.__dict__, "desc": desc.replace("\n", " ")})
+
+
+def test_numpy_numbers_in_progress_travel_as_plain_numbers():
+    import numpy as np
+
+    sent = Progress(rank=0, n=np.float64(1.5), total=np.int64(4), seq=0, time=1.0)
+    (got,) = StreamDecoder(TOKEN).feed(f"[1,0]<stdout>: {encode(sent, TOKEN)}")
+    assert (got.n, got.total) == (1.5, 4.0)
