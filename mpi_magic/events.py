@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -29,6 +28,8 @@ TOKEN_VARIABLE = "MPI_MAGIC_EVENT_TOKEN"  # how a job's runtime learns its token
 
 def new_token() -> str:
     """A job's secret part of the marker: output that merely looks like an event lacks it."""
+    import secrets  # the notebook's side only
+
     return secrets.token_hex(8)
 
 
@@ -185,13 +186,48 @@ _SCHEMA = {
 
 
 def encode(event: WireEvent, token: str) -> str:
-    """One wire line (without newline) for ``event`` in the job whose token is ``token``."""
+    """One wire line (without newline) for ``event`` in the job whose token is ``token``.
+
+    Progress, by far the most frequent event, is a short comma-separated record (``p`` then
+    rank, seq, time, n, total, bar, closed, desc; desc last, so it may hold commas); the other
+    events are compact JSON.
+    """
+    if type(event) is Progress:
+        total = "" if event.total is None else _number_text(event.total)
+        return (f"{marker(token)}p{event.rank},{event.seq},{_number_text(event.time)},{_number_text(event.n)},{total},"
+                f"{event.bar},"
+                f"{int(event.closed)},{_one_line(event.desc)}")
     body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
     for name in _FIELDS[type(event)]:
         value = getattr(event, name)
         if value not in ("", None, {}):
             body[name] = value
     return marker(token) + json.dumps(body, separators=(",", ":"))
+
+
+def _number_text(value) -> str:
+    """An int as digits, anything else (numpy scalars too) as the repr of a Python float."""
+    return str(value) if type(value) is int else repr(float(value))  # noqa: E721
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", " ").replace("\r", " ") if "\n" in text or "\r" in text else text
+
+
+def _wire_number(text: str) -> int | float:
+    return int(text) if text.isdigit() else float(text)
+
+
+def _decode_progress(text: str) -> Progress:
+    rank, seq, when, n, total, bar, closed, desc = text.split(",", 7)
+    if closed not in ("0", "1") or not (rank.isdigit() and seq.isdigit() and bar.isdigit()):
+        raise BadEvent("not a progress record")
+    event = Progress(int(rank), _wire_number(n), _wire_number(total) if total else None, desc, int(bar),
+                     closed == "1", int(seq), _wire_number(when))  # positional: the fields' order
+    if not (_number(event.n) and _optional_number(event.total) and _number(event.time) and len(desc) <= 1000
+            and _count(event.rank) and _count(event.seq) and _count(event.bar)):
+        raise BadEvent("progress out of range")
+    return event
 
 
 _loads = json.JSONDecoder().decode
@@ -204,6 +240,8 @@ class BadEvent(ValueError):
 def decode_payload(text: str) -> WireEvent:
     """The event in ``text`` (the part after the marker); ``BadEvent`` when it is not a valid one."""
     try:
+        if text[:1] == "p":
+            return _decode_progress(text[1:])
         body = _loads(text)
         if type(body) is not dict or body.pop("v", None) != SCHEMA_VERSION:  # noqa: E721
             raise BadEvent("not an event of this version")

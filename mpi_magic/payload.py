@@ -22,9 +22,10 @@ import pickle
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import cloudpickle
+if TYPE_CHECKING:
+    import cloudpickle
 
 from .errors import PayloadError
 
@@ -49,8 +50,15 @@ class Packed:
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] = cloudpickle.Pickler) -> Packed:
-    """Pickle ``value`` with cloudpickle (or a subclass of its pickler); raises what pickling raises."""
+def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] | None = None) -> Packed:
+    """Pickle ``value`` with cloudpickle (or a subclass of its pickler); raises what pickling raises.
+
+    cloudpickle is imported here, not with the module: most ranks only read a payload, and
+    unpickling imports what the pickle needs by itself.
+    """
+    import cloudpickle
+
+    pickler = pickler or cloudpickle.Pickler
     buffers: list[pickle.PickleBuffer] = []
     with io.BytesIO() as out:
         pickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
@@ -64,6 +72,8 @@ def python_version() -> str:
 
 def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = True) -> str | None:
     """Write ``packed`` values and ``meta`` to ``path`` (mode 0600); returns the SHA-256 if asked."""
+    import cloudpickle
+
     header = {
         "format": FORMAT_VERSION,
         "python": python_version(),

@@ -60,3 +60,20 @@ def test_emitter_numbers_events_per_rank():
     emitter.emit(Progress, n=2, total=2)
     decoded = [StreamDecoder(TOKEN).feed(f"[1,3]<stdout>: {line}")[0] for line in lines]
     assert [(e.rank, e.seq, e.n) for e in decoded] == [(3, 0, 1), (3, 1, 2)]
+
+
+def test_progress_round_trips_whatever_its_description_holds():
+    decoder = StreamDecoder(TOKEN)
+    for seq, desc in enumerate(["epoch 1, batch 2", "line\nbreak", "", "ünïcödé,,,"]):
+        sent = Progress(rank=1, n=2.5, total=None if seq % 2 else 10, desc=desc, bar=3, closed=bool(seq % 2), seq=seq,
+                        time=12.25)
+        (got,) = decoder.feed(f"[1,1]<stdout>: {encode(sent, TOKEN)}")
+        assert got == Progress(**{**sent.__dict__, "desc": desc.replace("\n", " ")})
+
+
+def test_numpy_numbers_in_progress_travel_as_plain_numbers():
+    import numpy as np
+
+    sent = Progress(rank=0, n=np.float64(1.5), total=np.int64(4), seq=0, time=1.0)
+    (got,) = StreamDecoder(TOKEN).feed(f"[1,0]<stdout>: {encode(sent, TOKEN)}")
+    assert (got.n, got.total) == (1.5, 4.0)

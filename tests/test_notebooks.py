@@ -50,8 +50,9 @@ def test_quickstart_headless_prints_each_ranks_progress(tmp_path, monkeypatch):
     nb, outputs = _execute(tmp_path, monkeypatch, "text")
     shown = _text(outputs)
     progress = [line for line in shown.splitlines() if " running " in line]
-    assert progress, "progress lines are printed while the job runs"
-    assert all("; ranks 0:" in line and " 3:" in line for line in progress)
+    per_rank = [i for i, line in enumerate(progress) if "; ranks 0:" in line and " 3:" in line]
+    assert per_rank, "progress lines with every rank's share are printed while the job runs"
+    assert len(per_rank) == len(progress) - per_rank[0], "once a rank reports progress, every line lists each rank"
     assert WIDGET_VIEW not in [mime for o in outputs for mime in o.get("data", {})]
     _check_results(nb)
 

@@ -12,10 +12,7 @@ import builtins
 import io
 import linecache
 import os
-import socket
 import sys
-import tempfile
-import traceback
 import types
 from dataclasses import dataclass
 from typing import NoReturn, cast
@@ -90,7 +87,7 @@ def main(argv: list[str]) -> int:
         cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=False)
     emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
-                 world_size=place.world_size, host=socket.gethostname(), pid=os.getpid())
+                 world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)
     tqdm_hook.install(reporter)
@@ -105,7 +102,7 @@ def main(argv: list[str]) -> int:
     results_digest = ""
     try:
         if place.rank == 0 or bundle.meta.get("gather"):
-            results_dir = tempfile.mkdtemp(prefix="mpi_magic_results_") if results_uri else job_dir
+            results_dir = _scratch_dir() if results_uri else job_dir
             unreturned, results_digest = write_results(results_dir, place.rank, bundle.meta, namespace, value)
             if results_uri:
                 upload(result_path(results_dir, place.rank), result_uri(results_uri, place.rank))
@@ -141,6 +138,12 @@ def _die_with_launcher() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == 1:  # the launcher died before the call: nothing would send the signal
             os._exit(1)
+
+
+def _scratch_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="mpi_magic_results_")
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -277,4 +280,6 @@ def format_traceback(exc: BaseException) -> str:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != CELL_FILENAME:
         tb = tb.tb_next
+    import traceback  # only when a cell fails
+
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
