@@ -8,7 +8,6 @@ notebook variant (which would need a browser) is replaced by the same class.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import io
 import sys
@@ -50,8 +49,11 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
     return RankTqdm
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader, patch):
+class _Loader:
+    """Runs the module as its own loader would, then patches it (the import protocol needs no base
+    class here, and importlib.abc costs every rank milliseconds at start-up)."""
+
+    def __init__(self, wrapped, patch):
         self._wrapped, self._patch = wrapped, patch
 
     def create_module(self, spec):
@@ -62,7 +64,9 @@ class _Loader(importlib.abc.Loader):
         self._patch(module)
 
 
-class TqdmHook(importlib.abc.MetaPathFinder):
+class TqdmHook:
+    """A finder on sys.meta_path for tqdm's modules only."""
+
     def __init__(self, reporter: Reporter):
         self._reporter = reporter
         self._rank_tqdm: type | None = None
