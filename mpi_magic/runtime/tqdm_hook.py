@@ -8,12 +8,15 @@ notebook variant (which would need a browser) is replaced by the same class.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import io
 import sys
+from typing import TYPE_CHECKING, cast
 
 from ..reporting import Reporter
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 _PATCHED_MODULES = ("tqdm.std", "tqdm.notebook", "tqdm.autonotebook", "tqdm.auto")
 
@@ -50,8 +53,11 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
     return RankTqdm
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, wrapped: importlib.abc.Loader, patch):
+class _Loader:
+    """Runs the module as its own loader would, then patches it (the import protocol needs no base
+    class here, and importlib.abc costs every rank milliseconds at start-up)."""
+
+    def __init__(self, wrapped, patch):
         self._wrapped, self._patch = wrapped, patch
 
     def create_module(self, spec):
@@ -62,7 +68,9 @@ class _Loader(importlib.abc.Loader):
         self._patch(module)
 
 
-class TqdmHook(importlib.abc.MetaPathFinder):
+class TqdmHook:
+    """A finder on sys.meta_path for tqdm's modules only."""
+
     def __init__(self, reporter: Reporter):
         self._reporter = reporter
         self._rank_tqdm: type | None = None
@@ -72,7 +80,7 @@ class TqdmHook(importlib.abc.MetaPathFinder):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, self._patch)
+            spec.loader = cast("Loader", _Loader(spec.loader, self._patch))  # a Loader by its methods
         return spec
 
     def _patch(self, module) -> None:
