@@ -1,8 +1,9 @@
 """The one stream between a running job and whoever watches it.
 
 Ranks report by writing one line per event to stdout: the job's marker (``marker(token)``,
-with a random token only the job's runtime knows) then compact JSON with a schema version,
-the rank, a per-rank sequence number and a timestamp. The launcher tags every line with its
+with a random token only the job's runtime knows) then the event, with the rank, a per-rank
+sequence number and a timestamp: a short record for progress, compact JSON with a schema
+version for the rest. The launcher tags every line with its
 rank (``--tag-output`` in Open MPI, ``-l`` in MPICH), so plain output is attributed too. The
 same ``StreamDecoder`` reads a local mpirun pipe or a log re-read from the cloud.
 
@@ -194,9 +195,9 @@ def encode(event: WireEvent, token: str) -> str:
     """
     if type(event) is Progress:
         total = "" if event.total is None else _number_text(event.total)
-        return (f"{marker(token)}p{event.rank},{event.seq},{_number_text(event.time)},{_number_text(event.n)},{total},"
-                f"{event.bar},"
-                f"{int(event.closed)},{_one_line(event.desc)}")
+        record = (event.rank, event.seq, _number_text(event.time), _number_text(event.n), total, event.bar,
+                  int(event.closed), _one_line(event.desc))
+        return f"{marker(token)}p" + ",".join(map(str, record))
     body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
     for name in _FIELDS[type(event)]:
         value = getattr(event, name)
@@ -303,6 +304,13 @@ class StreamDecoder:
             if ahead:
                 gaps[rank] = max(ahead) + 1 - self._complete[rank] - len(ahead)
         return gaps
+
+    def rejections(self) -> list[Note]:
+        """What the user is told at the end about lines that were not believed."""
+        if not self.rejected:
+            return []
+        return [Note(f"{self.rejected} line{'s' if self.rejected > 1 else ''} carried this job's event marker but no "
+                     "valid event of the rank that printed them; they are kept as that rank's output")]
 
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
         if line.endswith("\n"):

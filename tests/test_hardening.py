@@ -106,6 +106,7 @@ def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
     assert job.status == "completed" and ip.user_ns["x"] == 1
     assert all(r.failure is None for r in job.ranks)
     assert sum('"k": "' in line for line in job.logs(1).splitlines()) == 3
+    assert any(note.startswith("3 lines carried this job's event marker") for note in job.model.notes)
 
 
 def _valid(event) -> bool:

@@ -163,6 +163,8 @@ class LocalJob:
         self._stop(self._processes())  # what a rank started and left behind
         with self._decode_lock:
             gone = self._gone - self._reported
+        for note in self._decoder.rejections():
+            self._queue.put(note)
         self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
 
     @property

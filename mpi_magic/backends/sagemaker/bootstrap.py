@@ -31,6 +31,7 @@ CODE_ARCHIVE = "mpi_magic_code.tar.gz"
 REQUIREMENTS = "requirements.txt"  # installed on every instance before the ranks start
 SAID = "mpi_magic bootstrap: "
 ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
+ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook need not wait for more
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -139,6 +140,8 @@ def lead(hosts):
         relay.start()
         status = mpirun.wait()
         relay.join(timeout=10)  # a daemon left behind may hold the pipe open: do not wait for it
+        if not relay.is_alive():
+            print(ALL_RELAYED, flush=True)
         failure = failures[0] if failures else None
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1

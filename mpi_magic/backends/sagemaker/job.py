@@ -12,7 +12,7 @@ from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStar
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
-from .bootstrap import PAYLOAD_CHANNEL, announced_tag_style
+from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, announced_tag_style
 from .settings import import_boto3
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class SageMakerJob:
         self._quiet_since: float | None = None
         self._reported: set[int] = set()
         self._world_size: int | None = None
+        self._all_relayed = False  # the leader said every line of mpirun's output is in its log
 
     @property
     def _all_reported(self) -> bool:
@@ -106,7 +107,7 @@ class SageMakerJob:
         """After the job ended, its last log lines may still be on their way to CloudWatch."""
         if self._quiet_since is None:
             self._quiet_since = now
-        return self._all_reported or now - self._quiet_since > LOG_LAG
+        return self._all_reported or self._all_relayed or now - self._quiet_since > LOG_LAG
 
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
@@ -131,6 +132,7 @@ class SageMakerJob:
         if "BillableTimeInSeconds" in described:
             events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
+        events += self._decoder.rejections()
         events.append(self._launcher_log.ended(code, self._world_size is not None))
         self._finished = True
         return events
@@ -153,6 +155,7 @@ class SageMakerJob:
             for item in reply.get("events", []):
                 line = item["message"]
                 self._decoder.style = announced_tag_style(line) or self._decoder.style
+                self._all_relayed = self._all_relayed or line == ALL_RELAYED
                 decoded = self._decoder.feed(line)
                 self._quiet_since = None
                 for event in decoded:
