@@ -136,12 +136,18 @@ def lead(hosts):
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: mpirun.send_signal(signal.SIGTERM))
         failures: list[str] = []
-        relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures), daemon=True)
+        relayed = {"at": time.monotonic(), "whole_lines": True}
+        relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
         status = mpirun.wait()
-        relay.join(timeout=10)  # a daemon left behind may hold the pipe open: do not wait for it
-        if not relay.is_alive():
-            print(ALL_RELAYED, flush=True)
+        relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
+        # What mpirun wrote before it exited is read within moments; a daemon left behind may hold
+        # the pipe open, but no rank's output can come through it once mpirun is gone.
+        until = time.monotonic() + 10
+        while relay.is_alive() and time.monotonic() < until and time.monotonic() - relayed["at"] < 0.5:
+            relay.join(timeout=0.1)
+        if not relay.is_alive() or time.monotonic() < until:
+            print(("" if relayed["whole_lines"] else "\n") + ALL_RELAYED, flush=True)  # a line of its own
         failure = failures[0] if failures else None
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1
@@ -203,13 +209,15 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
             sys.executable, "-c", RANK_LAUNCH, "--digest", digest, "--results", results]
 
 
-def relay_output(output, failures):
-    """Copy mpirun's output to this instance's log; note the ranks that failed."""
+def relay_output(output, failures, relayed):
+    """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
+    line came (``relayed["at"]``) and whether it ended in a newline."""
     from mpi_magic.events import TOKEN_VARIABLE, RankFinished, StreamDecoder  # the job's code, unpacked by now
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(TOKEN_VARIABLE, ""))
     for raw in iter(output.readline, b""):
+        relayed["at"], relayed["whole_lines"] = time.monotonic(), raw.endswith(b"\n")
         line = raw.decode("utf-8", errors="replace")
         sys.stdout.write(line)
         sys.stdout.flush()

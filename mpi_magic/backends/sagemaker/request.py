@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
+from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 
 BOOTSTRAP = "bootstrap.py"
 # The entrypoint checks the code it is about to run against digests pinned in the job definition:
@@ -21,6 +21,7 @@ PINNED_START = (
     "    if found != os.environ[variable]:\n"
     "        reason = name + ' does not match the digest pinned when the job was submitted; not running it'\n"
     "        open(os.path.join(base, 'output', 'failure'), 'w').write(reason)\n"
+    f"        print({ALL_RELAYED!r}, flush=True)\n"  # no rank ran, so the log is complete
     "        sys.exit(reason)\n"
     f"sys.argv = [os.path.join(code, '{BOOTSTRAP}')]\n"
     "exec(compile(open(sys.argv[0]).read(), sys.argv[0], 'exec'), {'__name__': '__main__'})\n"
