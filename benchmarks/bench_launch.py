@@ -75,9 +75,11 @@ def breakdown(ip, cell: str, repeats: int) -> None:
                 stretches.setdefault(name, []).append(end - start)
     finally:
         local.LocalJob.__init__, Job.record = launch, record
-    print("  where a cell's time goes (median):")
+    print(f"  where a cell's time goes (median of {repeats} more runs):")
     for name, values in stretches.items():
         print(f"    {name:<40} {1000 * median(values):6.1f} ms")
+    totals = [sum(parts) for parts in zip(*stretches.values())]
+    print(f"    {'in all':<40} {1000 * median(totals):6.1f} ms")
 
 
 if __name__ == "__main__":

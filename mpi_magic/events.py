@@ -259,8 +259,11 @@ def decode_payload(text: str) -> WireEvent:
 
 
 # Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text".
-_OPENMPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL)
-_MPICH_TAG = re.compile(r"^\[(\d+)\] (.*)$", re.DOTALL)
+_TAGS = {
+    "openmpi5": re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL),
+    "openmpi4": re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL),
+    "mpich": re.compile(r"^\[(\d+)\] (.*)$", re.DOTALL),
+}
 
 
 def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tuple[int, str, str] | None:
@@ -268,16 +271,12 @@ def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tup
 
     ``stream`` is the pipe the line came from, used where the tag does not say (MPICH).
     """
-    if style == "mpich":
-        match = _MPICH_TAG.match(line)
-        return (int(match.group(1)), stream, match.group(2)) if match else None
-    match = _OPENMPI_TAG.match(line)
-    if not match:
+    match = _TAGS[style].match(line)
+    if match is None:
         return None
-    text = match.group(3)
-    if style == "openmpi5" and text.startswith(" "):
-        text = text[1:]
-    return int(match.group(1)), match.group(2), text
+    if style == "mpich":
+        return int(match[1]), stream, match[2]
+    return int(match[1]), match[2], match[3]
 
 
 class StreamDecoder:
@@ -315,10 +314,13 @@ class StreamDecoder:
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
         if line.endswith("\n"):
             line = line.rstrip("\r\n")
-        tagged = parse_tag(line, stream, self.style)
-        if tagged is None:  # the launcher's own words: no rank vouches for an event in them
+        match = _TAGS[self.style].match(line)
+        if match is None:  # the launcher's own words: no rank vouches for an event in them
             return [LauncherOutput(line)]
-        rank, stream, text = tagged
+        if self.style == "mpich":
+            rank, text = int(match[1]), match[2]
+        else:
+            rank, stream, text = int(match[1]), match[2], match[3]
         at = text.find(self.marker)
         if at < 0:
             return [Output(rank, stream, text)]
