@@ -100,7 +100,6 @@ class LocalJob:
         self._reported: set[int] = set()
         self._gone: set[int] = set()
         self._checked_at = 0.0
-        self._last_read = time.monotonic()
         self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         self.process = subprocess.Popen(
@@ -118,12 +117,10 @@ class LocalJob:
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _read(self, pipe, stream: str) -> None:
-        """Read in chunks, not lines, so that a rank's output still on its way (a long line)
-        counts as activity; every line goes on whole, however long."""
+        """Read in chunks and cut lines here: every line goes on whole, however long."""
         pieces: list[bytes] = []  # the line read so far
         with pipe:
             for chunk in iter(lambda: pipe.read1(READ_CHUNK), b""):
-                self._last_read = time.monotonic()
                 if b"\n" not in chunk:
                     pieces.append(chunk)
                     continue
@@ -152,7 +149,6 @@ class LocalJob:
                     self._reported.add(event.rank)
                 elif isinstance(event, LauncherOutput):
                     self._launcher_log.add(event.text)
-            self._last_read = time.monotonic()
         for event in decoded:
             self._queue.put(event)
 
@@ -161,8 +157,8 @@ class LocalJob:
             reader.join()
         returncode = self.process.wait()
         self._stop(self._processes())  # what a rank started and left behind
-        with self._decode_lock:
-            gone = self._gone - self._reported
+        with self._decode_lock:  # the launcher is gone: a rank that did not report never will
+            gone = set(self._rank_pids) - self._reported
         for note in self._decoder.rejections():
             self._queue.put(note)
         self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
