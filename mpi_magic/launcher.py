@@ -174,13 +174,14 @@ class LauncherLog:
         self.lines.append(text)
 
     def ended(self, returncode: int | None, ranks_started: bool, gone: Iterable[int] = ()) -> LauncherExited:
-        """The end event: exit reports (ranks seen to vanish without reporting included)."""
+        """The end event: the launcher's exit reports, else ``gone``: ranks that vanished without
+        reporting, while no other rank's failure explains it."""
         said = list(self.lines)
         refused = ""
         if returncode and not ranks_started:
             words = [" ".join(line.split()) for line in said]
             refused = " ".join([w for w in words if w.strip("-=")][:3])[:300] or f"status {returncode}"
         reports = exit_reports("\n".join(said))
-        for rank in gone:
-            reports.setdefault(rank, "exited before the cell finished")
+        if not reports:  # where the launcher names a rank, the others were stopped because of it
+            reports = {rank: "exited before the cell finished" for rank in gone}
         return LauncherExited(returncode, reports, refused)

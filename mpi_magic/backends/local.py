@@ -99,6 +99,7 @@ class LocalJob:
         self._rank_pids: dict[int, int] = {}
         self._reported: set[int] = set()
         self._gone: set[int] = set()
+        self._failure_seen = False
         self._checked_at = 0.0
         self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
@@ -147,6 +148,7 @@ class LocalJob:
                     self._rank_pids[event.rank] = event.pid
                 elif isinstance(event, RankFinished):
                     self._reported.add(event.rank)
+                    self._failure_seen = self._failure_seen or not event.ok
                 elif isinstance(event, LauncherOutput):
                     self._launcher_log.add(event.text)
         for event in decoded:
@@ -158,7 +160,8 @@ class LocalJob:
         returncode = self.process.wait()
         self._stop(self._processes())  # what a rank started and left behind
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
-            gone = set(self._rank_pids) - self._reported
+            # (unless another rank's failure is why the launcher stopped it)
+            gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
         for note in self._decoder.rejections():
             self._queue.put(note)
         self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
