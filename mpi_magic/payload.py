@@ -13,7 +13,6 @@ SHA-256 is pinned at submission and checked on read before anything is unpickled
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import mmap
@@ -22,9 +21,10 @@ import pickle
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
-
+TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
+    from typing import Any, Callable
+
     import cloudpickle
 
 from .errors import PayloadError
@@ -83,6 +83,8 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
     }
     head = encode_header(header)
+    import hashlib  # lazily: a rank that only reads an unpinned payload needs none
+
     hasher = hashlib.sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # whatever the umask, and a file written before keeps its mode otherwise
@@ -225,6 +227,8 @@ def _check_compatible(header: dict[str, Any]) -> None:
 
 def file_digest(path: str) -> str:
     """SHA-256 of a file, read in chunks."""
+    import hashlib
+
     hasher = hashlib.sha256()
     with open(path, "rb") as src:
         for chunk in iter(lambda: src.read(1 << 20), b""):

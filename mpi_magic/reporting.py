@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from . import events
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ast
 import builtins
-import io
 import linecache
 import os
 import sys
 import types
 from dataclasses import dataclass
-from typing import NoReturn, cast
+TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 from .. import events, payload, reporting
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
@@ -84,7 +85,7 @@ def main(argv: list[str]) -> int:
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
-        cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True, write_through=False)
+        stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
     emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
     emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
                  world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
@@ -189,7 +190,8 @@ def run_source(source: str, namespace: dict):
     _run(compile(tree, CELL_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     if last is None:
         return None
-    expression = ast.Expression(cast(ast.Expr, last).value)
+    assert isinstance(last, ast.Expr)
+    expression = ast.Expression(last.value)
     return _run(compile(expression, CELL_FILENAME, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 

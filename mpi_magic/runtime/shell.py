@@ -6,7 +6,7 @@ such lines never import IPython. Without IPython on the ranks, the error names t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.machinery
 import io
 import sys
-from typing import TYPE_CHECKING, cast
+TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 
 from ..reporting import Reporter
 
@@ -80,7 +80,7 @@ class TqdmHook:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = cast("Loader", _Loader(spec.loader, self._patch))  # a Loader by its methods
+            spec.loader = _Loader(spec.loader, self._patch)  # type: ignore[assignment]  # a Loader by its methods
         return spec
 
     def _patch(self, module) -> None:
