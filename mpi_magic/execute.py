@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 
 from . import capture, jobdir, payload
 from .backends import get_backend
+from .backends.base import BackendJob
 from .errors import JobError, JobTimeoutError, PayloadError
 from .events import LauncherExited, Phase, StopRequested
 from .job import Job
@@ -124,7 +125,7 @@ class FollowSettings:
 class Follower:
     """Watches a submitted job to its end, stops it on any exception here, collects results."""
 
-    def __init__(self, job: Job, backend_job, settings: FollowSettings):
+    def __init__(self, job: Job, backend_job: BackendJob, settings: FollowSettings):
         self.job, self.backend_job, self.settings = job, backend_job, settings
         self.echo, self.clock = settings.echo, settings.clock
         self.thread: threading.Thread | None = None
