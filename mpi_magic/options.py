@@ -189,7 +189,8 @@ def launch_arguments(func):
                  help="How many instances (machines) to run on. Default 1."),
         argument("-g", "--gpus", type=str, default=None,
                  help="Processes per instance. Default: the instance's GPU count, 1 where it has none. "
-                      "World size is instances x gpus: at most 1024 ranks locally, 65536 on SageMaker."),
+                      f"World size is instances x gpus: at most {MAX_RANKS['local']} ranks locally, "
+                      f"{MAX_RANKS['sagemaker']} on SageMaker."),
         argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
         argument("--gather", action="store_true",
                  help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),

@@ -1,15 +1,21 @@
-"""Processes and ports of this machine: everything a job started, and a free port for it."""
+"""Processes and ports of this machine: everything a job started, a free port for it, and
+a process that dies with its parent. Light to import: the rank runtime uses it too."""
 
 from __future__ import annotations
 
 import os
-import socket
+import signal
+import sys
 
-import psutil
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import psutil
 
 
 def free_port() -> int:
     """A loopback TCP port nothing listens on now."""
+    import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -19,6 +25,8 @@ def session(leader: int, job: str | None = None) -> list[psutil.Process]:
     """``leader``'s process tree, every other process of the session it leads, and (given
     ``job``) every process whose ``MPI_MAGIC_JOB`` names that job: a job's processes,
     including those that left its tree or started a session of their own."""
+    import psutil
+
     members = {}
     try:
         root = psutil.Process(leader)
@@ -42,3 +50,13 @@ def _session_of(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+def die_with_parent(signum: signal.Signals) -> None:
+    """Have the kernel send ``signum`` to this process when its parent dies (Linux; elsewhere
+    nothing happens). Called in mpirun before it runs, and in each rank."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signum)

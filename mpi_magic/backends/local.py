@@ -158,7 +158,7 @@ class LocalJob:
         for reader in self._readers:
             reader.join()
         returncode = self.process.wait()
-        self._stop(self._processes())  # what a rank started and left behind
+        self._stop()  # what a rank started and left behind
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
             # (unless another rank's failure is why the launcher stopped it)
             gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
@@ -203,11 +203,11 @@ class LocalJob:
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
-        self._stop(self._processes(), (signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
+        self._stop((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
-    def _stop(self, procs: list[psutil.Process], signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
-        known = {p.pid: p for p in procs}
+    def _stop(self, signals=(signal.SIGTERM, signal.SIGKILL)) -> None:
+        known: dict[int, psutil.Process] = {}
         for signum, wait in zip(signals, STOP_WAITS):
             known.update((p.pid, p) for p in self._processes())  # ranks whose mpirun died are still known
             alive = [p for p in known.values() if _alive(p)]
@@ -241,12 +241,8 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the notebook process dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child before exec: SIGTERM when the notebook process dies."""
+    procs.die_with_parent(signal.SIGTERM)
 
 
 if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its BackendJob

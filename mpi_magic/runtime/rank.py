@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one 
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from .. import events, payload, reporting
+from .. import events, payload, procs, reporting
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
 from ..rebind import rebind_all
 from . import tqdm_hook
@@ -130,15 +130,12 @@ def event_writer(fd: int):
 
 def _die_with_launcher() -> None:
     """SIGKILL when the launcher that started this rank dies, so no rank outlives a killed
-    notebook, even one that ignores SIGINT and SIGTERM (Linux)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
+    notebook, even one that ignores SIGINT and SIGTERM."""
+    import signal
 
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the launcher died before the call: nothing would send the signal
-            os._exit(1)
+    procs.die_with_parent(signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before the call: nothing would send the signal
+        os._exit(1)
 
 
 def _scratch_dir() -> str:

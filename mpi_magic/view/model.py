@@ -302,8 +302,10 @@ class JobModel:
         ("ranks 0, 1, 3 have been waiting 40s; rank 2 finished"): a hint that the job may be
         deadlocked, for the user to interrupt. None while output flows."""
         quiet = self.clock() - self.last_activity
+        if self.exit is not None or quiet < threshold:  # the usual case, asked at every redraw
+            return None
         active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]
-        if self.exit is not None or not active or quiet < threshold:
+        if not active:
             return None
         text = f"{_ranks(active)} {'has' if len(active) == 1 else 'have'} been waiting {quiet:.0f}s"
         others: dict[str, list[int]] = {}
