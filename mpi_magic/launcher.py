@@ -162,7 +162,6 @@ def exit_reports(launcher_text: str) -> dict[int, str]:
     return reports
 
 
-
 class LauncherLog:
     """The launcher's own last lines, read for its exit reports and, when it started no rank,
     its reason ("An unrecognized option was included on the mpirun command line: ...")."""
@@ -179,9 +178,27 @@ class LauncherLog:
         said = list(self.lines)
         refused = ""
         if returncode and not ranks_started:
-            words = [" ".join(line.split()) for line in said]
-            refused = " ".join([w for w in words if w.strip("-=")][:3])[:300] or f"status {returncode}"
+            refused = _first_reason(said) or f"it exited with status {returncode}"
         reports = exit_reports("\n".join(said))
         if not reports:  # where the launcher names a rank, the others were stopped because of it
             reports = {rank: "exited before the cell finished" for rank in gone}
         return LauncherExited(returncode, reports, refused)
+
+
+def _first_reason(lines: list[str]) -> str:
+    """The launcher's first sentence, with the detail it announces ("...on the mpirun command
+    line: Option: --no-such-flag"), from its message (paragraphs framed by lines of dashes)."""
+    paragraphs: list[list[str]] = [[]]
+    for line in lines:
+        text = " ".join(line.split())
+        if text and text.strip("-="):
+            paragraphs[-1].append(text)
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    said = [" ".join(words) for words in paragraphs if words]
+    if not said:
+        return ""
+    first = said[0].split(". ")[0]
+    if first.endswith(":") and len(said) > 1:
+        first += " " + said[1].split(". ")[0]
+    return first.rstrip(".")[:300]

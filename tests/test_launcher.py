@@ -95,3 +95,21 @@ def test_a_launcher_that_never_answers_is_refused_within_seconds(ip, tmp_path, m
         f"{broken} did not answer --version within {launcher.IDENTIFY_SECONDS:g} seconds, so it is not a working "
         "mpirun; point MPI_MAGIC_MPIRUN (or %mpirun_config mpirun=...) at an Open MPI or MPICH mpirun")
     assert not os.path.exists(os.path.join(cache_dir, "jobs"))
+
+
+def test_a_launcher_that_started_no_rank_is_quoted_by_its_first_sentence():
+    unknown_option = ["-" * 74, "An unrecognized option was included on the mpirun command line:", "",
+                      "  Option: --no-such-flag", "", 'Please use the "mpirun --help" command to obtain a list of all',
+                      "supported options.", "-" * 74]
+    no_program = ["-" * 74, "prterun was unable to find the specified executable file, and therefore", "did not "
+                  "launch the job.  This error was first reported for process", "rank 0; it may have occurred "
+                  "for other processes as well.", "-" * 74]
+    ended = [launcher.LauncherLog(), launcher.LauncherLog()]
+    for log, text in zip(ended, (unknown_option, no_program)):
+        for line in text:
+            log.add(line)
+    assert ended[0].ended(213, ranks_started=False).refused == (
+        "An unrecognized option was included on the mpirun command line: Option: --no-such-flag")
+    assert ended[1].ended(213, ranks_started=False).refused == (
+        "prterun was unable to find the specified executable file, and therefore did not launch the job")
+    assert ended[0].ended(213, ranks_started=True).refused == "", "once a rank ran, the launcher did not refuse"
