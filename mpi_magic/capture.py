@@ -18,7 +18,7 @@ import threading
 import tokenize
 import types
 from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, Callable, Mapping, cast
 
 import cloudpickle
 
@@ -204,19 +204,25 @@ class Captured:
 
     packed: list[payload.Packed] = field(default_factory=list)
     kinds: dict[str, str] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)  # read by the cell, but the ranks hold them already
 
     def large_values(self, threshold: int = LARGE_VALUE_BYTES) -> list[tuple[str, str, int]]:
         return [(p.name, self.kinds[p.name], p.size) for p in self.packed if p.size >= threshold]
 
 
-def capture(code: CellCode, namespace: Mapping[str, Any]) -> Captured:
-    """Pack every name ``code`` reads from ``namespace``; raise ``CaptureError`` listing those that cannot travel."""
+def capture(code: CellCode, namespace: Mapping[str, Any],
+            held: Callable[[str, Any], bool] = lambda name, value: False) -> Captured:
+    """Pack every name ``code`` reads from ``namespace`` (except those ``held(name, value)``
+    says the ranks have); raise ``CaptureError`` listing those that cannot travel."""
     captured = Captured()
     problems = []
     for name in sorted(code.reads):
         if name in _SHELL_NAMES or name not in namespace:
             continue  # builtins, or a NameError the ranks will raise as Python would
         value = namespace[name]
+        if held(name, value):
+            captured.kept.append(name)
+            continue
         captured.kinds[name] = type(value).__name__
         try:
             captured.packed.append(_pack(name, value))

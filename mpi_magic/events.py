@@ -96,6 +96,26 @@ class Progress:
 
 
 @dataclass
+class RankReady:
+    """In a session: the rank waits for the next cell (``cell``: the one it finished, 0 after start)."""
+
+    rank: int
+    cell: int
+    seq: int = 0
+    time: float = 0.0
+
+
+@dataclass
+class SessionClosing:
+    """In a session: rank 0 ends it (``reason``: stop, idle, the notebook is gone)."""
+
+    rank: int
+    reason: str
+    seq: int = 0
+    time: float = 0.0
+
+
+@dataclass
 class Note:
     """Something the backend reports about the whole job (SageMaker's FailureReason, billable time)."""
 
@@ -135,10 +155,16 @@ class LauncherExited:
     refused: str = ""  # the launcher's own reason when it refused to start any rank
 
 
-WireEvent = RankStarted | RankFinished | Progress
+class CellEnded(LauncherExited):
+    """In a session: every rank is back to waiting, so the cell has ended while the launcher
+    runs on (``reports`` name ranks that were stopped). Client-side."""
+
+
+WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
 Event = WireEvent | Output | LauncherOutput | Note | Phase | RankGone | StopRequested | LauncherExited
 
-_KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress}
+_KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress,
+                           "ready": RankReady, "closing": SessionClosing}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
@@ -181,6 +207,8 @@ _SCHEMA = {
                   "pid": _count},
     RankFinished: {**_COMMON, "ok": _flag, "error_type": _text(1000), "message": _text(20_000),
                    "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest},
+    RankReady: {**_COMMON, "cell": _count},
+    SessionClosing: {**_COMMON, "reason": _text(1000)},
     Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,
                "closed": _flag},
 }
@@ -369,7 +397,11 @@ class Emitter:
         self._lock = threading.Lock()
 
     def emit(self, cls: type, **values) -> None:
+        self.emit_via(self._write, cls, **values)
+
+    def emit_via(self, write, cls: type, **values) -> None:
+        """Emit through ``write`` instead (another stream), numbered with this rank's other events."""
         with self._lock:  # threads of one rank must not share a sequence number
             event = cls(rank=self.rank, seq=self._seq, time=time.time(), **values)
             self._seq += 1
-            self._write(encode(event, self.token) + "\n")
+            write(encode(event, self.token) + "\n")

@@ -24,6 +24,7 @@ from .events import LauncherExited, Phase, StopRequested
 from .job import Job
 from .options import Config, LaunchOptions
 from .rebind import is_notebook_function, rebind
+from .session import Session
 from .layout import VALUE_NAME, result_path
 from .view import make_view
 from .view.console import ConsoleEcho
@@ -57,7 +58,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     job_name = options.job_name or jobdir.new_job_name()
     captured = capture.capture(code, namespace)
     for name, kind, size in captured.large_values():
-        echo.say(f"sending {name} ({kind}, {_size(size)}) to {options.world_size} ranks")
+        echo.say(f"sending {name} ({kind}, {payload.size_text(size)}) to {options.world_size} ranks")
 
     cache_dir = config.get("cache_dir")
     _prepare(cache_dir)
@@ -120,6 +121,8 @@ class FollowSettings:
     echo: ConsoleEcho | None = None
     clock: Callable[[], float] = time.monotonic
     stop_limit: float = STOP_LIMIT
+    stopped_message: Callable[[str], str] | None = None  # what to say once the job (named) has stopped
+    told_stayed: set[str] | None = None  # in a session: names already reported as staying on the ranks
 
 
 class Follower:
@@ -151,7 +154,7 @@ class Follower:
                 job.model.fold(Phase("collecting results"))
                 backend_job.fetch_results(job.job_dir, range(job.world_size) if settings.gather else [0])
                 run = CellRun(job)
-                _collect(run, settings.returns, settings.gather, self.echo or ConsoleEcho())
+                _collect(run, settings.returns, settings.gather, self.echo or ConsoleEcho(), settings.told_stayed)
                 for name, value in run.values.items():
                     if is_notebook_function(value):
                         run.values[name] = rebind(value, settings.namespace)
@@ -162,7 +165,9 @@ class Follower:
                 else:
                     self._say(f"stopping job {job.name}: {type(exc).__name__} in the notebook")
                 self._stop("interrupt" if isinstance(exc, KeyboardInterrupt) else "error")
-                if backend_job.finished:
+                if backend_job.finished and settings.stopped_message is not None:
+                    self._say(settings.stopped_message(job.name))
+                elif backend_job.finished:
                     self._say(f"job {job.name} stopped; nothing of it is left running")
                 else:
                     self._say(f"job {job.name} was asked to stop ({settings.stop_description}) and is still stopping")
@@ -261,6 +266,83 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     return Follower(job, backend_job, follow).run()
 
 
+def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> Session:
+    """Start ranks that wait for cells; returns once every one is up."""
+    backend = get_backend(options.backend, config, options)
+    if not hasattr(backend, "start_session"):
+        raise UsageError(f"sessions run on the local backend; the {backend.name} backend runs each cell as a "
+                         "job of its own (drop --backend, or run cells without a session)")
+    echo = echo or ConsoleEcho()
+    for warning in backend.check(options):
+        echo.say(warning)
+    cache_dir = config.get("cache_dir")
+    _prepare(cache_dir)
+    name = options.job_name or jobdir.new_job_name("session")
+    session = Session(name, backend.name, options, config.get("session_grace"), cache_dir, clock)
+    ranks = backend.start_session(name, options)
+    session.start(ranks, None if options.quiet else echo.say)
+    return session
+
+
+def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
+                   config: Config, on_job: Callable[[Job], None] = lambda job: None,
+                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
+    """Run ``source`` on the session's ranks, sending only the values they do not hold."""
+    code = capture.analyze(source)
+    echo = echo or ConsoleEcho()
+    holdings = session.holdings
+    captured = capture.capture(code, namespace, holdings.keeps)
+    selection = holdings.select(captured.packed, namespace)
+    for item in selection.send:
+        if item.size >= capture.LARGE_VALUE_BYTES:
+            echo.say(f"sending {item.name} ({captured.kinds[item.name]}, {payload.size_text(item.size)}) "
+                     f"to {session.world_size} ranks")
+    cache_dir = config.get("cache_dir")
+    _prepare(cache_dir)
+    job_name = f"{session.name}-{session.cells + 1}"
+    job_dir = jobdir.create(cache_dir, job_name, reuse=True)
+    meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result,
+            "return_limit": config.get("return_limit")}
+    payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), selection.send, meta, digest=False)
+    if options.dry_run:
+        kept = sorted(captured.kept + selection.same)
+        print(f"would run on session {session.name} ({session.world_size} ranks): sending "
+              + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
+              + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return CellRun(None)
+    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+    job = Job(job_name, session.backend, session.world_size, session.procs_per_instance, clock)
+    jobdir.record(job_dir, name=job_name, backend=session.backend, world_size=session.world_size,
+                  session=session.name, status="running", started=time.time(),
+                  keep_payload=config.get("keep_payloads"))
+    view = None if options.quiet else make_view(config.get("view"), job.model, lambda: os.path.join(job_dir, "logs"))
+    cell = session.run(job_dir, None)
+    holdings.delivered(selection)
+    job.start(job_dir, cell.cancel)
+    job.view = view
+    on_job(job)
+    grace = session.grace
+    follow = FollowSettings(
+        code.assigns, options.gather, namespace, options.timeout,
+        f"interrupting the cell on every rank; the session is kept if all are back within {grace:g}s",
+        None if options.quiet else echo, clock, told_stayed=session.told_stayed,
+        stopped_message=lambda name: (f"cell {name} interrupted on every rank; session {session.name} is kept"
+                                      if session.status != "stopped" else session.ended_sentence()))
+    try:
+        run = Follower(job, cell, follow).run()
+    except BaseException:
+        if session.status == "stopped" and not session.told_ended:
+            session.told_ended = True
+            echo.say(session.ended_sentence())
+        raise
+    stayed = [name for name in job.unreturned if name in code.assigns]
+    holdings.assigned(code.assigns, run.values, stayed, namespace)
+    session.told_stayed.difference_update(run.values)  # back in the notebook: staying again is news
+    return run
+
+
 def _prepare(cache_dir: str) -> None:
     """The cache folder checked before anything is written or launched; what is wrong with it is a UsageError."""
     try:
@@ -269,8 +351,12 @@ def _prepare(cache_dir: str) -> None:
         raise UsageError(str(exc)) from None
 
 
-def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) -> None:
+def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho,
+             told_stayed: set[str] | None = None) -> None:
     """Read rank 0's results (every rank's with --gather) into ``run``.
+
+    In a session (``told_stayed`` given), what did not come back stays on the ranks, and the
+    user hears so once per name.
 
     A module the cell imported comes back only if the notebook has imported it already:
     importing, say, mpi4py.MPI here would initialise MPI inside the notebook's kernel.
@@ -309,14 +395,8 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho) 
             run.values[name] = first[name]
     for name, reason in job.unreturned.items():
         shown = "the cell's output" if name == VALUE_NAME else name
-        echo.say(f"{shown} was not brought back: {reason}")
-
-
-def _size(n: float) -> str:
-    if n < 1024:
-        return f"{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        n /= 1024
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
+        if told_stayed is None:
+            echo.say(f"{shown} was not brought back: {reason}")
+        elif name not in told_stayed:
+            told_stayed.add(name)
+            echo.say(f"{shown} stayed on the ranks: {reason}")

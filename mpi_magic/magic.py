@@ -13,6 +13,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from . import execute
 from .errors import BackendNotAvailable, LauncherNotFound
 from .options import Config, launch_arguments, parse_line
+from .session import Session
+from .session import describe as describe_session
+from .view.console import ConsoleEcho
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -24,6 +27,13 @@ class MpiMagics(Magics):
     def __init__(self, shell, config: Config | None = None):
         super().__init__(shell)
         self.defaults = config or Config()
+        self.session: Session | None = None  # the session cells run on, while one is up
+        shell.events.register("pre_run_cell", self._notebook_cell)
+
+    def _notebook_cell(self, info) -> None:
+        """Code other than a session cell may change the values a session's ranks were sent."""
+        if self.session is not None and not (info.raw_cell or "").lstrip().startswith("%%mpirun_remote"):
+            self.session.holdings.notebook_ran()
 
     @cell_magic
     @magic_arguments()
@@ -44,13 +54,94 @@ class MpiMagics(Magics):
             if options.out:
                 user_ns[options.out] = job
 
+        session = self._session_for(options)
         try:
-            run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
-                                   deliver=user_ns.update)
+            if session is not None:
+                run = execute.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle)
+            else:
+                run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
+                                       deliver=user_ns.update)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         user_ns.update(run.values)
         return run.output if run.has_output else None
+
+    def _session_for(self, options) -> Session | None:
+        """The session this cell runs on: None for a one-off job (no session, --no-session, or
+        one that has ended, which is said once); a cell that does not fit the session is refused."""
+        session = self.session
+        if session is None or options.no_session:
+            return None
+        if session.status == "stopped":
+            if not session.told_ended:
+                session.told_ended = True
+                ConsoleEcho().say(f"session {session.name} ended ({session.ended_reason}); this cell runs as a "
+                                  "one-off job (%mpirun_session start starts a new session)")
+            return None
+        problem = session.mismatch(options)
+        if problem:
+            raise UsageError(problem)
+        return session
+
+    @line_magic
+    @magic_arguments()
+    @launch_arguments
+    @argument("--idle-timeout", default=None, metavar="SECONDS",
+              help="End the session after this many seconds without a cell.")
+    def mpirun_session(self, line: str):
+        """Keep ranks up between cells: their globals stay, values cross once, a cell runs in milliseconds.
+
+        %mpirun_session start -i 2 -g 4 [--out NAME] [--idle-timeout SECONDS] [launch options]
+        %mpirun_session            show the session: shape, state, ranks alive, cells run, memory
+        %mpirun_session stop       end it (its ranks and their state)
+        %mpirun_session restart    stop it and start one of the same shape
+
+        While a session is up, every %%mpirun_remote cell runs on it (--no-session runs one as a
+        one-off job). A session ends with the kernel, and after --idle-timeout without a cell.
+        """
+        action, _, rest = line.strip().partition(" ")
+        if action.startswith("-"):
+            action, rest = "start", line
+        action = action or "status"
+        if action not in ("start", "stop", "restart", "status"):
+            raise UsageError(f"%mpirun_session {action}: the actions are start, stop, restart, or none to show "
+                             "the session; for example %mpirun_session start -i 1 -g 4")
+        if action != "start" and rest.strip():
+            raise UsageError(f"%mpirun_session {action} takes no options (give them to %mpirun_session start)")
+        session = self.session
+        if action == "status":
+            print(describe_session(session) if session is not None else
+                  "no session: %mpirun_session start -i 1 -g 4 starts one")
+            return None
+        if action == "stop":
+            if session is None or session.status == "stopped":
+                print("no session is running")
+                return None
+            session.stop()
+            print(f"session {session.name} stopped: {session.cells} cells run, nothing of it is left running")
+            return None
+        if action == "restart":
+            if session is None:
+                raise UsageError("no session to restart: %mpirun_session start -i 1 -g 4 starts one")
+            options = session.options
+            session.stop("restarted")
+        else:
+            if session is not None and session.status != "stopped":
+                raise UsageError(f"session {session.name} is up already ({session.world_size} ranks): "
+                                 "%mpirun_session stop first, or %mpirun_session restart")
+            options = parse_line(self.mpirun_session, rest, self.defaults)
+            cell_only = sorted({"gather", "timeout", "dry_run", "run_async", "no_session"} & options.given)
+            if cell_only:
+                flag = {"run_async": "--async"}.get(cell_only[0], "--" + cell_only[0].replace("_", "-"))
+                raise UsageError(f"{flag} applies to cells, not to %mpirun_session start; give it on a "
+                                 "%%mpirun_remote cell's line")
+        try:
+            self.session = execute.start_session(options, self.defaults)
+        except (BackendNotAvailable, LauncherNotFound) as exc:
+            raise UsageError(str(exc)) from None
+        if options.out:
+            self.shell.user_ns[options.out] = self.session
+        return None
 
     @line_magic
     @magic_arguments()

@@ -119,6 +119,11 @@ SETTINGS = {s.name: s for s in [
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
     Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
+    Setting("idle_timeout", None, _positive_float, "seconds a session may sit idle before its ranks stop"),
+    Setting("return_limit", 256 * 2**20, _positive_int,
+            "bytes: in a session, an assigned value larger than this stays on the ranks"),
+    Setting("session_grace", 5.0, _positive_float,
+            "seconds every rank of a session gets to be back after a failure or interrupt before it is torn down"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
@@ -223,6 +228,8 @@ def launch_arguments(func):
         argument("--requirements", default=None, metavar="FILE",
                  help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
         argument("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
+        argument("--no-session", action="store_true",
+                 help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
         argument("--async", dest="run_async", action="store_true",
                  help="sagemaker: return at once with the job handle (--out); the dashboard keeps updating and "
                       "the results arrive in the notebook when the job ends (job.wait() waits for them)."),
@@ -248,6 +255,10 @@ class LaunchOptions:
     requirements: str | None = None
     job_name: str | None = None
     run_async: bool = False
+    no_session: bool = False
+    idle_timeout: float | None = None  # sessions only
+    given: frozenset[str] = frozenset()  # the options the line names, as opposed to defaults
+
 
     @property
     def world_size(self) -> int:
@@ -304,7 +315,9 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
-        run_async=args.run_async,
+        run_async=args.run_async, no_session=args.no_session,
+        idle_timeout=pick("idle_timeout", getattr(args, "idle_timeout", None)),
+        given=frozenset(k for k, v in vars(args).items() if v not in (None, False, [])),
     )
 
 

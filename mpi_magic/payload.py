@@ -66,6 +66,17 @@ def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] | None = None
     return Packed(name, data, [b.raw() for b in buffers])
 
 
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: 512 B, 3.1 MiB, 1.3 GiB."""
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
 def python_version() -> str:
     return ".".join(map(str, sys.version_info[:3]))
 

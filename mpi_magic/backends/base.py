@@ -63,3 +63,40 @@ class Backend(Protocol):
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> BackendJob:
         """Start the job whose payload is in ``job_dir``."""
+
+
+class SessionRanks(Protocol):
+    """A session's ranks, up between cells: their events, and the channel to rank 0."""
+
+    @property
+    def name(self) -> str:
+        """The session's name (every process of it carries it)."""
+
+    @property
+    def stop_description(self) -> str:
+        """How an interrupt reaches the ranks, for the message the user sees."""
+
+    @property
+    def finished(self) -> bool:
+        """True once the launcher has exited and every event has been delivered."""
+
+    def poll(self, timeout: float) -> list[Event]:
+        """Events that arrived, waiting at most ``timeout`` seconds for the first."""
+
+    def connect(self) -> bool:
+        """True once rank 0 is on the channel (checked without waiting)."""
+
+    def send(self, message: dict) -> None:
+        """Hand rank 0 a message (a cell to run, or the end of the session)."""
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
+        """Put each listed rank's results of the last cell where ``layout.result_path`` says."""
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """Interrupt the cell on the given ranks ({rank: pid})."""
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        """{rank: resident bytes} of the given ranks, where the backend can tell (else empty)."""
+
+    def stop(self) -> None:
+        """Stop every rank now, leaving nothing running."""

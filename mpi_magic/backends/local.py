@@ -21,7 +21,7 @@ from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGo
 from ..options import Config, LaunchOptions
 
 if TYPE_CHECKING:
-    from .base import Backend, BackendJob
+    from .base import Backend, BackendJob, SessionRanks
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
@@ -55,10 +55,32 @@ class LocalBackend:
         return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
+        return self._launch(job_name, self.command(job_dir, digest), options, {})
+
+    def start_session(self, name: str, options: LaunchOptions) -> "LocalSessionRanks":
+        """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
+        import secrets
+        import tempfile
+
+        from ..channel import SECRET_VARIABLE, SocketChannel
+
+        secret = secrets.token_hex(16)
+        folder = tempfile.mkdtemp(prefix="mpi_magic_session_")  # 0700, and short: socket paths are limited
+        cells = SocketChannel(folder, secret)
+        command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.path]
+        if options.idle_timeout:
+            command += ["--idle-timeout", repr(options.idle_timeout)]
+        try:
+            job = self._launch(name, command, options, {SECRET_VARIABLE: secret})
+        except BaseException:
+            cells.close()
+            os.rmdir(folder)
+            raise
+        return LocalSessionRanks(job, cells, folder)
+
+    def _launch(self, job_name: str, command: list[str], options: LaunchOptions, extra_env: dict[str, str]) -> "LocalJob":
         token = events.new_token()
-        argv = launchers.mpirun_argv(
-            self.launcher, options.world_size, self.command(job_dir, digest), options.mpirun_args, os.cpu_count() or 1
-        )
+        argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, os.cpu_count() or 1)
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
         env.update({
             "MPI_MAGIC_INSTANCES": str(options.instances),
@@ -69,6 +91,7 @@ class LocalBackend:
             events.TOKEN_VARIABLE: token,
         })
         env.update(options.env)
+        env.update(extra_env)
         return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style))
 
 
@@ -170,6 +193,13 @@ class LocalJob:
     def finished(self) -> bool:
         return self._finished
 
+    def new_round(self) -> None:
+        """A session's next cell starts: which ranks reported is counted anew."""
+        with self._decode_lock:
+            self._reported.clear()
+            self._gone.clear()
+            self._failure_seen = False
+
     def fetch_results(self, job_dir: str, ranks) -> None:
         """The ranks wrote their results into the job folder already."""
 
@@ -226,6 +256,59 @@ class LocalJob:
         return procs.session(self.pid, self.name)
 
 
+class LocalSessionRanks:
+    """A session's mpirun, and the channel to its rank 0."""
+
+    stop_description = "SIGINT to every rank"
+
+    def __init__(self, job: LocalJob, cells, folder: str):
+        self.job, self.cells, self.folder = job, cells, folder
+        self.name, self.pid, self.started = job.name, job.pid, job.started
+
+    @property
+    def finished(self) -> bool:
+        return self.job.finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        return self.job.poll(timeout)
+
+    def connect(self) -> bool:
+        return self.cells.try_accept()
+
+    def send(self, message: dict) -> None:
+        self.job.new_round()
+        self.cells.send(message)
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        """The ranks wrote their results into the cell's folder already."""
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """SIGINT to the given ranks ({rank: pid}): a ``KeyboardInterrupt`` in the cell's code."""
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        resident = {}
+        for rank, pid in pids.items():
+            try:
+                resident[rank] = psutil.Process(pid).memory_info().rss
+            except psutil.Error:
+                pass
+        return resident
+
+    def stop(self) -> None:
+        """Every rank, mpirun and what they started, stopped; the channel closed."""
+        self.cells.close()
+        if not self.job.finished:
+            self.job.cancel()
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -251,3 +334,6 @@ if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its 
 
     def _is_backend_job(job: LocalJob) -> BackendJob:
         return job
+
+    def _is_session_ranks(ranks: LocalSessionRanks) -> SessionRanks:
+        return ranks

@@ -1,8 +1,11 @@
-"""Entry point on each rank: ``python -m mpi_magic.runtime JOB_DIR [--digest SHA256]``."""
+"""Entry point on each rank: ``python -m mpi_magic.runtime JOB_DIR [--digest SHA256]`` for one
+cell, or ``python -m mpi_magic.runtime --session SOCKET [--idle-timeout SECONDS]`` for a session."""
 
 import sys
 
-from .rank import main
-
 if __name__ == "__main__":
+    if "--session" in sys.argv[1:2]:
+        from .session import main
+    else:
+        from .rank import main
     sys.exit(main(sys.argv[1:]))

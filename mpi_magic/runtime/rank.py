@@ -80,18 +80,7 @@ def main(argv: list[str]) -> int:
     job_dir = argv[0]
     digest = _option(argv, "--digest")
     results_uri = _option(argv, "--results")
-    _die_with_launcher()
-    token = os.environ.pop(events.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
-    place = placement(dict(os.environ))
-    export_placement(place, os.environ)
-    for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
-        stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
-    emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
-                 world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
-    reporter = reporting.Reporter(emitter)
-    reporting.install(reporter)
-    tqdm_hook.install(reporter)
+    place, emitter, reporter = start_up()
     try:
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), digest)
         namespace = build_namespace(bundle)
@@ -113,12 +102,34 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def event_writer(fd: int):
-    """Events go to a private copy of the rank's stdout, so a cell that closes or replaces its
-    stdout cannot silence them; the cell's buffered text goes first, to keep the order."""
+def start_up() -> tuple[Placement, events.Emitter, reporting.Reporter]:
+    """What every rank does first: die with the launcher, take the event token out of the
+    environment, export its place, report that it started, and hook progress reporting."""
+    _die_with_launcher()
+    token = os.environ.pop(events.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
+    place = placement(dict(os.environ))
+    export_placement(place, os.environ)
+    for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
+        stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+    emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
+    announce(emitter, place)
+    reporter = reporting.Reporter(emitter)
+    reporting.install(reporter)
+    tqdm_hook.install(reporter)
+    return place, emitter, reporter
+
+
+def announce(emitter: events.Emitter, place: Placement) -> None:
+    emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
+                 world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
+
+
+def event_writer(fd: int, stream_name: str = "stdout"):
+    """Events go to a private copy of the rank's stdout (or stderr), so a cell that closes or
+    replaces it cannot silence them; the cell's buffered text goes first, to keep the order."""
     def write(line: str) -> None:
         try:
-            sys.stdout.flush()
+            getattr(sys, stream_name).flush()
         except Exception:  # noqa: BLE001 - the cell's stream may be closed or replaced
             pass
         data = line.encode("utf-8", errors="replace")
@@ -158,8 +169,19 @@ def upload(path: str, uri: str) -> None:
 
 def build_namespace(bundle: payload.Bundle) -> dict:
     """The cell's globals: captured values, with notebook functions re-bound to them."""
+    namespace = new_namespace()
+    load_into(bundle, namespace)
+    return namespace
+
+
+def new_namespace() -> dict:
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
     namespace["get_ipython"] = RankShell(namespace).get_ipython
+    return namespace
+
+
+def load_into(bundle: payload.Bundle, namespace: dict) -> None:
+    """Unpickle the bundle's values into ``namespace``, re-binding notebook functions to it."""
     for name in bundle.raw:
         try:
             namespace[name] = bundle.load(name)
@@ -169,7 +191,7 @@ def build_namespace(bundle: payload.Bundle) -> dict:
                 "if it needs a module from the notebook's folder or sys.path, make that importable on the "
                 "ranks (for example --env PYTHONPATH=...)"
             ) from None
-    rebind_all(list(namespace), namespace)
+    rebind_all(list(bundle.raw), namespace)
     return namespace
 
 
@@ -205,8 +227,10 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     """Pack what the cell assigned; returns ({name: reason} for values that cannot come back,
     the results file's SHA-256).
 
-    Modules are sent by name only: the notebook takes them from its own imports.
+    Modules are sent by name only: the notebook takes them from its own imports. A value
+    larger than ``meta["return_limit"]`` bytes (a session's setting) does not come back either.
     """
+    limit = meta.get("return_limit")
     values = {name: namespace[name] for name in meta["returns"] if name in namespace}
     if meta.get("display") and value is not None:
         values[VALUE_NAME] = value
@@ -216,9 +240,15 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
             modules[name] = val.__name__
             continue
         try:
-            packed.append(payload.pack(name, val))
+            packed_value = payload.pack(name, val)
         except Exception as exc:  # noqa: BLE001 - reported per name; the rest still come back
             unreturned[name] = f"{type(val).__name__}: {type(exc).__name__}: {exc}"
+            continue
+        if limit is not None and packed_value.size > limit:
+            unreturned[name] = (f"{type(val).__name__}, {payload.size_text(packed_value.size)}, more than the "
+                                f"{payload.size_text(limit)} return_limit")
+        else:
+            packed.append(packed_value)
     path = result_path(job_dir, rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     digest = payload.write(path, packed, {"rank": rank, "modules": modules})
@@ -227,8 +257,15 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
 
 def _fail(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseException) -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
-    ranks still waiting on this one. Nothing here may depend on the cell's objects behaving:
-    whatever goes wrong while reporting, the rank still ends."""
+    ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
+    try:
+        report_failure(emitter, reporter, exc)
+    finally:
+        os._exit(1)
+
+
+def report_failure(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseException) -> None:
+    """Report how the cell failed. Nothing here may depend on the cell's objects behaving."""
     try:
         try:
             reporter.flush()
@@ -240,12 +277,15 @@ def _fail(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseExcept
             error_type, message, trace = describe_failure(exc, emitter.rank)
             emitter.emit(events.RankFinished, ok=False, error_type=error_type, message=message, traceback=trace)
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:  # noqa: BLE001 - a closed stream must not keep the rank alive
-                pass
-        os._exit(1)
+        flush_streams()
+
+
+def flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed stream must not keep the rank alive
+            pass
 
 
 def describe_failure(exc: BaseException, rank: int) -> tuple[str, str, str]:

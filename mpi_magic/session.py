@@ -1,0 +1,413 @@
+"""Ranks that stay up between cells: started once, fed cell after cell, stopped on request.
+
+A session is one launcher run whose ranks wait for cells (``runtime/session.py``). A pump
+thread takes every event the backend delivers and routes it to the cell being run, or,
+between cells, to the session's own log. Each cell is followed like a one-off job
+(``SessionCell`` is its backend job), except that it ends when every rank is back to waiting.
+A rank that is not back within the grace period after a failure, an interrupt or a timeout
+(blocked in a collective the others left) cannot be recovered: the whole session is torn
+down and says so. No IPython in here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from . import events, jobdir
+from .backends.base import SessionRanks
+from .errors import JobError
+from .holdings import Holdings
+from .options import LaunchOptions
+from .view.model import JobModel, _ranks
+
+START_LIMIT = 300.0  # seconds for every rank to be up and waiting
+STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
+QUEUE_SIZE = 10_000
+MAX_BATCH = 2_000
+IDLE_OUTPUT = 200  # lines printed between cells kept for the session's view
+
+
+class SessionStartError(JobError):
+    """The ranks of a session did not all come up."""
+
+
+@dataclass
+class SessionRank:
+    """One rank of a session, as ``session.ranks`` lists it."""
+
+    rank: int
+    pid: int
+    host: str
+    status: str  # idle, running, stopped
+
+
+class Session:
+    """Ranks kept up between cells (``%mpirun_session start``; ``--out NAME`` keeps this handle).
+
+    ``status`` is starting, idle, running or stopped; ``cells`` counts the cells run;
+    ``ranks`` lists each rank's pid, host and status; ``stop()`` ends it.
+    """
+
+    def __init__(self, name: str, backend: str, options: LaunchOptions, grace: float,
+                 cache_dir: str, clock: Callable[[], float] = time.monotonic):
+        self.name, self.backend, self.options, self.grace = name, backend, options, grace
+        self.cache_dir = cache_dir
+        self.instances, self.procs_per_instance = options.instances, options.procs_per_instance
+        self.world_size = options.world_size
+        self.clock = clock
+        self.cells = 0
+        self.holdings = Holdings()
+        self.ended_reason: str | None = None  # why it stopped, once it has
+        self.told_ended = False  # the next cell said once that the session is gone
+        self.told_stayed: set[str] = set()  # names already reported as staying on the ranks
+        self.started_at = clock()
+        self.idle_since = self.started_at
+        self._status = "starting"
+        self._ranks: SessionRanks | None = None
+        self._lock = threading.Condition()
+        self._pids: dict[int, int] = {}
+        self._hosts: dict[int, str] = {}
+        self._ready: dict[int, int] = {}  # rank -> the cell it finished last (0: up and waiting)
+        self._cell: SessionCell | None = None
+        self._exit: events.LauncherExited | None = None
+        self._model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
+        self.idle_output: deque = deque(maxlen=IDLE_OUTPUT)  # (rank, stream, text) printed between cells
+        self._pump_thread: threading.Thread | None = None
+        self._closing = ""  # the reason rank 0 gave when it ended the session
+        self.job_dir = ""
+
+    # -- for the user -----------------------------------------------------------------------
+
+    @property
+    def status(self) -> str:
+        return self._status
+
+    @property
+    def ranks(self) -> list[SessionRank]:
+        with self._lock:
+            cell = self._cell
+            return [SessionRank(r, self._pids.get(r, 0), self._hosts.get(r, ""),
+                                "stopped" if self._status == "stopped" else
+                                "running" if cell is not None and r not in cell.back else
+                                "idle" if r in self._ready else "starting")
+                    for r in range(self.world_size)]
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes of notebook values sent to the ranks over the session's life."""
+        return self.holdings.bytes_sent
+
+    def idle_for(self) -> float | None:
+        return self.clock() - self.idle_since if self._status == "idle" else None
+
+    def memory(self) -> dict[int, int]:
+        """{rank: resident bytes} where the backend can tell."""
+        if self._ranks is None or self._status == "stopped":
+            return {}
+        return self._ranks.memory(dict(self._pids))
+
+    def stop(self, reason: str = "stopped from the notebook") -> None:
+        """End the session: the ranks are asked to leave, then stopped; nothing is left running."""
+        ranks = self._ranks
+        if ranks is None or self._status == "stopped":
+            return
+        if self._status == "idle":
+            try:
+                ranks.send({"kind": "stop", "reason": reason})
+            except OSError:
+                pass
+            deadline = self.clock() + STOP_WAIT
+            while not ranks.finished and self.clock() < deadline:
+                time.sleep(0.01)
+        self._end(reason)
+
+    def mismatch(self, options: LaunchOptions) -> str | None:
+        """Why a cell with these options cannot run on this session (None: it can)."""
+        given, own = options.given, self.options
+        what = None
+        if "backend" in given and options.backend != self.backend:
+            what = f"--backend {options.backend}"
+        elif {"instances", "gpus"} & given and (options.instances, options.gpus) != (self.instances,
+                                                                                    self.procs_per_instance):
+            what = f"{options.instances} x {options.gpus} ranks"
+        elif "env" in given and options.env != own.env:
+            shown = " ".join(f"{k}={v}" for k, v in own.env.items()) or "none"
+            return (f"--env is fixed when a session starts (session {self.name} has: {shown}); set the variable "
+                    "inside the cell (os.environ[...] = ...), run the cell as a one-off job with --no-session, or "
+                    "%mpirun_session stop and start one with that --env")
+        elif "mpirun_args" in given and options.mpirun_args != own.mpirun_args:
+            what = "other --mpirun-args"
+        elif "run_async" in given:
+            return ("--async does not apply to a session's cells, which return in milliseconds; run the cell as a "
+                    "one-off job with --no-session")
+        if what is None:
+            return None
+        return (f"this cell asks for {what}, but session {self.name} runs {self.instances} x "
+                f"{self.procs_per_instance} ranks on {self.backend}: run it as a one-off job with --no-session, "
+                "or %mpirun_session stop and start one that fits")
+
+    def __repr__(self) -> str:
+        return (f"<mpi_magic.Session {self.name} {self.backend} {self.status}: {self.world_size} ranks "
+                f"({self.instances} x {self.procs_per_instance}), {self.cells} cells run>")
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self, ranks: SessionRanks, say: Callable[[str], None] | None = None) -> None:
+        """Wait until every rank is up and waiting for cells (rank 0 on the channel)."""
+        self._ranks = ranks
+        self.job_dir = jobdir.create(self.cache_dir, self.name)
+        jobdir.record(self.job_dir, name=self.name, backend=self.backend, world_size=self.world_size,
+                      instances=self.instances, procs_per_instance=self.procs_per_instance, status="running",
+                      session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
+                      launcher_started=getattr(ranks, "started", None))
+        self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
+        self._pump_thread.start()
+        atexit.register(self.stop, "the notebook's Python is exiting")
+        if say:
+            say(f"session {self.name}: starting {self.world_size} ranks ({self.instances} x "
+                f"{self.procs_per_instance}, {self.backend})")
+        deadline = self.clock() + START_LIMIT
+        try:
+            while True:
+                connected = ranks.connect()
+                with self._lock:
+                    ready = sum(1 for cell in self._ready.values() if cell == 0)
+                    if self._exit is not None:
+                        break
+                    if connected and ready == self.world_size:
+                        self._status = "idle"
+                        self.idle_since = self.clock()
+                        break
+                    self._lock.wait(0.005)
+                if self.clock() > deadline:
+                    self._end(f"its ranks were not all up after {START_LIMIT:g}s")
+                    raise SessionStartError(f"session {self.name}: only {ready} of {self.world_size} ranks were up "
+                                            f"after {START_LIMIT:g}s, so it was stopped")
+        except BaseException:
+            self._end("its start was interrupted")
+            raise
+        if self._status != "idle":
+            self._end("its ranks ended while starting")
+            raise SessionStartError(self._start_failure())
+        if say:
+            say(f"session {self.name}: {self.world_size} ranks ready in {self.clock() - self.started_at:.1f}s")
+
+    def _start_failure(self) -> str:
+        """Why the ranks ended before they were all up: the launcher's words or a rank's last lines."""
+        model = self._model
+        error = model.error() if model.exit is not None else None
+        lines = [f"[rank {rank}] {text}" for rank, stream, text in list(model.tail)[-8:]]
+        detail = str(error) if error is not None else "\n".join(lines) or "no rank said why"
+        return f"session {self.name} could not start: its ranks ended before all {self.world_size} were up:\n{detail}"
+
+    def _pump(self) -> None:
+        ranks = self._ranks
+        assert ranks is not None
+        while True:
+            for event in ranks.poll(0.2):
+                self._route(event)
+            if ranks.finished:
+                break
+        with self._lock:
+            if self._status != "stopped":
+                self._status = "stopped"
+                self.ended_reason = self.ended_reason or self._closing_reason()
+            self._lock.notify_all()
+
+    def _route(self, event: events.Event) -> None:
+        with self._lock:
+            if isinstance(event, events.RankStarted):
+                self._pids[event.rank], self._hosts[event.rank] = event.pid, event.host
+            elif isinstance(event, events.RankReady):
+                self._ready[event.rank] = event.cell
+                self._lock.notify_all()
+            elif isinstance(event, events.SessionClosing):
+                self._closing = event.reason
+            elif isinstance(event, events.LauncherExited):
+                self._exit = event
+                self._lock.notify_all()
+            cell = self._cell
+        if cell is not None:
+            cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
+            return
+        self._model.fold(event)
+        if isinstance(event, events.Output):
+            self.idle_output.append((event.rank, event.stream, event.text))
+
+    def _closing_reason(self) -> str:
+        if self._closing:
+            return self._closing
+        if self._exit is not None and self._exit.reports:
+            return "; ".join(f"rank {r} {why}" for r, why in sorted(self._exit.reports.items()))
+        return "its launcher exited"
+
+    def _end(self, reason: str) -> None:
+        """Stop everything of the session now; idempotent."""
+        with self._lock:
+            if self.ended_reason is None:
+                self.ended_reason = reason
+        if self._ranks is not None:
+            self._ranks.stop()
+        if self._pump_thread is not None and self._pump_thread is not threading.current_thread():
+            self._pump_thread.join(timeout=STOP_WAIT)
+        with self._lock:
+            self._status = "stopped"
+        atexit.unregister(self.stop)
+        if self.job_dir:
+            jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
+
+    # -- cells ------------------------------------------------------------------------------
+
+    def run(self, job_dir: str, digest: str | None) -> SessionCell:
+        """Hand the cell in ``job_dir`` to the ranks; its events go to the ``SessionCell`` returned."""
+        ranks = self._ranks
+        assert ranks is not None and self._status == "idle", "a cell runs on an idle session"
+        self.cells += 1
+        cell = SessionCell(self, self.cells, self.clock)
+        with self._lock:
+            self._cell = cell
+            self._status = "running"
+        try:
+            ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
+        except OSError as exc:
+            self._cell_over(cell)
+            self._end(f"rank 0 could not be reached ({exc})")
+            raise JobError(f"session {self.name} ended: {self.ended_reason}; run the cell again "
+                           "(as a one-off job) or %mpirun_session start") from None
+        return cell
+
+    def _cell_over(self, cell: SessionCell) -> None:
+        with self._lock:
+            if self._cell is cell:
+                self._cell = None
+            if self._status == "running":
+                self._status = "idle"
+            self.idle_since = self.clock()
+        while True:  # what arrived after the cell ended belongs to the time between cells
+            try:
+                event = cell.queue.get_nowait()
+            except queue.Empty:
+                break
+            self._route(event)
+
+    def interrupt(self, ranks: list[int]) -> None:
+        assert self._ranks is not None
+        self._ranks.interrupt({r: self._pids[r] for r in ranks if r in self._pids})
+
+    def tear_down(self, reason: str) -> None:
+        """The world cannot be whole again (a rank stuck in a collective): stop everything."""
+        self._end(reason)
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        assert self._ranks is not None
+        self._ranks.fetch_results(job_dir, ranks)
+
+    def ended_sentence(self) -> str:
+        return (f"session {self.name} ended: {self.ended_reason}; every rank was stopped and the session's state "
+                "is gone (the next cell runs as a one-off job, or start a new session with %mpirun_session start)")
+
+
+class SessionCell:
+    """One cell on a session, as the follower sees a backend job: finished once every rank has
+    reported and is back to waiting (or the session ended). An interrupt reaches the ranks still
+    in the cell; those not back within the session's grace period tear the session down."""
+
+    abort_grace = 0.0  # a failed rank interrupts the others at once, as the launcher would stop them
+    linger = None
+
+    def __init__(self, session: Session, number: int, clock: Callable[[], float]):
+        self.session, self.number, self.clock = session, number, clock
+        self.queue: queue.Queue[events.Event] = queue.Queue(maxsize=QUEUE_SIZE)
+        self.reported: set[int] = set()
+        self.back: set[int] = set()  # waiting for the next cell again
+        self._done = False
+        self._interrupted_at: float | None = None
+        self._why_interrupted = ""
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def poll(self, timeout: float) -> list[events.Event]:
+        batch: list[events.Event] = []
+        try:
+            batch.append(self.queue.get(timeout=timeout))
+            while len(batch) < MAX_BATCH:
+                batch.append(self.queue.get_nowait())
+        except queue.Empty:
+            pass
+        shown: list[events.Event] = []
+        for event in batch:
+            if isinstance(event, events.RankReady):
+                if event.cell == self.number:
+                    self.back.add(event.rank)
+                continue
+            if isinstance(event, events.SessionClosing):
+                continue
+            if isinstance(event, events.RankFinished):
+                self.reported.add(event.rank)
+                if not event.ok and self._interrupted_at is None:
+                    self._why_interrupted = f"rank {event.rank} failed"
+            shown.append(event)
+            if isinstance(event, events.LauncherExited):  # the session ended under the cell
+                self._end()
+                if self.session.ended_reason is None:
+                    self.session.ended_reason = self.session._closing_reason()
+                shown.append(events.Note(self.session.ended_sentence()))
+                return shown
+        world = self.session.world_size
+        if not self._done and len(self.back) == world and len(self.reported) == world:
+            self._end()
+            shown.append(events.CellEnded(0))
+        elif not self._done and self._interrupted_at is not None and \
+                self.clock() - self._interrupted_at > self.session.grace:
+            stuck = [r for r in range(world) if r not in self.back]
+            self.session.tear_down(f"{_ranks(stuck)} did not get back to waiting within "
+                                   f"{self.session.grace:g}s after {self._why_interrupted or 'the interrupt'} "
+                                   "(blocked in a collective?)")
+        return shown
+
+    def _end(self) -> None:
+        self._done = True
+        self.session._cell_over(self)
+
+    def cancel(self) -> None:
+        """Interrupt the cell on every rank still in it (once); the grace period starts now."""
+        if self._interrupted_at is not None or self._done:
+            return
+        self._interrupted_at = self.clock()
+        self.session.interrupt([r for r in range(self.session.world_size) if r not in self.reported])
+
+    def fetch_results(self, job_dir: str, ranks) -> None:
+        self.session.fetch_results(job_dir, ranks)
+
+
+def describe(session: Session) -> str:
+    """What ``%mpirun_session`` prints."""
+    lines = [f"session {session.name}: {session.backend}, {session.instances} x {session.procs_per_instance} = "
+             f"{session.world_size} ranks, {session.status}"]
+    ranks = session.ranks
+    alive = sum(1 for r in ranks if r.status in ("idle", "running"))
+    facts = [f"ranks alive: {alive}/{session.world_size}", f"cells run: {session.cells}"]
+    idle = session.idle_for()
+    if idle is not None:
+        facts.append(f"idle for: {idle:.0f}s")
+    memory = session.memory()
+    if memory:
+        from .payload import size_text
+
+        facts.append(f"memory per rank: {size_text(sum(memory.values()) / len(memory))} "
+                     f"(largest {size_text(max(memory.values()))})")
+    lines.append(", ".join(facts))
+    if session.status == "stopped" and session.ended_reason:
+        lines.append(f"ended: {session.ended_reason}")
+    held = session.holdings.held_names()
+    if held and session.status != "stopped":
+        lines.append("names the ranks hold: " + ", ".join(held))
+    return "\n".join(lines)
