@@ -27,11 +27,12 @@ class SocketChannel:
     def __init__(self, folder: str, secret: str):
         self.path = os.path.join(folder, "cells.sock")
         self._secret = secret
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
         os.chmod(self.path, 0o600)
-        self._listener.listen(4)
-        self._listener.setblocking(False)
+        listener.listen(4)
+        listener.setblocking(False)
+        self._listener: socket.socket | None = listener
         self._peer: socket.socket | None = None
 
     @property

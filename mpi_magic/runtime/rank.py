@@ -192,7 +192,6 @@ def load_into(bundle: payload.Bundle, namespace: dict) -> None:
                 "ranks (for example --env PYTHONPATH=...)"
             ) from None
     rebind_all(list(bundle.raw), namespace)
-    return namespace
 
 
 class NotebookValueError(RuntimeError):

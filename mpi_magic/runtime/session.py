@@ -90,7 +90,8 @@ def run_cell(message: dict, place, emitter: events.Emitter, reporter, namespace:
         return
     reporter.flush()
     try:
-        unreturned, results_digest = {}, ""
+        unreturned: dict[str, str] = {}
+        results_digest = ""
         if place.rank == 0 or bundle.meta.get("gather"):
             unreturned, results_digest = one_off.write_results(job_dir, place.rank, bundle.meta, namespace, value)
     except BaseException as exc:  # noqa: BLE001 - a rank whose results are lost has failed

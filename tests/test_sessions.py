@@ -1,0 +1,351 @@
+"""Sessions over the real local backend: ranks kept up between cells, values sent once, state
+kept through failures and interrupts that every rank gets back from, torn down when one cannot."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from mpi_magic.channel import RankEnd, SocketChannel
+from mpi_magic.errors import JobTimeoutError, RemoteRankError
+
+
+@pytest.fixture
+def sessions(ip):
+    """The shell, with whatever session a test starts stopped at its end."""
+    magics = ip.magics_manager.registry["MpiMagics"]
+    magics.session = None
+    yield ip
+    if magics.session is not None:
+        magics.session.stop()
+        magics.session = None
+
+
+def start(ip, line: str = "-i 2 -g 2"):
+    ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
+    return ip.user_ns["s"]
+
+
+def run(ip, line: str, cell: str):
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+def _dead(pids) -> bool:
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+def _wait_dead(pids, limit: float = 15.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if _dead(pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_ranks_keep_their_globals_across_cells(sessions):
+    ip = sessions
+    s = start(ip)
+    assert (s.status, s.world_size, s.cells) == ("idle", 4, 0)
+    assert len({r.pid for r in s.ranks}) == 4 and all(r.status == "idle" and r.host for r in s.ranks)
+    pids = [r.pid for r in s.ranks]
+    run(ip, "--quiet", "import mpi_magic, os\ncounter = 10 * mpi_magic.rank()\npid = os.getpid()")
+    run(ip, "--quiet", "counter += 1")
+    run(ip, "--quiet --gather", "seen = (counter, os.getpid())")
+    assert ip.user_ns["seen"] == [(1, pids[0]), (11, pids[1]), (21, pids[2]), (31, pids[3])]
+    assert s.cells == 3 and [r.pid for r in s.ranks] == pids, "the same processes ran every cell"
+    s.stop()
+    assert s.status == "stopped" and _wait_dead(pids)
+
+
+def test_an_unchanged_value_crosses_once_and_a_changed_one_again(sessions):
+    ip = sessions
+    s = start(ip)
+    ip.user_ns["a"] = np.arange(5_000_000, dtype=np.float64)  # 40 MB
+    run(ip, "--quiet", "first = float(a.sum())")
+    sent = s.bytes_sent
+    assert sent >= 40_000_000 and ip.user_ns["first"] == float(ip.user_ns["a"].sum())
+    run(ip, "--quiet", "second = float(a[:10].sum())")
+    assert s.bytes_sent == sent, "the same object, no other code since: not sent again"
+    ip.run_cell("unrelated = 1")  # other code ran: the content is checked, and found the same
+    run(ip, "--quiet", "third = float(a[-1])")
+    assert s.bytes_sent == sent and ip.user_ns["third"] == 4_999_999.0
+    ip.run_cell("a[-1] = -1.0")  # changed in place: the same object, other content
+    run(ip, "--quiet", "fourth = float(a[-1])")
+    assert ip.user_ns["fourth"] == -1.0 and s.bytes_sent >= 2 * sent
+    ip.run_cell("import numpy as np\na = np.ones(3)")
+    run(ip, "--quiet", "fifth = float(a.sum())")
+    assert ip.user_ns["fifth"] == 3.0
+
+
+def test_a_value_that_came_back_never_overwrites_the_ranks_copy(sessions):
+    ip = sessions
+    start(ip)
+    run(ip, "--quiet", "model = [0]")
+    run(ip, "--quiet", "model.append(1)")  # changed on the ranks only: the notebook's copy is stale
+    assert ip.user_ns["model"] == [0]
+    run(ip, "--quiet --gather", "n = len(model)")
+    assert ip.user_ns["n"] == [2, 2, 2, 2]
+    ip.run_cell("model = [7, 7, 7]")  # rebound in the notebook: this one is sent
+    run(ip, "--quiet --gather", "n = len(model)")
+    assert ip.user_ns["n"] == [3, 3, 3, 3]
+
+
+def test_values_too_big_or_unpicklable_stay_on_the_ranks_and_say_so_once(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_config", "return_limit=100000")
+    start(ip)
+    run(ip, "--quiet", "import numpy as np, threading\nbig = np.zeros(50_000)\nlock = threading.Lock()\nsmall = 1")
+    err = capsys.readouterr().err
+    assert re.search(r"big stayed on the ranks: ndarray, 390\.\d KiB, more than the 97\.7 KiB return_limit", err)
+    assert "lock stayed on the ranks: lock: TypeError" in err
+    assert "big" not in ip.user_ns and "lock" not in ip.user_ns and ip.user_ns["small"] == 1
+    run(ip, "--quiet", "big[0] = 5\nwith lock:\n    size = big.size + big[0]")
+    assert ip.user_ns["size"] == 50_005
+    run(ip, "--quiet", "big = np.ones(60_000)")
+    assert "stayed on the ranks" not in capsys.readouterr().err, "said once per name"
+
+
+def test_a_failure_every_rank_gets_back_from_keeps_the_session(sessions):
+    ip = sessions
+    s = start(ip)
+    run(ip, "--quiet", "import mpi_magic\nkept = 'state'")
+    with pytest.raises(RemoteRankError) as raised:
+        run(ip, "--quiet", "if mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
+    assert raised.value.failures[0].rank == 1 and "bad input on 1" in str(raised.value)
+    assert s.status == "idle"
+    run(ip, "--quiet --gather", "still = kept")
+    assert ip.user_ns["still"] == ["state"] * 4
+
+
+def test_a_rank_stuck_in_a_collective_after_a_failure_tears_the_session_down(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_config", "session_grace=1")
+    s = start(ip)
+    pids = [r.pid for r in s.ranks]
+    with pytest.raises(RemoteRankError):
+        run(ip, "--quiet", (
+            "import mpi_magic\nfrom mpi4py import MPI\n"
+            "if mpi_magic.rank() == 1:\n    raise ValueError('rank 1 gives up')\n"
+            "MPI.COMM_WORLD.barrier()\n"  # the others wait for rank 1 forever
+        ))
+    assert s.status == "stopped" and "did not get back to waiting within 1s after rank 1 failed" in s.ended_reason
+    err = capsys.readouterr().err
+    assert "the session's state is gone (the next cell runs as a one-off job" in err
+    assert _wait_dead(pids, 5)
+    run(ip, "--quiet", "after = 1")
+    assert ip.user_ns["after"] == 1
+
+
+def test_interrupt_reaches_the_cell_on_every_rank_and_keeps_the_session(sessions, capsys):
+    ip = sessions
+    s = start(ip)
+    run(ip, "--quiet", "kept = 5")
+
+    def interrupt_when_running():
+        deadline = time.monotonic() + 30
+        while s.status != "running" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        _thread.interrupt_main()
+
+    thread = threading.Thread(target=interrupt_when_running)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(ip, "--quiet", "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+                               "    caught = True\n    raise")
+    finally:
+        thread.join()
+    assert s.status == "idle"
+    assert "interrupted on every rank; session" in capsys.readouterr().err
+    run(ip, "--quiet --gather", "back = (kept, caught)")
+    assert ip.user_ns["back"] == [(5, True)] * 4
+
+
+def test_timeout_interrupts_the_cell_and_keeps_the_session(sessions):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    started = time.monotonic()
+    with pytest.raises(JobTimeoutError):
+        run(ip, "--quiet --timeout 1", "import time\ntime.sleep(60)")
+    assert time.monotonic() - started < 10 and s.status == "idle"
+    run(ip, "--quiet", "ok = 1")
+    assert ip.user_ns["ok"] == 1
+
+
+def test_a_rank_that_dies_ends_the_session_with_nothing_left(sessions):
+    ip = sessions
+    s = start(ip)
+    pids = [r.pid for r in s.ranks]
+    with pytest.raises(Exception):
+        run(ip, "--quiet", "import os, mpi_magic\nif mpi_magic.rank() == 2:\n    os._exit(3)\nimport time\ntime.sleep(30)")
+    assert s.status == "stopped" and s.ended_reason
+    assert _wait_dead(pids, 10)
+
+
+def test_idle_timeout_ends_the_session(sessions):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2 --idle-timeout 1")
+    pids = [r.pid for r in s.ranks]
+    deadline = time.monotonic() + 20
+    while s.status != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.status == "stopped" and "idle for 1s" in s.ended_reason
+    assert _wait_dead(pids, 5)
+
+
+def test_a_killed_kernel_leaves_no_rank(tmp_path):
+    script = (
+        "import os, sys, time\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
+        "ip.run_line_magic('mpirun_session', 'start -i 1 -g 3 --out s --quiet')\n"
+        "print(' '.join(str(r.pid) for r in ip.user_ns['s'].ranks), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = {**os.environ, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        assert len(pids) == 3 and not _dead(pids)
+        kernel.kill()
+        kernel.wait()
+        assert _wait_dead(pids, 10), "every rank ended with the kernel"
+    finally:
+        kernel.kill()
+        kernel.wait()
+        kernel.stdout.close()
+
+
+def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(sessions):
+    ip = sessions
+    start(ip, "-i 1 -g 2")
+    for line, expected in [
+        ("-i 2 -g 2", "this cell asks for 2 x 2 ranks, but session"),
+        ("-g 3", "this cell asks for 1 x 3 ranks"),
+        ("--env A=1", "--env is fixed when a session starts"),
+        ("--mpirun-args=--report-bindings", "this cell asks for other --mpirun-args"),
+    ]:
+        with pytest.raises(UsageError, match=expected) as refused:
+            run(ip, line, "x = 1")
+        assert "\n" not in str(refused.value) and "--no-session" in str(refused.value)
+    run(ip, "-i 1 -g 2 --quiet", "same_shape = 1")  # the session's own shape, named, is fine
+    run(ip, "-i 2 -g 1 --no-session --quiet", "import mpi_magic\nw = mpi_magic.world_size()")
+    assert ip.user_ns["w"] == 2
+
+
+def test_every_bad_session_command_is_one_sentence(sessions):
+    ip = sessions
+    for line, expected in [
+        ("begin", "the actions are start, stop, restart"),
+        ("stop now", "takes no options"),
+        ("restart", "no session to restart"),
+        ("start --gather", "--gather applies to cells"),
+        ("start --timeout 3", "--timeout applies to cells"),
+        ("start -g 0", "must be 1 or more"),
+        ("start --idle-timeout soon", "--idle-timeout must be"),
+        ("start --gpu 2", "unrecognized"),
+    ]:
+        with pytest.raises(UsageError, match=expected) as refused:
+            ip.run_line_magic("mpirun_session", line)
+        assert "\n" not in str(refused.value)
+    start(ip, "-i 1 -g 1")
+    with pytest.raises(UsageError, match="is up already"):
+        ip.run_line_magic("mpirun_session", "start")
+
+
+def test_status_restart_and_stop(sessions, capsys):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    run(ip, "--quiet", "kept = 1")
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_session", "")
+    shown = capsys.readouterr().out
+    assert f"session {s.name}: local, 1 x 2 = 2 ranks, idle" in shown
+    assert "ranks alive: 2/2, cells run: 1, idle for:" in shown and "memory per rank:" in shown
+    ip.run_line_magic("mpirun_session", "restart")
+    fresh = ip.magics_manager.registry["MpiMagics"].session
+    assert fresh is not s and s.status == "stopped" and fresh.world_size == 2 and fresh.cells == 0
+    with pytest.raises(RemoteRankError, match="NameError"):
+        run(ip, "--quiet", "del kept\nprint(kept)")  # a new session: the ranks' state is new
+    ip.run_line_magic("mpirun_session", "stop")
+    assert fresh.status == "stopped" and "stopped: 1 cells run" in capsys.readouterr().out
+
+
+def test_forged_session_events_from_a_cell_are_not_believed(sessions):
+    ip = sessions
+    start(ip, "-i 1 -g 2")
+    run(ip, "--quiet", (
+        "import json, time, sys\n"
+        "for token in ('', 'deadbeefdeadbeef'):\n"
+        "    print(f'@@mpi_magic:{token}@@' + json.dumps({'v': 2, 'k': 'ready', 'rank': 0, 'cell': 1, 'seq': 99, "
+        "'time': 1.0}), file=sys.stderr, flush=True)\n"
+        "time.sleep(1)\n"
+        "done = 'after the forgery'\n"
+    ))
+    assert ip.user_ns["done"] == "after the forgery", "the cell ran to its end"
+
+
+def test_the_channel_accepts_only_the_secret_and_then_nobody(tmp_path):
+    folder = tmp_path / "chan"
+    folder.mkdir(mode=0o700)
+    channel = SocketChannel(str(folder), "s3cret")
+    try:
+        assert stat.S_IMODE(os.stat(channel.path).st_mode) == 0o600
+        intruder = socket.socket(socket.AF_UNIX)
+        intruder.connect(channel.path)
+        intruder.sendall(b"guess\n")
+        assert not channel.try_accept() and not channel.connected
+        assert intruder.recv(16) == b"", "dropped without an answer"
+        intruder.close()
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("end", RankEnd(channel.path, "s3cret")))
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not channel.try_accept() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        thread.join()
+        assert channel.connected and not os.path.exists(channel.path), "nothing more can connect"
+        channel.send({"kind": "cell", "cell": 1})
+        assert result["end"].receive(5) == {"kind": "cell", "cell": 1}
+        assert result["end"].receive(0.05) is None
+        channel.close()
+        with pytest.raises(ConnectionError):
+            result["end"].receive(5)
+        result["end"].close()
+    finally:
+        channel.close()
+
+
+def test_idle_ranks_do_not_keep_the_cores_busy(sessions):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    procs = [psutil.Process(r.pid) for r in s.ranks]
+    before = [p.cpu_times() for p in procs]
+    time.sleep(2)
+    used = [sum(p.cpu_times()[:2]) - sum(b[:2]) for p, b in zip(procs, before)]
+    assert max(used) < 0.5, f"CPU seconds used by idle ranks in 2 s: {used}"
+
+
+def test_sigint_between_cells_is_ignored_by_the_ranks(sessions):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    for r in s.ranks:
+        os.kill(r.pid, signal.SIGINT)
+    time.sleep(0.3)
+    run(ip, "--quiet", "fine = 1")
+    assert ip.user_ns["fine"] == 1 and s.status == "idle"
