@@ -117,6 +117,7 @@ class Session:
         ranks = self._ranks
         if ranks is None or self._status == "stopped":
             return
+        self.told_ended = True  # the user's own choice: later cells need not be told
         if self._status == "idle":
             try:
                 ranks.send({"kind": "stop", "reason": reason})
