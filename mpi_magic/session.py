@@ -410,5 +410,6 @@ def describe(session: Session) -> str:
         lines.append(f"ended: {session.ended_reason}")
     held = session.holdings.held_names()
     if held and session.status != "stopped":
-        lines.append("names the ranks hold: " + ", ".join(held))
+        more = f", ... ({len(held)} in all)" if len(held) > 20 else ""
+        lines.append("names the ranks hold: " + ", ".join(held[:20]) + more)
     return "\n".join(lines)

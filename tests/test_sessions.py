@@ -349,3 +349,41 @@ def test_sigint_between_cells_is_ignored_by_the_ranks(sessions):
     time.sleep(0.3)
     run(ip, "--quiet", "fine = 1")
     assert ip.user_ns["fine"] == 1 and s.status == "idle"
+
+
+def test_a_session_cell_has_what_a_one_off_cell_has(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_config", "view=widgets")
+    start(ip)
+    value = run(ip, "--out job", (
+        "import sys, mpi_magic\n"
+        "for i in range(2000):\n"
+        "    print(f'out {i}')\n"
+        "    print(f'err {i}', file=sys.stderr)\n"
+        "for step in mpi_magic.progress(range(5), desc='steps'):\n"
+        "    pass\n"
+        "40 + mpi_magic.rank() + 2\n"
+    ))
+    assert value == 42, "the cell's value, from rank 0"
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and type(job.view).__name__ == "WidgetView"
+    assert all(r.status == "completed" and r.n == 5 and r.total == 5 for r in job.ranks)
+    for rank in range(4):  # every line of the cell, stderr's last ones too, is in that cell's log
+        log = job.logs(rank).splitlines()
+        assert log.count("[stderr] err 1999") == 1 and "out 1999" in log
+        assert sum(1 for line in log if line.startswith(("out ", "[stderr] err "))) == 4000
+    run(ip, "--quiet --out job", "print('second')")
+    assert ip.user_ns["job"].logs(0).splitlines() == ["second"], "each cell has logs of its own"
+
+
+def test_dry_run_in_a_session_says_what_would_be_sent(sessions, capsys):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    ip.user_ns.update(small=[1, 2, 3])
+    run(ip, "--quiet", "total = sum(small)")
+    ip.user_ns["fresh"] = "new"
+    capsys.readouterr()
+    run(ip, "--dry-run", "print(small, fresh)")
+    out = capsys.readouterr().out
+    assert f"would run on session {s.name} (2 ranks): sending fresh (" in out
+    assert "the ranks hold small already" in out and s.cells == 1
