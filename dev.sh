@@ -37,6 +37,7 @@ PY
     test)
         .venv/bin/python -m pytest "$@" ;;
     bench)
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
         for script in benchmarks/bench_*.py; do .venv/bin/python "$script" "$@"; done ;;
     *)
         echo "usage: ./dev.sh demo|test|bench" >&2; exit 2 ;;
