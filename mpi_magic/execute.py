@@ -197,10 +197,10 @@ class Follower:
             now = clock()
             if deadline is not None and now > deadline and not backend_job.finished:
                 self._stop("timeout")
-                return JobTimeoutError(
-                    f"job {job.name} ran past --timeout {timeout:g}s; all {job.world_size} ranks were stopped "
-                    "(raise --timeout, or see the job's logs for where it spent the time)"
-                )
+                stopped = (self.settings.stopped_message(job.name) if self.settings.stopped_message
+                           else f"all {job.world_size} ranks were stopped")
+                return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s; {stopped} "
+                                       "(raise --timeout, or see the job's logs for where it spent the time)")
             grace, linger = backend_job.abort_grace, backend_job.linger
             failed_at = job.model.first_failure_at
             if all_done_at is None and all(s.status == "completed" for s in job.ranks):
@@ -333,9 +333,12 @@ def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], 
     try:
         run = Follower(job, cell, follow).run()
     except BaseException:
+        if not cell.finished:  # the notebook stopped waiting for the ranks to get back
+            session.tear_down("the notebook stopped waiting for the interrupted cell to end")
         if session.status == "stopped" and not session.told_ended:
             session.told_ended = True
-            echo.say(session.ended_sentence())
+            if view is None:  # a view's summary says it already
+                echo.say(session.ended_sentence())
         raise
     stayed = [name for name in job.unreturned if name in code.assigns]
     holdings.assigned(code.assigns, run.values, stayed, namespace)

@@ -78,6 +78,9 @@ class MpiMagics(Magics):
                 ConsoleEcho().say(f"session {session.name} ended ({session.ended_reason}); this cell runs as a "
                                   "one-off job (%mpirun_session start starts a new session)")
             return None
+        if session.status != "idle":
+            raise UsageError(f"session {session.name} is {session.status} (a cell still runs on it): wait for it, "
+                             "or run this cell as a one-off job with --no-session")
         problem = session.mismatch(options)
         if problem:
             raise UsageError(problem)
