@@ -148,6 +148,8 @@ class RankRow:
 
 
 class WidgetView:
+    shows_output = True  # the output pane
+
     def __init__(self, model: JobModel, log_dir: Callable[[], str], display: Callable,
                  quiet_start: float = QUIET_START, redraw_every: float = REDRAW_EVERY):
         self.model = model
