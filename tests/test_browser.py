@@ -206,9 +206,10 @@ def test_a_failing_rank_is_red_its_pane_and_the_summary_show_its_traceback(jupyt
         summary = page.locator(".mpi-magic-summary")
         failed = summary.locator("tr.mpi-magic-failed")
         assert failed.count() == 1 and failed.locator("td").first.text_content() == "2"
-        assert summary.locator("tr.mpi-magic-stopped").evaluate_all(
-            "(rows) => rows.every((r) => getComputedStyle(r).backgroundColor === 'rgba(0, 0, 0, 0)')"), \
-            "only the failed row is marked"
+        marked = page.evaluate(THEME_COLOUR_JS, "--jp-rendermime-error-background")
+        background = "(rows) => rows.map((r) => getComputedStyle(r).backgroundColor)"
+        assert failed.evaluate_all(background) == [marked]
+        assert marked not in summary.locator("tr.mpi-magic-stopped").evaluate_all(background), "only the failed row is marked"
         assert "rank 2 is about to give up" in summary.text_content(), "the summary keeps the failed rank's last lines"
         assert "rank-2.log" in summary.text_content()
         assert error.bounding_box()["y"] > summary.bounding_box()["y"] + summary.bounding_box()["height"] - 1, \

@@ -332,7 +332,7 @@ def _cell_colour(state: RankState) -> str:
 
 def _legend() -> str:
     keys = [(SHADES[i], f"{25 * i}-{25 * (i + 1)}%") for i in range(len(SHADES))] + [
-        (COLOUR_OF["unknown"], "no total"), (COLOUR_OF["starting"], "starting"), (COLOUR_OF["completed"], "done"),
+        (COLOUR_OF["unknown"], "running, no total"), (COLOUR_OF["starting"], "starting"), (COLOUR_OF["completed"], "done"),
         (COLOUR_OF["failed"], "failed"), (COLOUR_OF["stopped"], "stopped")]
     return "".join(f"<span class='mpi-magic-legend'><span class='mpi-magic-cell' style='background:{colour}'></span>"
                    f"{label}</span>" for colour, label in keys)
