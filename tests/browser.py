@@ -40,7 +40,8 @@ CONTRAST_JS = """
     const el = node.parentElement;
     const text = node.textContent.trim();
     if (!text || !el.getClientRects().length || getComputedStyle(el).visibility === 'hidden') continue;
-    const fg = parse(getComputedStyle(el).color).slice(0, 3), bg = background(el);
+    const bg = background(el), [r, g, b, a = 1] = parse(getComputedStyle(el).color);
+    const fg = [r, g, b].map((v, i) => a * v + (1 - a) * bg[i]);  // translucent text over its background
     const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
     found.push({text: text.slice(0, 60), color: getComputedStyle(el).color, background: 'rgb(' + bg.join(', ') + ')',
                 ratio: (hi + 0.05) / (lo + 0.05)});

@@ -122,13 +122,13 @@ class Summary:
 
     def _failed_html(self) -> str:
         """What the failed ranks' panes showed: their last lines and where their logs are."""
-        failed = [s for s in self.model.ranks if s.failure is not None]
+        failed = [(s, s.failure) for s in self.model.ranks if s.failure is not None]
         parts = []
-        for state in failed[:FAILED_SHOWN]:
+        for state, failure in failed[:FAILED_SHOWN]:
             lines = [("[stderr] " if stream == "stderr" else "") + text for stream, text in list(state.tail)[-LAST_LINES:]]
             log = os.path.join(self.log_dir, f"rank-{state.rank}.log") if self.log_dir else ""
             parts.append(
-                f"<div class='mpi-magic-failed-rank'><div><b>{html.escape(state.failure.headline())}</b></div>"
+                f"<div class='mpi-magic-failed-rank'><div><b>{html.escape(failure.headline())}</b></div>"
                 + (f"<div>its last lines:</div><pre style='margin:0 0 0 1em'>{html.escape(chr(10).join(lines))}</pre>"
                    if lines else "<div>it printed nothing</div>")
                 + (f"<div>its log: <code>{html.escape(log)}</code></div>" if log else "") + "</div>")
