@@ -306,3 +306,18 @@ def test_a_failed_ranks_pane_ends_with_its_traceback(world):
     clock.now += 1
     view.update()
     assert "[rank 1] step 3\nTraceback (most recent call last):\nValueError: bad</pre>" in view.panes[2].value
+
+
+def test_while_a_view_shows_the_output_rank_0s_prints_wait_for_the_end_in_order():
+    from mpi_magic.view.console import ConsoleEcho
+
+    out, err = io.StringIO(), io.StringIO()
+    echo = ConsoleEcho(out, err)
+    echo.hold()
+    for event in (Output(0, "stdout", "one"), Output(1, "stdout", "elsewhere"), Output(2, "stderr", "warned"),
+                  Output(0, "stdout", "two")):
+        echo.show(event)
+    assert out.getvalue() == "" and err.getvalue() == "[rank 2] warned\n", "stderr is not held"
+    echo.release()
+    echo.show(Output(0, "stdout", "three"))
+    assert out.getvalue() == "one\ntwo\nthree\n"
