@@ -37,7 +37,6 @@ _STYLE_OF = {"starting": "info", "running": "", "completed": "success", "failed"
 # Every colour is one of the front end's theme variables (JupyterLab's --jp-*), with a fallback
 # for front ends that define none, so the dashboard reads as well in a dark theme as in a light one.
 ERROR_TEXT = "var(--jp-error-color1, #c62828)"
-WARN_TEXT = "var(--jp-warn-color0, #b35900)"
 SHADES = ("var(--jp-brand-color3, #bbdefb)", "var(--jp-brand-color2, #64b5f6)",
           "var(--jp-brand-color1, #1976d2)", "var(--jp-brand-color0, #0d47a1)")  # running: <25% .. >=75% done
 COLOUR_OF = {"starting": "var(--jp-layout-color3, #bdbdbd)", "completed": "var(--jp-success-color1, #388e3c)",
@@ -220,7 +219,7 @@ class WidgetView:
         self.redraws += 1
         waiting = model.waiting()
         self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + (
-            f" <span style='color:{WARN_TEXT}'>· {html.escape(waiting)}</span>" if waiting else "")
+            f" <b>· ⚠ {html.escape(waiting)}</b>" if waiting else "")  # the theme's text colour: readable in any
         self._draw_total()
         if self.compact:
             self.grid.value = self._grid_html()
