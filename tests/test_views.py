@@ -200,7 +200,7 @@ def test_a_1024_rank_world_uses_the_compact_grid():
     assert view.grid.value.count("instance ") == 128
     assert "title='rank 5: failed" in view.grid.value
     assert view.grid.value.count("class='mpi-magic-instance'") == 128
-    assert view.slowest.value.startswith("<div style='color:var(--jp-error-color1, #c62828)'>rank 5 (instance 0) failed: E")
+    assert view.slowest.value.startswith("<div style='line-height:1.5'><div style='color:var(--jp-error-color1, #c62828)'>rank 5 (instance 0) failed: E")
     assert "<div>slowest: rank 0 0%" in view.slowest.value
     assert len(view.widget.children) < 10
 

@@ -234,13 +234,14 @@ class WidgetView:
         progress = model.progress()
         counts = model.counts()
         active = counts["running"] + counts["starting"]
-        self.total_bar.value = 1.0 if progress is None and active else progress or 0.0
         if counts["failed"] or counts["stopped"]:
             self.total_bar.bar_style = "danger"
         elif self.total_bar.bar_style != "danger":
             done = counts["completed"] == model.world_size or progress == 1.0
             self.total_bar.bar_style = "success" if done else "info" if progress is None else ""
-        _indeterminate(self.total_bar, self.total_bar.bar_style == "info" and bool(active))
+        moving = self.total_bar.bar_style == "info" and bool(active)  # no rank says how far it is
+        self.total_bar.value = 1.0 if moving else progress or 0.0
+        _indeterminate(self.total_bar, moving)
         parts = [percent(progress)] if progress is not None else []
         parts.append(f"{counts['completed']}/{model.world_size} done")
         if counts["failed"]:
@@ -275,7 +276,7 @@ class WidgetView:
         if slow:
             lines.append("<div>slowest: " + ", ".join(
                 f"rank {s.rank} {percent(s.fraction)} ({rate(s.rate)})" for s in slow) + "</div>")
-        return "".join(lines)
+        return f"<div style='line-height:1.5'>{''.join(lines)}</div>"
 
     def _draw_panes(self) -> None:
         log_dir = self._log_dir()
@@ -305,7 +306,8 @@ def _pane_html(lines: list[tuple[int, str, str]], log_path: str, trace: str = ""
     # column-reverse keeps the newest line in view as lines arrive
     body = (f"<div style='display:flex;flex-direction:column-reverse;max-height:240px;overflow:auto'>"
             f"<pre style='margin:0;flex:none'>{html.escape(text)}</pre></div>") if text else "<i>(no output yet)</i>"
-    note = f"<div>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
+    # the widget's own line height (a control's) would leave a wrapped path far apart
+    note = f"<div style='line-height:1.5'>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
     return body + note
 
 
