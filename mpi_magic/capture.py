@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, cast
 
 import cloudpickle
 
-from . import payload
+from . import cell, payload
 from .errors import CaptureError
 
 # Names IPython puts in every namespace; the ranks have their own (or no use for them).
@@ -49,8 +49,8 @@ def analyze(source: str) -> CellCode:
 
     Raises ``SyntaxError`` as Python would, so the cell fails before anything starts.
     """
-    tree = ast.parse(source, "<mpirun_remote cell>", "exec")
-    compile(tree, "<mpirun_remote cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # `break` outside a loop...
+    tree = cell.parse(source)
+    compile(tree, cell.FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # `break` outside a loop...
     reads: set[str] = set()
     late: set[str] = set()
     _scan(tree.body, set(), reads, late)

@@ -105,7 +105,7 @@ class RemoteRankError(JobError):
         text = first.headline()
         others = len(self.failures) - 1
         if others:
-            ranks = _compact_ranks([f.rank for f in self.failures[1:]])
+            ranks = compact_ranks([f.rank for f in self.failures[1:]])
             text += f" (and {others} more of {self.world_size} ranks: {ranks})"
         return text
 
@@ -119,14 +119,14 @@ class RemoteRankError(JobError):
         for failure in self.failures[1:]:
             kinds.setdefault((failure.error_type, failure.message), []).append(failure.rank)
         for (error_type, message), ranks in kinds.items():
-            lines.append(f"ranks {_compact_ranks(ranks)} also raised {error_type}: {message}")
+            lines.append(f"ranks {compact_ranks(ranks)} also raised {error_type}: {message}")
         return lines
 
 
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
 
-def _compact_ranks(ranks: list[int]) -> str:
+def compact_ranks(ranks: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     ranks = sorted(set(ranks))
     spans: list[list[int]] = []

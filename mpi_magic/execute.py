@@ -84,6 +84,8 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     view = None
     if not options.quiet:
         view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+        if view.shows_output:
+            echo.hold()
     try:
         job.model.fold(Phase("submitting"))
         backend_job = backend.submit(job_dir, job.name, digest, options)
@@ -180,6 +182,8 @@ class Follower:
             jobdir.finished(job.job_dir)
             if job.view is not None:
                 job.view.close()
+            if self.echo is not None:
+                self.echo.release()
         if error is not None:
             raise error
         return run

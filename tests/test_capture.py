@@ -139,3 +139,9 @@ def test_the_notebooks_stderr_still_travels_as_the_ranks_own(monkeypatch):
         [packed] = capture(analyze("say(1)"), {"say": say}).packed
     monkeypatch.undo()
     assert pickle.loads(packed.data).__closure__[0].cell_contents is sys.stderr
+
+
+def test_a_syntax_error_is_numbered_as_the_cell_shows_it():
+    with pytest.raises(SyntaxError) as caught:
+        analyze("a = 1\nb = )\n")
+    assert caught.value.lineno == 3, "the %%mpirun_remote line is line 1"

@@ -185,7 +185,7 @@ def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
     error = caught.value
     assert (error.rank, error.instance, error.error_type, error.message) == (2, 1, "ValueError", "bad value 2")
     rendered = "\n".join(error._render_traceback_())
-    assert 'File "<mpirun_remote cell>", line 6, in <module>' in rendered
+    assert 'File "<mpirun_remote cell>", line 7, in <module>' in rendered, "the %%mpirun_remote line is line 1"
     assert "raise ValueError(f'bad value {v}')" in rendered
     assert "mpi_magic/runtime" not in rendered
     job = ip.user_ns["job"]

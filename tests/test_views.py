@@ -98,7 +98,9 @@ def test_widgets_show_rows_by_instance_with_values_and_styles(world):
     assert len(rows) == 4
     assert (rows[0].bar.value, rows[0].bar.max, rows[0].bar.bar_style) == (25.0, 100.0, "")
     assert rows[0].numbers.value == "25/100 · - · ETA -"  # one update: no rate yet
-    assert (rows[1].bar.bar_style, rows[1].bar.value) == ("info", 0.0) and rows[1].numbers.value == "7 · -"
+    assert (rows[1].bar.bar_style, rows[1].bar.value) == ("info", 1.0) and rows[1].numbers.value == "7 · -"
+    assert "mpi-magic-indeterminate" in rows[1].bar._dom_classes, "an unknown total shows activity"
+    assert "mpi-magic-indeterminate" not in rows[0].bar._dom_classes
     assert rows[2].bar.bar_style == "success" and rows[2].bar.value == rows[2].bar.max
     assert rows[2].numbers.value == "done · 2.0s"
     assert rows[3].bar.bar_style == "danger" and "KeyError: &#x27;k&#x27;" in rows[3].last_line.value
@@ -168,12 +170,13 @@ def test_output_pane_shows_one_rank_or_all_and_names_the_log_file(world):
     assert view.chooser.options[2] == "rank 1" and view.output.selected_index == 0
 
 
-def test_progress_at_its_total_while_running_reads_waiting(world):
+def test_progress_at_its_total_while_running_reads_done_and_waiting_in_green(world):
     clock, model, view, slot, decoder = world
     clock.now += 2
     wire(model, decoder, started(0), Progress(rank=0, n=12, total=12, seq=1, time=11.0))
     view.update()
-    assert view.rows[0].numbers.value == "12/12 · waiting"
+    assert view.rows[0].numbers.value == "12/12 · done, waiting for others"
+    assert view.rows[0].bar.bar_style == "success"
 
 
 def test_a_1024_rank_world_uses_the_compact_grid():
@@ -193,10 +196,12 @@ def test_a_1024_rank_world_uses_the_compact_grid():
     assert time.perf_counter() - start < 2.0
     assert model.world_size > GRID_ABOVE and view.compact
     assert not hasattr(view, "rows")
-    assert view.grid.value.count("<span title='rank ") == 1024
+    assert view.grid.value.count(" title='rank ") == 1024
     assert view.grid.value.count("instance ") == 128
     assert "title='rank 5: failed" in view.grid.value
-    assert view.slowest.value.startswith("slowest: rank 0 0%")
+    assert view.grid.value.count("class='mpi-magic-instance'") == 128
+    assert view.slowest.value.startswith("<div style='line-height:1.5'><div style='color:var(--jp-error-color1, #c62828)'>rank 5 (instance 0) failed: E")
+    assert "<div>slowest: rank 0 0%" in view.slowest.value
     assert len(view.widget.children) < 10
 
 
@@ -214,7 +219,8 @@ def test_summary_html_lists_every_rank_with_status_time_progress_and_error(world
     assert page.count("<tr class=") == 4
     assert "<td>0</td><td>0</td><td>h</td><td>completed</td><td>4.0s</td><td>5/5</td><td><span" in page
     assert "ValueError: x &lt; 0" in page
-    assert page.count("mpi-magic-stopped' style='background:#fdecea'") == 2
+    assert page.count("<tr class='mpi-magic-stopped'>") == 2, "only failed rows are marked"
+    assert page.count("<tr class='mpi-magic-failed' style='background:var(--jp-rendermime-error-background") == 1
     assert repr(summary).splitlines()[1:] == [
         "  rank 1 (instance 0, h) raised ValueError: x < 0", "  rank 2 (instance 1) stopped", "  rank 3 (instance 1) stopped"]
 
@@ -266,3 +272,52 @@ def test_when_no_rank_reports_the_views_say_who_waits(world):
     assert "mpi_magic: ranks 0, 1, 3 have been waiting 40s; rank 2 finished" in text.getvalue()
     wire(model, decoder, Progress(rank=0, n=1, total=2, seq=1, time=50.0))
     assert model.waiting() is None, "progress from any rank ends the hint"
+
+
+def test_a_large_failed_summary_lists_the_failed_ranks_counts_the_others_and_keeps_their_last_lines():
+    clock = Clock()
+    model = JobModel("big", "local", 80, 8, clock)
+    decoder = StreamDecoder(TOKEN)
+    for r in range(80):
+        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=80, seq=0, time=1.0))
+    for r in range(3):
+        wire(model, decoder, RankFinished(rank=r, ok=True, seq=1, time=2.0))
+    model.fold(Output(41, "stdout", "about to divide"))
+    wire(model, decoder, RankFinished(rank=41, ok=False, error_type="ZeroDivisionError", message="division by zero",
+                                      traceback="Traceback ...", seq=1, time=3.0))
+    model.fold(Phase("failed"))
+    page = Summary(model, "/jobs/big/logs")._repr_html_()
+    listed, folded = page.split("<details>")
+    assert listed.count("<tr class=") == 1 and "<td style='text-align:left'>41</td>" in listed
+    assert "<div>3 completed, 76 stopped</div>" in listed
+    assert folded.count("<tr class=") == 80 and "<details open" not in page
+    assert "its last lines:</div><pre style='margin:0 0 0 1em'>about to divide</pre>" in page
+    assert "its log: <code>/jobs/big/logs/rank-41.log</code>" in page
+
+
+def test_a_failed_ranks_pane_ends_with_its_traceback(world):
+    clock, model, view, slot, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(1))
+    model.fold(Output(1, "stdout", "step 3"))
+    view.update()
+    wire(model, decoder, RankFinished(rank=1, ok=False, error_type="ValueError", message="bad",
+                                      traceback="Traceback (most recent call last):\nValueError: bad\n", seq=1, time=12.0))
+    clock.now += 1
+    view.update()
+    assert "[rank 1] step 3\nTraceback (most recent call last):\nValueError: bad</pre>" in view.panes[2].value
+
+
+def test_while_a_view_shows_the_output_rank_0s_prints_wait_for_the_end_in_order():
+    from mpi_magic.view.console import ConsoleEcho
+
+    out, err = io.StringIO(), io.StringIO()
+    echo = ConsoleEcho(out, err)
+    echo.hold()
+    for event in (Output(0, "stdout", "one"), Output(1, "stdout", "elsewhere"), Output(2, "stderr", "warned"),
+                  Output(0, "stdout", "two")):
+        echo.show(event)
+    assert out.getvalue() == "" and err.getvalue() == "[rank 2] warned\n", "stderr is not held"
+    echo.release()
+    echo.show(Output(0, "stdout", "three"))
+    assert out.getvalue() == "one\ntwo\nthree\n"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import linecache
 import os
 import sys
 import types
@@ -18,13 +17,13 @@ TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one 
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from .. import events, payload, procs, reporting
+from .. import cell, events, payload, procs, reporting
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
 from ..rebind import rebind_all
 from . import tqdm_hook
 from .shell import RankShell
 
-CELL_FILENAME = "<mpirun_remote cell>"
+CELL_FILENAME = cell.FILENAME
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
 
 
@@ -201,8 +200,8 @@ class NotebookValueError(RuntimeError):
 def run_source(source: str, namespace: dict):
     """Run the cell like IPython: the value of a final expression is returned; top-level
     ``await`` works, as it does in a notebook."""
-    linecache.cache[CELL_FILENAME] = (len(source), None, source.splitlines(True), CELL_FILENAME)
-    tree = ast.parse(source, CELL_FILENAME, "exec")
+    cell.remember(source)
+    tree = cell.parse(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     sys.argv = [CELL_FILENAME]
     _run(compile(tree, CELL_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)

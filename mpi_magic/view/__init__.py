@@ -11,6 +11,8 @@ from .model import JobModel
 class View(Protocol):
     """What shows a running job: redrawn from the model while it runs, closed with its summary."""
 
+    shows_output: bool  # the view shows rank 0's output live, so the cell gets it when the job ends
+
     @property
     def widget(self) -> object | None:
         """The live widget shown, if any: the job handle keeps it."""

@@ -4,8 +4,9 @@ wording both views use (durations, rates, one-line status)."""
 from __future__ import annotations
 
 import html
+import os
 
-from .model import JobModel
+from .model import JobModel, RankState
 
 
 def duration(seconds: float | None) -> str:
@@ -48,11 +49,21 @@ def headline(model: JobModel) -> str:
            f"{model.phase} {duration(model.elapsed())}: " + ", ".join(parts)
 
 
-class Summary:
-    """Displayed once when the job ends: HTML in a notebook, text elsewhere."""
+FULL_TABLE_UP_TO = 16  # larger worlds list the failed ranks and count the others; the full table is folded
+FAILED_SHOWN = 3  # failed ranks whose last lines and log the summary shows
+LAST_LINES = 10
+FAILED_ROW = "background:var(--jp-rendermime-error-background, #fdd)"
+BAR_COLOUR = {"completed": "var(--jp-success-color1, #388e3c)", "failed": "var(--jp-error-color1, #d32f2f)",
+              "stopped": "var(--jp-error-color1, #d32f2f)"}
 
-    def __init__(self, model: JobModel):
+
+class Summary:
+    """Displayed once when the job ends: HTML in a notebook, text elsewhere. A failed job's
+    summary keeps what its dashboard showed: which ranks failed, their last lines, their logs."""
+
+    def __init__(self, model: JobModel, log_dir: str = ""):
         self.model = model
+        self.log_dir = log_dir
 
     def __repr__(self) -> str:
         lines = [f"mpi_magic: {headline(self.model)}"] + [f"  {note}" for note in self.model.notes]
@@ -69,23 +80,58 @@ class Summary:
         model = self.model
         with_errors = any(state.failure is not None for state in model.ranks)
         columns = ["rank", "instance", "host", "status", "time", "progress"] + (["error"] if with_errors else [])
-        cell = "<td style='text-align:left'>{}</td>"
-        rows = []
-        for state in model.ranks:
-            values = [state.rank, state.instance, html.escape(state.host), state.status, duration(state.elapsed),
-                      f"{count(state.n)}/{count(state.total)}" if state.bar else "-"]
-            if with_errors:
-                failure = state.failure
-                error = "" if failure is None else f"{failure.error_type}: {failure.message}" if failure.error_type \
-                    else failure.message
-                values.append(f"<span style='white-space:pre-wrap'>{html.escape(error)}</span>")
-            shade = " style='background:#fdecea'" if state.status in ("failed", "stopped") else \
-                " style='background:transparent'"
-            rows.append(f"<tr class='mpi-magic-{state.status}'{shade}>" + "".join(cell.format(v) for v in values) + "</tr>")
         head = "<tr>" + "".join(f"<th style='text-align:left'>{c}</th>" for c in columns) + "</tr>"
+        rows = {state.rank: self._row(state, with_errors) for state in model.ranks}
+        if model.world_size <= FULL_TABLE_UP_TO:
+            table = (f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
+                     f"<table>{head}{''.join(rows.values())}</table></details>")
+        else:
+            failed = [s.rank for s in model.ranks if s.failure is not None]
+            others = {status: n for status, n in model.counts().items() if n and status != "failed"}
+            table = (f"<table>{head}{''.join(rows[r] for r in failed)}</table>" if failed else "") + (
+                f"<div>{', '.join(f'{n} {status}' for status, n in others.items())}</div>" if failed else "") + (
+                f"<details><summary>all {model.world_size} ranks</summary>"
+                f"<table>{head}{''.join(rows.values())}</table></details>")
         return (
-            f"<div class='mpi-magic-summary'><b>mpi_magic</b> {html.escape(headline(model))}"
-            + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes) +
-            f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
-            f"<table>{head}{''.join(rows)}</table></details></div>"
+            f"<div class='mpi-magic-summary mpi-magic-{model.status}'>{self._bar()}"
+            f"<b>mpi_magic</b> {html.escape(headline(model))}"
+            + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes) + table + self._failed_html() + "</div>"
         )
+
+    def _bar(self) -> str:
+        """The aggregate bar as the dashboard left it: done in green, a failed or stopped job in red."""
+        counts = self.model.counts()
+        colour = BAR_COLOUR.get(self.model.status, BAR_COLOUR["failed"])
+        fraction = self.model.progress()
+        width = 100 * (fraction if fraction is not None else counts["completed"] / self.model.world_size)
+        return ("<div style='height:6px;margin:2px 0 4px;background:var(--jp-layout-color2, #eee)'>"
+                f"<div class='mpi-magic-summary-bar' style='height:100%;width:{width:.1f}%;background:{colour}'>"
+                "</div></div>")
+
+    def _row(self, state: RankState, with_errors: bool) -> str:
+        values = [str(state.rank), str(state.instance), html.escape(state.host), state.status,
+                  duration(state.elapsed), f"{count(state.n)}/{count(state.total)}" if state.bar else "-"]
+        if with_errors:
+            failure = state.failure
+            error = "" if failure is None else f"{failure.error_type}: {failure.message}" if failure.error_type \
+                else failure.message
+            values.append(f"<span style='white-space:pre-wrap'>{html.escape(error)}</span>")
+        shade = f" style='{FAILED_ROW}'" if state.status == "failed" else ""
+        return (f"<tr class='mpi-magic-{state.status}'{shade}>"
+                + "".join(f"<td style='text-align:left'>{v}</td>" for v in values) + "</tr>")
+
+    def _failed_html(self) -> str:
+        """What the failed ranks' panes showed: their last lines and where their logs are."""
+        failed = [(s, s.failure) for s in self.model.ranks if s.failure is not None]
+        parts = []
+        for state, failure in failed[:FAILED_SHOWN]:
+            lines = [("[stderr] " if stream == "stderr" else "") + text for stream, text in list(state.tail)[-LAST_LINES:]]
+            log = os.path.join(self.log_dir, f"rank-{state.rank}.log") if self.log_dir else ""
+            parts.append(
+                f"<div class='mpi-magic-failed-rank'><div><b>{html.escape(failure.headline())}</b></div>"
+                + (f"<div>its last lines:</div><pre style='margin:0 0 0 1em'>{html.escape(chr(10).join(lines))}</pre>"
+                   if lines else "<div>it printed nothing</div>")
+                + (f"<div>its log: <code>{html.escape(log)}</code></div>" if log else "") + "</div>")
+        if len(failed) > FAILED_SHOWN:
+            parts.append(f"<div>and {len(failed) - FAILED_SHOWN} more failed ranks (see the table)</div>")
+        return "".join(parts)

@@ -18,6 +18,8 @@ WAITING_EVERY = 30.0  # seconds between lines saying which ranks wait, while non
 
 
 class TextView:
+    shows_output = False
+
     def __init__(self, model: JobModel, stream: TextIO | None = None,
                  show: Callable[[object], None] | None = None, every: float = EVERY):
         self.model = model

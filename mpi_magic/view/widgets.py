@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import ipywidgets as w
 
+from ..errors import compact_ranks
 from .model import JobModel, RankState
 from .summary import Summary, count, duration, headline, percent, rate
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from . import View
 
 GRID_ABOVE = 64
+NAMED_FAILURES = 5  # failed ranks the compact grid describes one by one
 REDRAW_EVERY = 0.1
 HEARTBEAT = 1.0  # the header's elapsed time moves on even when no event arrives
 QUIET_START = 1.0
@@ -31,27 +33,57 @@ PANE_LINES = 200
 ALL_RANKS = "all ranks"
 
 _STYLE_OF = {"starting": "info", "running": "", "completed": "success", "failed": "danger", "stopped": "danger"}
-_COLOUR_OF = {"starting": "#bbdefb", "completed": "#4caf50", "failed": "#e53935", "stopped": "#e53935"}
+
+# Every colour is one of the front end's theme variables (JupyterLab's --jp-*), with a fallback
+# for front ends that define none, so the dashboard reads as well in a dark theme as in a light one.
+ERROR_TEXT = "var(--jp-error-color1, #c62828)"
+SHADES = ("var(--jp-brand-color3, #bbdefb)", "var(--jp-brand-color2, #64b5f6)",
+          "var(--jp-brand-color1, #1976d2)", "var(--jp-brand-color0, #0d47a1)")  # running: <25% .. >=75% done
+COLOUR_OF = {"starting": "var(--jp-layout-color3, #bdbdbd)", "completed": "var(--jp-success-color1, #388e3c)",
+             "failed": "var(--jp-error-color1, #d32f2f)", "stopped": "var(--jp-warn-color1, #f57c00)",
+             "unknown": "var(--jp-info-color1, #0288d1)"}
+# A bar with no total fills its track with moving stripes: it shows activity, not a fraction.
+STYLESHEET = """<style>
+.mpi-magic-indeterminate .progress-bar {
+  width: 100% !important;
+  background-image: linear-gradient(45deg, rgba(255,255,255,.35) 25%, transparent 25%, transparent 50%,
+                    rgba(255,255,255,.35) 50%, rgba(255,255,255,.35) 75%, transparent 75%, transparent);
+  background-size: 24px 24px;
+  animation: mpi-magic-stripes 1s linear infinite;
+}
+@keyframes mpi-magic-stripes { from { background-position: 24px 0; } to { background-position: 0 0; } }
+.mpi-magic-grid .mpi-magic-instance { display: flex; align-items: flex-start; margin: 1px 0; }
+.mpi-magic-grid .mpi-magic-label { flex: 0 0 90px; }
+.mpi-magic-grid .mpi-magic-cells { flex: 1 1 0; display: flex; flex-wrap: wrap; gap: 2px; padding-top: 3px; }
+.mpi-magic-cell { display: inline-block; width: 10px; height: 10px; }
+.mpi-magic-legend { display: inline-flex; align-items: center; margin-right: 12px; }
+.mpi-magic-legend .mpi-magic-cell { margin-right: 4px; }
+</style>"""
 
 
 def bar_style(state: RankState, current: str) -> str:
-    """Running '', unknown total 'info', done 'success', failed or stopped 'danger' (final)."""
+    """Running '', unknown total 'info', done or done and waiting for the others 'success',
+    failed or stopped 'danger' (final)."""
     if current == "danger":
         return "danger"
-    if state.status == "running" and state.total is None:
-        return "info"
+    if state.status == "running":
+        bar = state.bar
+        if bar is not None and bar.total is None:
+            return "info"
+        if bar is not None and bar.total and bar.n >= bar.total:
+            return "success"
     return _STYLE_OF[state.status]
 
 
 def numbers(state: RankState) -> str:
-    """'30/100 · 12.0/s · ETA 5.8s', '30 · 12.0/s', '100/100 · waiting', 'done · 100/100 · 8.1s'."""
+    """'30/100 · 12.0/s · ETA 5.8s', '30 · 12.0/s', '12/12 · done, waiting for others', 'done · 100/100 · 8.1s'."""
     bar = state.bar
     progress = "" if bar is None else count(bar.n) if not bar.total else f"{count(bar.n)}/{count(bar.total)}"
     if state.status == "running":
         if bar is None:
             return "running"
         if bar.total and bar.n >= bar.total:
-            return f"{progress} · waiting"
+            return f"{progress} · done, waiting for others"
         return " · ".join([progress, rate(state.rate)] + ([f"ETA {duration(state.eta)}"] if bar.total else []))
     label = "done" if state.status == "completed" else state.status
     return " · ".join(part for part in (label, progress, duration(state.elapsed) if state.elapsed else "") if part)
@@ -64,11 +96,20 @@ def _ellipsis(text: str, colour: str = "") -> str:
     return f"<div style='{style}' title='{html.escape(text, quote=True)}'>{html.escape(text)}</div>"
 
 
+def _indeterminate(bar: w.FloatProgress, on: bool) -> None:
+    """Moving stripes on a bar whose total is unknown (see ``STYLESHEET``)."""
+    if on:
+        bar.add_class("mpi-magic-indeterminate")
+    else:
+        bar.remove_class("mpi-magic-indeterminate")
+
+
 def _row(label: str) -> tuple[w.HBox, w.FloatProgress, w.Label, w.HTML]:
     bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, bar_style="info", layout=w.Layout(flex="0 0 30%"))
     figures = w.Label("", layout=w.Layout(flex="0 0 220px", margin="0 8px"))
     last = w.HTML("", layout=w.Layout(flex="1 1 0", min_width="0"))
     box = w.HBox([w.Label(label, layout=w.Layout(flex="0 0 70px")), bar, figures, last], layout=w.Layout(width="100%"))
+    box.add_class("mpi-magic-row")
     return box, bar, figures, last
 
 
@@ -92,19 +133,22 @@ class RankRow:
         if bar is not None and bar.total:
             self.bar.max = float(bar.total)
             self.bar.value = float(bar.total if state.status == "completed" else min(bar.n, bar.total))
-        else:  # unknown total: an empty bar, the count is in the numbers
-            self.bar.max, self.bar.value = 1.0, 1.0 if state.status == "completed" else 0.0
+        else:  # unknown total: a full, moving bar; the count and rate are in the numbers
+            self.bar.max, self.bar.value = 1.0, 1.0 if state.status in ("running", "completed") else 0.0
         self.bar.bar_style = bar_style(state, self.bar.bar_style)
+        _indeterminate(self.bar, self.bar.bar_style == "info" and bar is not None)
         self.numbers.value = numbers(state)
         if state.failure is not None:
             failure = state.failure
             text = f"{failure.error_type}: {failure.message}" if failure.error_type else failure.message
-            self.last_line.value = _ellipsis(text, "#c62828")
+            self.last_line.value = _ellipsis(text, ERROR_TEXT)
         else:
             self.last_line.value = _ellipsis(state.last_line[-500:])
 
 
 class WidgetView:
+    shows_output = True  # the output pane
+
     def __init__(self, model: JobModel, log_dir: Callable[[], str], display: Callable,
                  quiet_start: float = QUIET_START, redraw_every: float = REDRAW_EVERY):
         self.model = model
@@ -113,7 +157,7 @@ class WidgetView:
         self._redraw_every = redraw_every
         self._drawn_version = -1
         self._drawn_at: float | None = None
-        self._pane_versions: dict[int, int] = {}
+        self._pane_versions: dict[int, object] = {}
         self.widget: Dashboard | None = None
         self.redraws = 0
         # An empty output now, so the dashboard and then the summary appear above printed lines.
@@ -125,11 +169,14 @@ class WidgetView:
         model = self.model
         self.header = w.HTML()
         total_box, self.total_bar, self.total_numbers, _ = _row(ALL_RANKS)
+        total_box.add_class("mpi-magic-total")
         self.compact = model.world_size > GRID_ABOVE
         if self.compact:
             self.grid = w.HTML()
-            self.slowest = w.HTML()
-            body = [self.grid, self.slowest]
+            self.grid.add_class("mpi-magic-grid")
+            self.slowest = w.HTML()  # the ranks that failed or stopped, by name, and the slowest
+            self.slowest.add_class("mpi-magic-named")
+            body = [w.HTML(_legend()), self.grid, self.slowest]
         else:
             self.rows = [RankRow(state) for state in model.ranks]
             body = []
@@ -139,11 +186,16 @@ class WidgetView:
         # One pane per choice, switched in the browser: the kernel is busy while the job runs.
         choices = [ALL_RANKS] if self.compact else [ALL_RANKS] + [f"rank {r}" for r in range(model.world_size)]
         self.panes = [w.HTML() for _ in choices]
+        for pane in self.panes:
+            pane.add_class("mpi-magic-pane")
         self.chooser = w.Dropdown(options=choices, value=ALL_RANKS, layout=w.Layout(width="160px"))
         self.output = w.Stack(self.panes, selected_index=0)
         w.jslink((self.chooser, "index"), (self.output, "selected_index"))
         chooser_row = w.HBox([w.Label("output", layout=w.Layout(flex="0 0 70px")), self.chooser])
-        return Dashboard(model, children=[self.header, total_box, *body, chooser_row, self.output])
+        dashboard = Dashboard(model, children=[w.HTML(STYLESHEET), self.header, total_box, *body, chooser_row,
+                                               self.output])
+        dashboard.add_class("mpi-magic-dashboard")
+        return dashboard
 
     # -- drawing --------------------------------------------------------------------------
 
@@ -167,13 +219,11 @@ class WidgetView:
         self.redraws += 1
         waiting = model.waiting()
         self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + (
-            f" <span style='color:#b35900'>· {html.escape(waiting)}</span>" if waiting else "")
+            f" <b>· ⚠ {html.escape(waiting)}</b>" if waiting else "")  # the theme's text colour: readable in any
         self._draw_total()
         if self.compact:
             self.grid.value = self._grid_html()
-            slow = model.slowest()
-            self.slowest.value = "slowest: " + ", ".join(
-                f"rank {s.rank} {percent(s.fraction)} ({rate(s.rate)})" for s in slow) if slow else ""
+            self.slowest.value = self._named_html()
         else:
             for row, state in zip(self.rows, model.ranks):
                 row.draw(state)
@@ -183,12 +233,15 @@ class WidgetView:
         model = self.model
         progress = model.progress()
         counts = model.counts()
-        self.total_bar.value = progress or 0.0
+        active = counts["running"] + counts["starting"]
         if counts["failed"] or counts["stopped"]:
             self.total_bar.bar_style = "danger"
         elif self.total_bar.bar_style != "danger":
-            done = counts["completed"] == model.world_size
+            done = counts["completed"] == model.world_size or progress == 1.0
             self.total_bar.bar_style = "success" if done else "info" if progress is None else ""
+        moving = self.total_bar.bar_style == "info" and bool(active)  # no rank says how far it is
+        self.total_bar.value = 1.0 if moving else progress or 0.0
+        _indeterminate(self.total_bar, moving)
         parts = [percent(progress)] if progress is not None else []
         parts.append(f"{counts['completed']}/{model.world_size} done")
         if counts["failed"]:
@@ -196,19 +249,40 @@ class WidgetView:
         self.total_numbers.value = " · ".join(parts)
 
     def _grid_html(self) -> str:
-        cells = []
+        blocks = []
         for index, ranks in enumerate(self.model.by_instance()):
-            squares = "".join(
-                f"<span title='rank {s.rank}: {s.status} {percent(s.fraction)}' style='display:inline-block;"
-                f"width:9px;height:9px;margin:1px;background:{_cell_colour(s)}'></span>" for s in ranks)
-            cells.append(f"<div><span style='display:inline-block;width:90px'>instance {index}</span>{squares}</div>")
-        return "".join(cells)
+            cells = "".join(f"<span class='mpi-magic-cell mpi-magic-{s.status}' title='rank {s.rank}: {s.status} "
+                            f"{percent(s.fraction)}' style='background:{_cell_colour(s)}'></span>" for s in ranks)
+            blocks.append(f"<div class='mpi-magic-instance'><span class='mpi-magic-label'>instance {index}</span>"
+                          f"<span class='mpi-magic-cells'>{cells}</span></div>")
+        return "".join(blocks)
+
+    def _named_html(self) -> str:
+        """Failed and stopped ranks by name (a red square alone says nothing to a reader), then the slowest."""
+        lines = []
+        failed = [s for s in self.model.ranks if s.status == "failed"]
+        for state in failed[:NAMED_FAILURES]:
+            failure = state.failure
+            what = (f"{failure.error_type}: {failure.message}" if failure.error_type else failure.message) \
+                if failure else "failed"
+            lines.append(f"<div style='color:{ERROR_TEXT}'>rank {state.rank} (instance {state.instance}) failed: "
+                         f"{html.escape(what)}</div>")
+        if len(failed) > NAMED_FAILURES:
+            lines.append(f"<div>failed too: {compact_ranks([s.rank for s in failed[NAMED_FAILURES:]])}</div>")
+        stopped = [s.rank for s in self.model.ranks if s.status == "stopped"]
+        if stopped:
+            lines.append(f"<div>stopped: {'rank' if len(stopped) == 1 else 'ranks'} {compact_ranks(stopped)}</div>")
+        slow = self.model.slowest()
+        if slow:
+            lines.append("<div>slowest: " + ", ".join(
+                f"rank {s.rank} {percent(s.fraction)} ({rate(s.rate)})" for s in slow) + "</div>")
+        return f"<div style='line-height:1.5'>{''.join(lines)}</div>"
 
     def _draw_panes(self) -> None:
         log_dir = self._log_dir()
         for index, pane in enumerate(self.panes):
             state = self.model.ranks[index - 1] if index else None
-            version = state.outputs if state else self.model.outputs
+            version = (state.outputs, state.failure is not None) if state else self.model.outputs
             if self._pane_versions.get(index) == version:
                 continue  # nothing new for this pane
             self._pane_versions[index] = version
@@ -216,20 +290,24 @@ class WidgetView:
                 lines, name = list(self.model.tail), "all.log"
             else:
                 lines, name = [(state.rank, stream, text) for stream, text in state.tail], f"rank-{state.rank}.log"
-            pane.value = _pane_html(lines[-PANE_LINES:], os.path.join(log_dir, name) if log_dir else "")
+            trace = state.failure.traceback if state is not None and state.failure is not None else ""
+            pane.value = _pane_html(lines[-PANE_LINES:], os.path.join(log_dir, name) if log_dir else "", trace)
 
     def close(self) -> None:
         if self.widget is not None:
             self.redraw()
-        self._slot.update(Summary(self.model))
+        self._slot.update(Summary(self.model, self._log_dir()))
 
 
-def _pane_html(lines: list[tuple[int, str, str]], log_path: str) -> str:
+def _pane_html(lines: list[tuple[int, str, str]], log_path: str, trace: str = "") -> str:
     text = "\n".join(f"[rank {r}]{' [stderr]' if stream == 'stderr' else ''} {line}" for r, stream, line in lines)
+    if trace:  # a failed rank's pane ends with its traceback
+        text = (text + "\n" if text else "") + trace.rstrip("\n")
     # column-reverse keeps the newest line in view as lines arrive
     body = (f"<div style='display:flex;flex-direction:column-reverse;max-height:240px;overflow:auto'>"
-            f"<pre style='margin:0;flex:none'>{html.escape(text)}</pre></div>") if lines else "<i>(no output yet)</i>"
-    note = f"<div>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
+            f"<pre style='margin:0;flex:none'>{html.escape(text)}</pre></div>") if text else "<i>(no output yet)</i>"
+    # the widget's own line height (a control's) would leave a wrapped path far apart
+    note = f"<div style='line-height:1.5'>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
     return body + note
 
 
@@ -244,13 +322,21 @@ class _Blank:
 
 
 def _cell_colour(state: RankState) -> str:
+    """Running ranks in four distinct shades by quarter done; other states in their own colour."""
     if state.status == "running":
         fraction = state.fraction
         if fraction is None:
-            return "#90caf9"
-        shade = int(230 - 140 * fraction)
-        return f"rgb({shade},{shade},255)"
-    return _COLOUR_OF[state.status]
+            return COLOUR_OF["unknown"]
+        return SHADES[min(len(SHADES) - 1, int(fraction * len(SHADES)))]
+    return COLOUR_OF[state.status]
+
+
+def _legend() -> str:
+    keys = [(SHADES[i], f"{25 * i}-{25 * (i + 1)}%") for i in range(len(SHADES))] + [
+        (COLOUR_OF["unknown"], "running, no total"), (COLOUR_OF["starting"], "starting"), (COLOUR_OF["completed"], "done"),
+        (COLOUR_OF["failed"], "failed"), (COLOUR_OF["stopped"], "stopped")]
+    return "".join(f"<span class='mpi-magic-legend'><span class='mpi-magic-cell' style='background:{colour}'></span>"
+                   f"{label}</span>" for colour, label in keys)
 
 
 if TYPE_CHECKING:  # read by the type checker only
