@@ -14,18 +14,18 @@ and ``AWS_ENDPOINT_URL_*`` variables, at the sizes in ``REHEARSAL_SIZES``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import sys
 import tempfile
+import time
 
 import nbformat
 from nbclient import NotebookClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NOTEBOOKS = ["quickstart.ipynb", "data_parallel_training.ipynb", "mpi4py_patterns.ipynb", "sagemaker_multinode.ipynb"]
+NOTEBOOKS = sorted(name for name in os.listdir(HERE) if name.endswith(".ipynb"))
 KEEP_OUTPUT = "raises-exception"
 BUCKET = "mpi-magic-notebooks"
 # how big the SageMaker notebook's jobs are when rehearsed on this machine (4 x 8 on AWS)
@@ -42,25 +42,22 @@ def keeps_output(cell) -> bool:
     return KEEP_OUTPUT in cell.get("metadata", {}).get("tags", [])
 
 
-@contextlib.contextmanager
-def rehearsal_cloud(root: str):
-    """The settings that send ``--backend sagemaker`` to a moto server and the emulator on loopback."""
-    from mpi_magic.testing.local_aws import local_aws
+def rehearsal_settings(env: dict[str, str]) -> dict[str, str]:
+    """The ``MPI_MAGIC_*`` settings for SageMaker jobs on the rehearsal cloud ``env`` points at
+    (``mpi_magic.testing.local_aws``), with the bucket they use made there."""
+    import boto3
 
-    with local_aws(root=root) as env:
-        import boto3
-
-        s3 = boto3.client("s3", region_name=env["AWS_DEFAULT_REGION"], endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    s3 = boto3.client("s3", region_name=env["AWS_DEFAULT_REGION"], endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    if BUCKET not in [bucket["Name"] for bucket in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=BUCKET)
-        yield {
-            **env,
-            "MPI_MAGIC_ROLE": "arn:aws:iam::123456789012:role/mpi-magic-rehearsal",
-            "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs",
-            "MPI_MAGIC_IMAGE_URI": "local/emulated",  # the emulator runs the entrypoint with this Python
-            "MPI_MAGIC_INSTANCE_TYPE": "ml.g5.12xlarge",
-        }
+    return {
+        **env,
+        "MPI_MAGIC_ROLE": "arn:aws:iam::123456789012:role/mpi-magic-rehearsal",
+        "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs",
+        "MPI_MAGIC_IMAGE_URI": "local/emulated",  # the emulator runs the entrypoint with this Python
+        "MPI_MAGIC_INSTANCE_TYPE": "ml.g5.12xlarge",
+    }
 
 
 def run(path: str, env: dict[str, str], cwd: str, timeout: int = 300):
@@ -97,14 +94,18 @@ def stored_form(nb):
 
 
 def main(names: list[str]) -> int:
+    from mpi_magic.testing.local_aws import local_aws
+
     with tempfile.TemporaryDirectory(prefix="mpi_magic_notebooks_") as work:
         env = {"MPI_MAGIC_CACHE_DIR": os.path.join(work, "cache"), "MPI_MAGIC_VIEW": "text"}
-        with rehearsal_cloud(os.path.join(work, "aws")) as cloud:
+        with local_aws(root=os.path.join(work, "aws")) as aws:
+            cloud = rehearsal_settings(aws)
             for name in names or NOTEBOOKS:
                 path = os.path.join(HERE, os.path.basename(name))
-                print(f"executing {os.path.basename(path)}", flush=True)
+                started = time.monotonic()
                 nb = run(path, {**env, **cloud}, work)
                 nbformat.write(stored_form(nb), path)
+                print(f"{os.path.basename(path)}: executed in {time.monotonic() - started:.1f}s", flush=True)
     return 0
 
 
