@@ -2,6 +2,7 @@
 # Set up a virtual environment with everything mpi_magic needs, then run one task:
 #   ./dev.sh demo    execute notebooks/quickstart.ipynb headless on the local backend
 #   ./dev.sh test    run the test suite (extra arguments go to pytest)
+#   ./dev.sh notebooks   re-execute the notebooks (or those named) and store them as they ran
 #   ./dev.sh bench   run the benchmarks
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -13,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,demo]'
 
 case "$task" in
     demo)
@@ -22,6 +23,7 @@ case "$task" in
         MPI_MAGIC_VIEW=text .venv/bin/jupyter nbconvert --to notebook --execute notebooks/quickstart.ipynb \
             --output-dir "$out" --output quickstart
         .venv/bin/python - "$out/quickstart.ipynb" <<'PY'
+import re
 import sys
 
 import nbformat
@@ -30,15 +32,20 @@ for cell in nbformat.read(sys.argv[1], as_version=4).cells:
     if cell.cell_type == "code":
         print("\n>>> " + cell.source.replace("\n", "\n... "))
         for output in cell.outputs:
+            if output.output_type == "error":  # the cell that fails on purpose
+                print(re.sub("\x1b\\[[0-9;]*m", "", "\n".join(output.traceback)))
+                continue
             text = output.get("text") or output.get("data", {}).get("text/plain", "") + "\n"
             print(text, end="")
 PY
         rm -rf "$out" ;;
     test)
         .venv/bin/python -m pytest "$@" ;;
+    notebooks)
+        .venv/bin/python notebooks/execute.py "$@" ;;
     bench)
         .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
         for script in benchmarks/bench_*.py; do .venv/bin/python "$script" "$@"; done ;;
     *)
-        echo "usage: ./dev.sh demo|test|bench" >&2; exit 2 ;;
+        echo "usage: ./dev.sh demo|test|notebooks|bench" >&2; exit 2 ;;
 esac

