@@ -52,9 +52,12 @@ CONTRAST_JS = """
 
 
 def write_notebook(path: str, *sources: str, template: str | None = None) -> None:
-    """A notebook of ``sources`` (or a copy of ``template``) that opens with the python3 kernel."""
+    """A notebook of ``sources`` (or ``template`` up to its first job cell, so that the page
+    holds one dashboard) that opens with the python3 kernel."""
     if template:
         nb = nbformat.read(template, as_version=4)
+        first_job = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%mpirun_remote"))
+        nb.cells = nb.cells[:first_job + 1]
     else:
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
