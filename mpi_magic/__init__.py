@@ -14,6 +14,7 @@ from .errors import (
     RankExitError,
     RemoteRankError,
     SageMakerSetupError,
+    SessionStartError,
 )
 from .rankinfo import instance, local_rank, num_instances, rank, world_size
 from .reporting import progress
@@ -30,6 +31,7 @@ __all__ = [
     "RankExitError",
     "RemoteRankError",
     "SageMakerSetupError",
+    "SessionStartError",
     "instance",
     "load_ipython_extension",
     "local_rank",
@@ -41,7 +43,7 @@ __all__ = [
 
 
 def load_ipython_extension(ipython) -> None:
-    """Called by ``%load_ext mpi_magic``: registers %%mpirun_remote and %mpirun_config."""
+    """Called by ``%load_ext mpi_magic``: registers %%mpirun_remote, %mpirun_session and the other magics."""
     from .magic import MpiMagics
 
     ipython.register_magics(MpiMagics(ipython))

@@ -9,6 +9,7 @@
         ├── RemoteRankError            one or more ranks raised; shows their tracebacks
         ├── RankExitError              ranks died without reporting (signal, os._exit)
         ├── JobTimeoutError (+TimeoutError)   --timeout elapsed; ranks were stopped
+        ├── SessionStartError          a session's ranks did not all come up
         └── BackendNotAvailable        the chosen backend is not usable here
 
 Option mistakes raise IPython's ``UsageError`` instead, which IPython shows as one line.
@@ -53,6 +54,10 @@ class BackendNotAvailable(JobError):
 
 class JobTimeoutError(JobError, TimeoutError):
     """The job ran past --timeout; all ranks were stopped."""
+
+
+class SessionStartError(JobError):
+    """The ranks of a session did not all come up; nothing of it is left running."""
 
 
 @dataclass

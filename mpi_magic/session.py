@@ -21,20 +21,16 @@ from typing import Callable
 
 from . import events, jobdir
 from .backends.base import SessionRanks
-from .errors import JobError
+from .errors import JobError, SessionStartError
 from .holdings import Holdings
 from .options import LaunchOptions
-from .view.model import JobModel, _ranks
+from .view.model import JobModel, ranks_phrase
 
 START_LIMIT = 300.0  # seconds for every rank to be up and waiting
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
 IDLE_OUTPUT = 200  # lines printed between cells kept for the session's view
-
-
-class SessionStartError(JobError):
-    """The ranks of a session did not all come up."""
 
 
 @dataclass
@@ -369,7 +365,7 @@ class SessionCell:
         elif not self._done and self._interrupted_at is not None and \
                 self.clock() - self._interrupted_at > self.session.grace:
             stuck = [r for r in range(world) if r not in self.back]
-            self.session.tear_down(f"{_ranks(stuck)} did not get back to waiting within "
+            self.session.tear_down(f"{ranks_phrase(stuck)} did not get back to waiting within "
                                    f"{self.session.grace:g}s after {self._why_interrupted or 'the interrupt'} "
                                    "(blocked in a collective?)")
         return shown

@@ -307,17 +307,17 @@ class JobModel:
         active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]
         if not active:
             return None
-        text = f"{_ranks(active)} {'has' if len(active) == 1 else 'have'} been waiting {quiet:.0f}s"
+        text = f"{ranks_phrase(active)} {'has' if len(active) == 1 else 'have'} been waiting {quiet:.0f}s"
         others: dict[str, list[int]] = {}
         for state in self.ranks:
             if state.status not in ACTIVE or state.gone:
                 verb = "exited without reporting" if state.gone else {
                     "completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
                 others.setdefault(verb, []).append(state.rank)
-        return "; ".join([text] + [f"{_ranks(ranks)} {verb}" for verb, ranks in others.items()])
+        return "; ".join([text] + [f"{ranks_phrase(ranks)} {verb}" for verb, ranks in others.items()])
 
 
-def _ranks(ranks: list[int], shown: int = 8) -> str:
+def ranks_phrase(ranks: list[int], shown: int = 8) -> str:
     """'rank 2', 'ranks 0, 1, 3', 'ranks 0, 1, 2, ... (40 in all)'."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
