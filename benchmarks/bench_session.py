@@ -15,7 +15,9 @@ without it that row is left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import os
 import time
 
@@ -41,8 +43,6 @@ def warm_cells(ip, repeats: int) -> dict[str, float]:
 
 def _silenced(ip, line: str) -> None:
     """A cell with its (text) view, its lines sent to /dev/null as a terminal would show them."""
-    import contextlib
-
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         ip.run_cell_magic("mpirun_remote", line, WARM_CELL)
 
@@ -115,9 +115,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
     ip = shell()
-    import contextlib
-    import io
-
     with contextlib.redirect_stdout(io.StringIO()):
         warm = warm_cells(ip, args.repeats)
         px = ipyparallel_cells(ip, args.repeats)

@@ -57,8 +57,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
         echo.say(warning)
     job_name = options.job_name or jobdir.new_job_name()
     captured = capture.capture(code, namespace)
-    for name, kind, size in captured.large_values():
-        echo.say(f"sending {name} ({kind}, {payload.size_text(size)}) to {options.world_size} ranks")
+    _announce_large(captured, options.world_size, echo)
 
     cache_dir = config.get("cache_dir")
     _prepare(cache_dir)
@@ -67,7 +66,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     except FileExistsError:
         raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
                          "choose another --job-name") from None
-    meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
+    meta = _meta(code, options)
     digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
                            digest=backend.pins_digest)
     if options.dry_run:
@@ -298,16 +297,12 @@ def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], 
     holdings = session.holdings
     captured = capture.capture(code, namespace, holdings.keeps)
     selection = holdings.select(captured.packed, namespace)
-    for item in selection.send:
-        if item.size >= capture.LARGE_VALUE_BYTES:
-            echo.say(f"sending {item.name} ({captured.kinds[item.name]}, {payload.size_text(item.size)}) "
-                     f"to {session.world_size} ranks")
+    _announce_large(captured, session.world_size, echo, {item.name for item in selection.send})
     cache_dir = config.get("cache_dir")
     _prepare(cache_dir)
     job_name = f"{session.name}-{session.cells + 1}"
     job_dir = jobdir.create(cache_dir, job_name, reuse=True)
-    meta = {"source": source, "returns": code.assigns, "gather": options.gather, "display": code.display_result,
-            "return_limit": config.get("return_limit")}
+    meta = {**_meta(code, options), "return_limit": config.get("return_limit")}
     payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), selection.send, meta, digest=False)
     if options.dry_run:
         kept = sorted(captured.kept + selection.same)
@@ -348,6 +343,19 @@ def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], 
     holdings.assigned(code.assigns, run.values, stayed, namespace)
     session.told_stayed.difference_update(run.values)  # back in the notebook: staying again is news
     return run
+
+
+def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
+    """What the ranks need to know besides the values: the cell, and what to bring back."""
+    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
+
+
+def _announce_large(captured: capture.Captured, world_size: int, echo: ConsoleEcho,
+                    sent: set[str] | None = None) -> None:
+    """Say which large values are about to cross (only those in ``sent``, where given)."""
+    for name, kind, size in captured.large_values():
+        if sent is None or name in sent:
+            echo.say(f"sending {name} ({kind}, {payload.size_text(size)}) to {world_size} ranks")
 
 
 def _prepare(cache_dir: str) -> None:

@@ -55,7 +55,6 @@ class _Ref:
 @dataclass
 class Sent:
     digest: str
-    size: int
     ref: _Ref
     epoch: int  # the notebook's epoch when the digest was last known to match
 
@@ -101,7 +100,7 @@ class Holdings:
                 selection.same.append(item.name)
             else:
                 selection.send.append(item)
-                selection.records[item.name] = Sent(digest, item.size, _Ref(namespace[item.name]), self.epoch)
+                selection.records[item.name] = Sent(digest, _Ref(namespace[item.name]), self.epoch)
         return selection
 
     def delivered(self, selection: Selection) -> None:

@@ -15,7 +15,6 @@ import atexit
 import queue
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,7 +29,6 @@ START_LIMIT = 300.0  # seconds for every rank to be up and waiting
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
-IDLE_OUTPUT = 200  # lines printed between cells kept for the session's view
 
 
 @dataclass
@@ -73,7 +71,6 @@ class Session:
         self._cell: SessionCell | None = None
         self._exit: events.LauncherExited | None = None
         self._model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
-        self.idle_output: deque = deque(maxlen=IDLE_OUTPUT)  # (rank, stream, text) printed between cells
         self._pump_thread: threading.Thread | None = None
         self._closing = ""  # the reason rank 0 gave when it ended the session
         self.job_dir = ""
@@ -233,9 +230,7 @@ class Session:
         if cell is not None:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
             return
-        self._model.fold(event)
-        if isinstance(event, events.Output):
-            self.idle_output.append((event.rank, event.stream, event.text))
+        self._model.fold(event)  # its tail keeps what the ranks printed between cells
 
     def _closing_reason(self) -> str:
         if self._closing:
@@ -305,6 +300,12 @@ class Session:
         assert self._ranks is not None
         self._ranks.fetch_results(job_dir, ranks)
 
+    def ended_under_a_cell(self) -> str:
+        """The launcher exited while a cell ran: the reason is the launcher's, unless one was set."""
+        with self._lock:
+            self.ended_reason = self.ended_reason or self._closing_reason()
+        return self.ended_sentence()
+
     def ended_sentence(self) -> str:
         return (f"session {self.name} ended: {self.ended_reason}; every rank was stopped and the session's state "
                 "is gone (the next cell runs as a one-off job, or start a new session with %mpirun_session start)")
@@ -354,9 +355,7 @@ class SessionCell:
             shown.append(event)
             if isinstance(event, events.LauncherExited):  # the session ended under the cell
                 self._end()
-                if self.session.ended_reason is None:
-                    self.session.ended_reason = self.session._closing_reason()
-                shown.append(events.Note(self.session.ended_sentence()))
+                shown.append(events.Note(self.session.ended_under_a_cell()))
                 return shown
         world = self.session.world_size
         if not self._done and len(self.back) == world and len(self.reported) == world:

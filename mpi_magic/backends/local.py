@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -304,8 +305,6 @@ class LocalSessionRanks:
         self.cells.close()
         if not self.job.finished:
             self.job.cancel()
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
