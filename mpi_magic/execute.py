@@ -26,7 +26,7 @@ from .options import Config, LaunchOptions
 from .rebind import is_notebook_function, rebind
 from .session import Session
 from .layout import VALUE_NAME, result_path
-from .view import make_view
+from .view import View, make_view
 from .view.console import ConsoleEcho
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
@@ -80,11 +80,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                   instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
                   status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
 
-    view = None
-    if not options.quiet:
-        view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
-        if view.shows_output:
-            echo.hold()
+    view = None if options.quiet else _open_view(config, job, echo)
     try:
         job.model.fold(Phase("submitting"))
         backend_job = backend.submit(job_dir, job.name, digest, options)
@@ -263,7 +259,7 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
     _prepare(config.get("cache_dir"))
     job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
-    job.view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    job.view = _open_view(config, job, echo)
     job.start(job_dir, backend_job.cancel)
     follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
     return Follower(job, backend_job, follow).run()
@@ -316,7 +312,7 @@ def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], 
     jobdir.record(job_dir, name=job_name, backend=session.backend, world_size=session.world_size,
                   session=session.name, status="running", started=time.time(),
                   keep_payload=config.get("keep_payloads"))
-    view = None if options.quiet else make_view(config.get("view"), job.model, lambda: os.path.join(job_dir, "logs"))
+    view = None if options.quiet else _open_view(config, job, echo)
     cell = session.run(job_dir, None)
     holdings.delivered(selection)
     job.start(job_dir, cell.cancel)
@@ -343,6 +339,14 @@ def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], 
     holdings.assigned(code.assigns, run.values, stayed, namespace)
     session.told_stayed.difference_update(run.values)  # back in the notebook: staying again is news
     return run
+
+
+def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
+    """The job's live view; rank 0's prints wait for the end where the view shows them already."""
+    view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
+    if view.shows_output:
+        echo.hold()
+    return view
 
 
 def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
