@@ -14,7 +14,8 @@ import io
 import time
 
 from mpi_magic import reporting
-from mpi_magic.events import Emitter, Progress, RankStarted, StreamDecoder, encode
+from mpi_magic.events import Progress, RankStarted, StreamDecoder, encode
+from mpi_magic.wire import Emitter
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.widgets import WidgetView
 

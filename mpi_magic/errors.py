@@ -17,8 +17,6 @@ Option mistakes raise IPython's ``UsageError`` instead, which IPython shows as o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 class MpiMagicError(Exception):
     """Base class of mpi_magic's errors."""
@@ -60,16 +58,23 @@ class SessionStartError(JobError):
     """The ranks of a session did not all come up; nothing of it is left running."""
 
 
-@dataclass
 class RankFailure:
-    """What one rank reported (or what the launcher said) when it failed."""
+    """What one rank reported (or what the launcher said) when it failed.
 
-    rank: int
-    instance: int
-    host: str = ""
-    error_type: str = ""
-    message: str = ""
-    traceback: str = ""
+    A plain class: this module is imported on every rank, where dataclasses cost milliseconds."""
+
+    __slots__ = ("rank", "instance", "host", "error_type", "message", "traceback")
+
+    def __init__(self, rank: int, instance: int, host: str = "", error_type: str = "", message: str = "",
+                 traceback: str = ""):
+        self.rank, self.instance, self.host = rank, instance, host
+        self.error_type, self.message, self.traceback = error_type, message, traceback
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RankFailure and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self) -> str:
+        return "RankFailure(%s)" % ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
 
     def headline(self) -> str:
         where = f"rank {self.rank} (instance {self.instance}{', ' + self.host if self.host else ''})"

@@ -1,9 +1,7 @@
-"""The one stream between a running job and whoever watches it.
+"""The one stream between a running job and whoever watches it: the notebook's event classes
+and the decoder that turns launcher lines into them.
 
-Ranks report by writing one line per event to stdout: the job's marker (``marker(token)``,
-with a random token only the job's runtime knows) then the event, with the rank, a per-rank
-sequence number and a timestamp: a short record for progress, compact JSON with a schema
-version for the rest. The launcher tags every line with its
+Ranks write their events in the format of ``wire``. The launcher tags every line with its
 rank (``--tag-output`` in Open MPI, ``-l`` in MPICH), so plain output is attributed too. The
 same ``StreamDecoder`` reads a local mpirun pipe or a log re-read from the cloud.
 
@@ -18,24 +16,9 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
-import time
 from dataclasses import dataclass, field, fields
 
-MARKER_PREFIX = "@@mpi_magic:"
-SCHEMA_VERSION = 2
-TOKEN_VARIABLE = "MPI_MAGIC_EVENT_TOKEN"  # how a job's runtime learns its token (removed before the cell runs)
-
-
-def new_token() -> str:
-    """A job's secret part of the marker: output that merely looks like an event lacks it."""
-    import secrets  # the notebook's side only
-
-    return secrets.token_hex(8)
-
-
-def marker(token: str) -> str:
-    return f"{MARKER_PREFIX}{token}@@"
+from . import wire
 
 
 @dataclass
@@ -163,8 +146,8 @@ class CellEnded(LauncherExited):
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
 Event = WireEvent | Output | LauncherOutput | Note | Phase | RankGone | StopRequested | LauncherExited
 
-_KINDS: dict[str, type] = {"started": RankStarted, "finished": RankFinished, "progress": Progress,
-                           "ready": RankReady, "closing": SessionClosing}
+_KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
+                           wire.READY: RankReady, wire.CLOSING: SessionClosing}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
@@ -215,45 +198,18 @@ _SCHEMA = {
 
 
 def encode(event: WireEvent, token: str) -> str:
-    """One wire line (without newline) for ``event`` in the job whose token is ``token``.
-
-    Progress, by far the most frequent event, is a short comma-separated record (``p`` then
-    rank, seq, time, n, total, bar, closed, desc; desc last, so it may hold commas); the other
-    events are compact JSON.
-    """
-    if type(event) is Progress:
-        total = "" if event.total is None else _number_text(event.total)
-        record = (event.rank, event.seq, _number_text(event.time), _number_text(event.n), total, event.bar,
-                  int(event.closed), _one_line(event.desc))
-        return f"{marker(token)}p" + ",".join(map(str, record))
-    body = {"v": SCHEMA_VERSION, "k": _KIND_OF[type(event)]}
-    for name in _FIELDS[type(event)]:
-        value = getattr(event, name)
-        if value not in ("", None, {}):
-            body[name] = value
-    return marker(token) + json.dumps(body, separators=(",", ":"))
-
-
-def _number_text(value) -> str:
-    """An int as digits, anything else (numpy scalars too) as the repr of a Python float."""
-    return str(value) if type(value) is int else repr(float(value))  # noqa: E721
-
-
-def _one_line(text: str) -> str:
-    return text.replace("\n", " ").replace("\r", " ") if "\n" in text or "\r" in text else text
-
-
-def _wire_number(text: str) -> int | float:
-    return int(text) if text.isdigit() else float(text)
+    """One wire line (without newline) for ``event`` in the job whose token is ``token``."""
+    cls = type(event)
+    return wire.encode(_KIND_OF[cls], {name: getattr(event, name) for name in _FIELDS[cls]}, token)
 
 
 def _decode_progress(text: str) -> Progress:
-    rank, seq, when, n, total, bar, closed, desc = text.split(",", 7)
-    if closed not in ("0", "1") or not (rank.isdigit() and seq.isdigit() and bar.isdigit()):
-        raise BadEvent("not a progress record")
-    event = Progress(int(rank), _wire_number(n), _wire_number(total) if total else None, desc, int(bar),
-                     closed == "1", int(seq), _wire_number(when))  # positional: the fields' order
-    if not (_number(event.n) and _optional_number(event.total) and _number(event.time) and len(desc) <= 1000
+    try:
+        rank, seq, when, n, total, bar, closed, desc = wire.progress_record(text)
+    except ValueError:
+        raise BadEvent("not a progress record") from None
+    event = Progress(rank, n, total, desc, bar, closed, seq, when)  # positional: the fields' order
+    if not (_number(event.n) and _optional_number(event.total) and _number(event.time) and len(event.desc) <= 1000
             and _count(event.rank) and _count(event.seq) and _count(event.bar)):
         raise BadEvent("progress out of range")
     return event
@@ -272,7 +228,7 @@ def decode_payload(text: str) -> WireEvent:
         if text[:1] == "p":
             return _decode_progress(text[1:])
         body = _loads(text)
-        if type(body) is not dict or body.pop("v", None) != SCHEMA_VERSION:  # noqa: E721
+        if type(body) is not dict or body.pop("v", None) != wire.SCHEMA_VERSION:  # noqa: E721
             raise BadEvent("not an event of this version")
         cls = _KINDS[body.pop("k")]
         schema = _SCHEMA[cls]
@@ -316,7 +272,7 @@ class StreamDecoder:
 
     def __init__(self, token: str, style: str = "openmpi5") -> None:
         self.style = style
-        self.marker = marker(token)
+        self.marker = wire.marker(token)
         # Per rank: every seq below _complete has been seen; _ahead holds those seen beyond it.
         self._complete: dict[int, int] = {}
         self._ahead: dict[int, set[int]] = {}
@@ -384,24 +340,3 @@ class StreamDecoder:
             self._complete.setdefault(rank, complete)
             ahead.add(seq)
         return True
-
-
-class Emitter:
-    """Writes one rank's wire events, numbering them; used by the rank runtime."""
-
-    def __init__(self, rank: int, write, token: str) -> None:
-        self.rank = rank
-        self.token = token
-        self._write = write
-        self._seq = 0
-        self._lock = threading.Lock()
-
-    def emit(self, cls: type, **values) -> None:
-        self.emit_via(self._write, cls, **values)
-
-    def emit_via(self, write, cls: type, **values) -> None:
-        """Emit through ``write`` instead (another stream), numbered with this rank's other events."""
-        with self._lock:  # threads of one rank must not share a sequence number
-            event = cls(rank=self.rank, seq=self._seq, time=time.time(), **values)
-            self._seq += 1
-            write(encode(event, self.token) + "\n")

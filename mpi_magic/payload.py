@@ -20,7 +20,6 @@ import os
 import pickle
 import struct
 import sys
-from dataclasses import dataclass, field
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
     from typing import Any, Callable
@@ -37,33 +36,50 @@ MAP_THRESHOLD = 1 << 20  # buffers this big are aligned in the file and memory-m
 ALIGN = 1 << 16  # a multiple of every common page size (4, 16 and 64 KiB), so any reader can map
 
 
-@dataclass
 class Packed:
-    """One value pickled, its big buffers kept out of band (not copied)."""
+    """One value pickled, its big buffers kept out of band (not copied).
 
-    name: str
-    data: bytes
-    buffers: list[memoryview] = field(default_factory=list)
+    A plain class, as are the others the ranks use: dataclasses would cost every rank
+    milliseconds at start-up."""
+
+    __slots__ = ("name", "data", "buffers")
+
+    def __init__(self, name: str, data: bytes, buffers: list[memoryview]):
+        self.name, self.data, self.buffers = name, data, buffers
 
     @property
     def size(self) -> int:
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def pack(name: str, value: Any, pickler: type[cloudpickle.Pickler] | None = None) -> Packed:
-    """Pickle ``value`` with cloudpickle (or a subclass of its pickler); raises what pickling raises.
+def pack(name: str, value: Any, pickler: type[pickle.Pickler] | None = None) -> Packed:
+    """Pickle ``value`` with cloudpickle (or the given pickler); raises what pickling raises.
 
     cloudpickle is imported here, not with the module: most ranks only read a payload, and
     unpickling imports what the pickle needs by itself.
     """
-    import cloudpickle
+    if pickler is None:
+        import cloudpickle
 
-    pickler = pickler or cloudpickle.Pickler
+        pickler = cloudpickle.Pickler
     buffers: list[pickle.PickleBuffer] = []
     with io.BytesIO() as out:
         pickler(out, protocol=5, buffer_callback=buffers.append).dump(value)
         data = out.getvalue()
     return Packed(name, data, [b.raw() for b in buffers])
+
+
+def pack_result(name: str, value: Any) -> Packed:
+    """Pickle a value going back to the notebook: with plain pickle when it can, cloudpickle when it must.
+
+    What plain pickle writes loads the same as cloudpickle's and costs the rank no import.
+    What only cloudpickle carries (functions and classes the cell defined, lambdas) makes
+    plain pickle raise, since it refuses a reference that does not lead back to the object.
+    """
+    try:
+        return pack(name, value, pickle.Pickler)
+    except Exception:  # noqa: BLE001 - whatever plain pickle cannot do, cloudpickle may
+        return pack(name, value)
 
 
 def size_text(n: float) -> str:
@@ -83,12 +99,11 @@ def python_version() -> str:
 
 def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = True) -> str | None:
     """Write ``packed`` values and ``meta`` to ``path`` (mode 0600); returns the SHA-256 if asked."""
-    import cloudpickle
-
     header = {
         "format": FORMAT_VERSION,
         "python": python_version(),
-        "cloudpickle": cloudpickle.__version__,
+        # the cloudpickle that may have written pickles here; informative, never imported for it
+        "cloudpickle": getattr(sys.modules.get("cloudpickle"), "__version__", ""),
         "meta": meta,
         "align": ALIGN,
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
@@ -147,12 +162,13 @@ def read_header(read: Callable[[int], bytes | bytearray], name: str = "the paylo
     return header, len(MAGIC) + _LENGTH.size + len(head)
 
 
-@dataclass
 class Bundle:
     """A read file: its header and, per name, the bytes to unpickle."""
 
-    header: dict[str, Any]
-    raw: dict[str, tuple[bytearray, list[bytearray | memoryview]]]
+    __slots__ = ("header", "raw")
+
+    def __init__(self, header: dict[str, Any], raw: dict[str, tuple[bytearray, list[bytearray | memoryview]]]):
+        self.header, self.raw = header, raw
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -8,11 +8,14 @@ pays little and a remote log is not flooded. Outside a job it only counts.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
-from . import events
+from . import wire
+
+TYPE_CHECKING = False  # typing and collections.abc are not imported on the ranks: they cost start-up time
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
 
 MAX_RATE = 10.0  # progress events per second per rank
 
@@ -24,13 +27,13 @@ class Reporter:
     remembered, not copied, so ``flush`` sends its latest state.
     """
 
-    def __init__(self, emitter: events.Emitter, max_rate: float = MAX_RATE, clock=time.monotonic):
+    def __init__(self, emitter: wire.Emitter, max_rate: float = MAX_RATE, clock=time.monotonic):
         self._emitter = emitter
         self._interval = 1.0 / max_rate
         self.clock = clock
         self.next_at = 0.0
         self._held: dict[int, progress] = {}
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._ids = itertools.count()
 
     def new_bar(self) -> int:
@@ -53,7 +56,7 @@ class Reporter:
         return True
 
     def _send(self, bar, closed: bool = False) -> None:
-        self._emitter.emit(events.Progress, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id,
+        self._emitter.emit(wire.PROGRESS, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id,
                            closed=closed)
 
     def flush(self) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from mpi_magic import events
+from mpi_magic import wire
 from mpi_magic.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
-                              encode, marker, parse_tag)
+                              encode, parse_tag)
+from mpi_magic.wire import marker
 
 TOKEN = "0123456789abcdef"
 MARKER = marker(TOKEN)
@@ -55,9 +56,9 @@ def test_malformed_and_foreign_lines_become_plain_output():
 
 def test_emitter_numbers_events_per_rank():
     lines = []
-    emitter = events.Emitter(3, lines.append, TOKEN)
-    emitter.emit(Progress, n=1, total=2)
-    emitter.emit(Progress, n=2, total=2)
+    emitter = wire.Emitter(3, lines.append, TOKEN)
+    emitter.emit(wire.PROGRESS, n=1, total=2)
+    emitter.emit(wire.PROGRESS, n=2, total=2)
     decoded = [StreamDecoder(TOKEN).feed(f"[1,3]<stdout>: {line}")[0] for line in lines]
     assert [(e.rank, e.seq, e.n) for e in decoded] == [(3, 0, 1), (3, 1, 2)]
 

@@ -16,8 +16,9 @@ import psutil
 import pytest
 
 import mpi_magic
-from mpi_magic import events
-from mpi_magic.events import Output, Progress, RankFinished, RankStarted, StreamDecoder, encode, marker
+from mpi_magic import events, wire
+from mpi_magic.events import Output, Progress, RankFinished, RankStarted, StreamDecoder, encode
+from mpi_magic.wire import marker
 
 TOKEN = "0123456789abcdef"
 
@@ -89,7 +90,7 @@ def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
     and a malformed event is dropped and counted, never raised in the notebook."""
     cell = textwrap.dedent("""
         import json, mpi_magic, sys
-        from mpi_magic import events, reporting
+        from mpi_magic import reporting, wire
         token = reporting.current_reporter()._emitter.token
         if mpi_magic.rank() == 1:
             bodies = [
@@ -98,7 +99,7 @@ def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
                 {"v": 2, "k": "progress", "rank": 1, "n": 1, "total": float("nan"), "seq": 72},
             ]
             for body in bodies:
-                print(events.marker(token) + json.dumps(body), flush=True)
+                print(wire.marker(token) + json.dumps(body), flush=True)
         x = 1
     """)
     run(ip, "-g 2 --out job", cell)
@@ -149,7 +150,7 @@ def test_the_decoder_survives_mangled_lines_and_believes_only_valid_events():
 ])
 def test_out_of_range_fields_drop_the_event(body):
     decoder = StreamDecoder(TOKEN)
-    line = "[1,0]<stdout>: " + marker(TOKEN) + json.dumps({"v": events.SCHEMA_VERSION, **body})
+    line = "[1,0]<stdout>: " + marker(TOKEN) + json.dumps({"v": wire.SCHEMA_VERSION, **body})
     assert [type(e) for e in decoder.feed(line)] == [Output]
     assert decoder.rejected == 1
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mpi_magic import progress, reporting
-from mpi_magic.events import Emitter, Progress, StreamDecoder
+from mpi_magic.events import Progress, StreamDecoder
+from mpi_magic.wire import Emitter
 from mpi_magic.reporting import Reporter
 
 TOKEN = "0123456789abcdef"  # the job's marker token

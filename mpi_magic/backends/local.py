@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from .. import launcher as launchers
-from .. import events, procs
+from .. import procs, wire
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 
@@ -80,7 +80,7 @@ class LocalBackend:
         return LocalSessionRanks(job, cells, folder)
 
     def _launch(self, job_name: str, command: list[str], options: LaunchOptions, extra_env: dict[str, str]) -> "LocalJob":
-        token = events.new_token()
+        token = wire.new_token()
         argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, os.cpu_count() or 1)
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
         env.update({
@@ -89,7 +89,7 @@ class LocalBackend:
             "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
             "MPI_MAGIC_MASTER_PORT": str(procs.free_port()),
             "MPI_MAGIC_JOB": job_name,  # also marks every process of the job, whatever session it starts
-            events.TOKEN_VARIABLE: token,
+            wire.TOKEN_VARIABLE: token,
         })
         env.update(options.env)
         env.update(extra_env)

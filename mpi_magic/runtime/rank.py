@@ -1,23 +1,22 @@
 """One rank's life: find its place, load the payload, run the cell, report, write results.
 
-Everything the client hears comes through ``events.Emitter`` lines on stdout. A rank whose
+Everything the client hears comes through ``wire.Emitter`` lines on stdout. A rank whose
 cell raises reports the exception and exits without finalizing MPI, which makes the launcher
 stop every other rank, including ranks blocked in a collective.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import os
 import sys
 import types
-from dataclasses import dataclass
+from _ast import Expr, Expression, PyCF_ALLOW_TOP_LEVEL_AWAIT  # not ast: see cell
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from .. import cell, events, payload, procs, reporting
+from .. import cell, payload, procs, reporting, wire
 from ..layout import VALUE_NAME, result_path, result_uri, split_s3
 from ..rebind import rebind_all
 from . import tqdm_hook
@@ -27,14 +26,15 @@ CELL_FILENAME = cell.FILENAME
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
 
 
-@dataclass(frozen=True)
 class Placement:
-    rank: int
-    world_size: int
-    instance: int
-    local_rank: int
-    procs_per_instance: int
-    instances: int
+    """Where a rank sits in the job (a plain class: dataclasses cost every rank milliseconds at start-up)."""
+
+    __slots__ = ("rank", "world_size", "instance", "local_rank", "procs_per_instance", "instances")
+
+    def __init__(self, rank: int, world_size: int, instance: int, local_rank: int, procs_per_instance: int,
+                 instances: int):
+        self.rank, self.world_size, self.instance, self.local_rank = rank, world_size, instance, local_rank
+        self.procs_per_instance, self.instances = procs_per_instance, instances
 
 
 def placement(environ: dict[str, str]) -> Placement:
@@ -97,20 +97,20 @@ def main(argv: list[str]) -> int:
                 upload(result_path(results_dir, place.rank), result_uri(results_uri, place.rank))
     except BaseException as exc:  # noqa: BLE001 - a rank whose results are lost has failed
         _fail(emitter, reporter, exc)
-    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results_digest=results_digest)
+    emitter.emit(wire.FINISHED, ok=True, unreturned=unreturned, results_digest=results_digest)
     return 0
 
 
-def start_up() -> tuple[Placement, events.Emitter, reporting.Reporter]:
+def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     """What every rank does first: die with the launcher, take the event token out of the
     environment, export its place, report that it started, and hook progress reporting."""
     _die_with_launcher()
-    token = os.environ.pop(events.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
+    token = os.environ.pop(wire.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    emitter = events.Emitter(place.rank, event_writer(os.dup(1)), token)
+    emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)
     announce(emitter, place)
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)
@@ -118,8 +118,8 @@ def start_up() -> tuple[Placement, events.Emitter, reporting.Reporter]:
     return place, emitter, reporter
 
 
-def announce(emitter: events.Emitter, place: Placement) -> None:
-    emitter.emit(events.RankStarted, instance=place.instance, local_rank=place.local_rank,
+def announce(emitter: wire.Emitter, place: Placement) -> None:
+    emitter.emit(wire.STARTED, instance=place.instance, local_rank=place.local_rank,
                  world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
 
 
@@ -202,14 +202,14 @@ def run_source(source: str, namespace: dict):
     ``await`` works, as it does in a notebook."""
     cell.remember(source)
     tree = cell.parse(source)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], Expr) else None
     sys.argv = [CELL_FILENAME]
-    _run(compile(tree, CELL_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    _run(compile(tree, CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     if last is None:
         return None
-    assert isinstance(last, ast.Expr)
-    expression = ast.Expression(last.value)
-    return _run(compile(expression, CELL_FILENAME, "eval", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    assert isinstance(last, Expr)
+    expression = Expression(last.value)
+    return _run(compile(expression, CELL_FILENAME, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 
 def _run(code: types.CodeType, namespace: dict):
@@ -238,7 +238,7 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
             modules[name] = val.__name__
             continue
         try:
-            packed_value = payload.pack(name, val)
+            packed_value = payload.pack_result(name, val)
         except Exception as exc:  # noqa: BLE001 - reported per name; the rest still come back
             unreturned[name] = f"{type(val).__name__}: {type(exc).__name__}: {exc}"
             continue
@@ -253,7 +253,7 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     return unreturned, digest or ""
 
 
-def _fail(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseException) -> NoReturn:
+def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException) -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
     ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
     try:
@@ -262,7 +262,7 @@ def _fail(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseExcept
         os._exit(1)
 
 
-def report_failure(emitter: events.Emitter, reporter: reporting.Reporter, exc: BaseException) -> None:
+def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException) -> None:
     """Report how the cell failed. Nothing here may depend on the cell's objects behaving."""
     try:
         try:
@@ -270,10 +270,10 @@ def report_failure(emitter: events.Emitter, reporter: reporting.Reporter, exc: B
         except BaseException:  # noqa: BLE001 - progress is the least of what matters now
             pass
         if isinstance(exc, KeyboardInterrupt):  # stopped from outside: not the cell's failure
-            emitter.emit(events.RankFinished, ok=False, error_type="KeyboardInterrupt", message="interrupted")
+            emitter.emit(wire.FINISHED, ok=False, error_type="KeyboardInterrupt", message="interrupted")
         else:
             error_type, message, trace = describe_failure(exc, emitter.rank)
-            emitter.emit(events.RankFinished, ok=False, error_type=error_type, message=message, traceback=trace)
+            emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace)
     finally:
         flush_streams()
 

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from .. import channel, events, payload
+from .. import channel, payload, wire
 from ..layout import result_path
 from . import rank as one_off
 
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     source = channel.RankEnd(socket_path, secret) if place.rank == 0 else None
     interrupts = CellInterrupts()
     namespace = one_off.new_namespace()
-    emitter.emit_via(ready_writer, events.RankReady, cell=0)
+    emitter.emit_via(ready_writer, wire.READY, cell=0)
     while True:
         message = _next_message(comm, source, idle_timeout, emitter)
         if message["kind"] == "stop":
@@ -42,14 +42,14 @@ def main(argv: list[str]) -> int:
         run_cell(message, place, emitter, reporter, namespace, interrupts)
         one_off.flush_streams()
         # on stderr, after the cell's own stderr: once it arrives, all the cell's output has
-        emitter.emit_via(ready_writer, events.RankReady, cell=message["cell"])
+        emitter.emit_via(ready_writer, wire.READY, cell=message["cell"])
     if source is not None:
         source.close()
     return 0
 
 
 def _next_message(comm, source: channel.RankEnd | None, idle_timeout: float | None,
-                  emitter: events.Emitter) -> dict:
+                  emitter: wire.Emitter) -> dict:
     """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
     or the session has idled too long); every rank: that message, broadcast."""
     if source is not None:
@@ -60,7 +60,7 @@ def _next_message(comm, source: channel.RankEnd | None, idle_timeout: float | No
         if message is None:
             message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
         if message["kind"] == "stop":
-            emitter.emit(events.SessionClosing, reason=str(message.get("reason", "stop")))
+            emitter.emit(wire.CLOSING, reason=str(message.get("reason", "stop")))
         comm.Ibarrier().Wait()
     else:
         _wait_without_spinning(comm.Ibarrier())
@@ -75,7 +75,7 @@ def _wait_without_spinning(request) -> None:
         nap = min(nap * 2, WAIT_SLEEP_MAX)
 
 
-def run_cell(message: dict, place, emitter: events.Emitter, reporter, namespace: dict,
+def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: dict,
              interrupts: CellInterrupts) -> None:
     """One cell in the session's globals: load what the notebook sent, run, report, write results."""
     one_off.announce(emitter, place)
@@ -98,7 +98,7 @@ def run_cell(message: dict, place, emitter: events.Emitter, reporter, namespace:
         _discard(result_path(job_dir, place.rank))
         one_off.report_failure(emitter, reporter, exc)
         return
-    emitter.emit(events.RankFinished, ok=True, unreturned=unreturned, results_digest=results_digest)
+    emitter.emit(wire.FINISHED, ok=True, unreturned=unreturned, results_digest=results_digest)
 
 
 def _discard(path: str) -> None:

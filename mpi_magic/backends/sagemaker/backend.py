@@ -8,7 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ... import events as wire
+from ... import wire
 from ...layout import split_s3
 from ...payload import PAYLOAD_FILE
 from . import package

@@ -212,7 +212,8 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
     line came (``relayed["at"]``) and whether it ended in a newline."""
-    from mpi_magic.events import TOKEN_VARIABLE, RankFinished, StreamDecoder  # the job's code, unpacked by now
+    from mpi_magic.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
+    from mpi_magic.wire import TOKEN_VARIABLE
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(TOKEN_VARIABLE, ""))

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ...errors import SageMakerSetupError
-from ... import events as wire
+from ... import wire
 from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3

@@ -1,0 +1,95 @@
+"""The event wire format, as the ranks write it and the notebook reads it.
+
+A rank writes one line per event: the job's marker (``marker(token)``, with a random token
+only the job's runtime knows), then a record with the rank, a per-rank sequence number and a
+timestamp: a short comma-separated record for progress (``p`` then rank, seq, time, n, total,
+bar, closed, desc; desc last, so it may hold commas), compact JSON with a schema version and
+a kind for the rest.
+
+This module is the ranks' whole view of events, so it stays as light as the standard library
+allows: every rank imports it at start-up, before the cell runs. The notebook's event
+classes and the decoder that checks what arrives live in ``events``, built on this.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
+
+MARKER_PREFIX = "@@mpi_magic:"
+SCHEMA_VERSION = 2
+TOKEN_VARIABLE = "MPI_MAGIC_EVENT_TOKEN"  # how a job's runtime learns its token (removed before the cell runs)
+
+# The kinds of event a rank sends
+STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"
+
+
+def new_token() -> str:
+    """A job's secret part of the marker: output that merely looks like an event lacks it."""
+    import secrets  # the notebook's side only
+
+    return secrets.token_hex(8)
+
+
+def marker(token: str) -> str:
+    return f"{MARKER_PREFIX}{token}@@"
+
+
+def encode(kind: str, fields: dict, token: str) -> str:
+    """One wire line (without newline) of an event of ``kind`` with ``fields``; empty fields are left out."""
+    if kind == PROGRESS:
+        total = fields.get("total")
+        record = (fields["rank"], fields["seq"], _number_text(fields["time"]), _number_text(fields["n"]),
+                  "" if total is None else _number_text(total), fields.get("bar", 0), int(fields.get("closed", False)),
+                  _one_line(fields.get("desc", "")))
+        return f"{marker(token)}p" + ",".join(map(str, record))
+    body = {"v": SCHEMA_VERSION, "k": kind}
+    for name, value in fields.items():
+        if value not in ("", None, {}):
+            body[name] = value
+    return marker(token) + json.dumps(body, separators=(",", ":"))
+
+
+def progress_record(text: str) -> tuple:
+    """(rank, seq, time, n, total, bar, closed, desc) of a short progress record (the text after
+    ``p``), as the types they were written from; ``ValueError`` when the record is malformed."""
+    rank, seq, when, n, total, bar, closed, desc = text.split(",", 7)
+    if closed not in ("0", "1") or not (rank.isdigit() and seq.isdigit() and bar.isdigit()):
+        raise ValueError("not a progress record")
+    return (int(rank), int(seq), _wire_number(when), _wire_number(n), _wire_number(total) if total else None,
+            int(bar), closed == "1", desc)
+
+
+def _number_text(value) -> str:
+    """An int as digits, anything else (numpy scalars too) as the repr of a Python float."""
+    return str(value) if type(value) is int else repr(float(value))  # noqa: E721
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\n", " ").replace("\r", " ") if "\n" in text or "\r" in text else text
+
+
+def _wire_number(text: str) -> int | float:
+    return int(text) if text.isdigit() else float(text)
+
+
+class Emitter:
+    """Writes one rank's wire events, numbering them; used by the rank runtime."""
+
+    def __init__(self, rank: int, write, token: str) -> None:
+        self.rank = rank
+        self.token = token
+        self._write = write
+        self._seq = 0
+        self._lock = allocate_lock()
+
+    def emit(self, kind: str, **values) -> None:
+        self.emit_via(self._write, kind, **values)
+
+    def emit_via(self, write, kind: str, **values) -> None:
+        """Emit through ``write`` instead (another stream), numbered with this rank's other events."""
+        with self._lock:  # threads of one rank must not share a sequence number
+            fields = {"rank": self.rank, "seq": self._seq, "time": time.time(), **values}
+            self._seq += 1
+            write(encode(kind, fields, self.token) + "\n")
