@@ -335,3 +335,51 @@ def test_defaults_come_from_the_sagemaker_sdks_config_file(ip, cloud, tmp_path, 
     request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
     assert request["RoleArn"] == "arn:aws:iam::123456789012:role/from-sdk-config"
     assert request["Tags"] == [{"Key": "team", "Value": "research"}]
+
+
+def _version_stand_in(tmp_path, version_text: str) -> str:
+    """An `mpirun` that only prints a version: all `mpirun_argv` asks of it."""
+    stand_in = tmp_path / "mpirun"
+    stand_in.write_text(f"#!/bin/sh\nprintf '{version_text}'\n")
+    stand_in.chmod(0o755)
+    return str(stand_in)
+
+
+@pytest.mark.parametrize(("version_text", "daemons"), [
+    ("mpirun.real (OpenRTE) 4.1.7\n", ["--mca", "oob_tcp_if_include", "eth0"]),
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "prte_if_include", "eth0"]),
+])
+def test_mpirun_keeps_to_the_network_sagemaker_names(tmp_path, monkeypatch, version_text, daemons):
+    """As the SageMaker SDK's mpirun: MPI traffic, the daemons' channel and NCCL on network_interface_name."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("MPI_MAGIC_MPIRUN_ARGS", raising=False)
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    joined = " ".join(argv)
+    assert "--mca btl_tcp_if_include eth0 " + " ".join(daemons) in joined
+    assert argv[argv.index("NCCL_SOCKET_IFNAME=eth0") - 1] == "-x"
+
+    # the job's own choices win: --env NCCL_SOCKET_IFNAME, and an interface set in --mpirun-args
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ens5")
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", f"{daemons[0]} {daemons[1]} ens5 --mca btl_tcp_if_include ens5")
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    assert "eth0" not in argv and "NCCL_SOCKET_IFNAME=eth0" not in argv
+    assert argv.count("btl_tcp_if_include") == 1 and argv.count(daemons[1]) == 1
+    assert argv[argv.index("NCCL_SOCKET_IFNAME") - 1] == "-x"  # forwarded as the job set it
+
+
+def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
+    from mpi_magic.testing.sagemaker_emulator import network_interface
+
+    _run(ip, "-i 2 -g 2 --gather --out job", "import os\nnic = os.environ.get('NCCL_SOCKET_IFNAME')\n")
+    interface = network_interface()
+    assert ip.user_ns["nic"] == [interface] * 4
+    logs = cloud.client("logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    stream = logs.describe_log_streams(logGroupName=group, logStreamNamePrefix=ip.user_ns["job"].name + "/algo-1-")
+    lines = [e["message"] for e in logs.get_log_events(logGroupName=group, startFromHead=True,
+                                                        logStreamName=stream["logStreams"][0]["logStreamName"])["events"]]
+    launch = next(line for line in lines if line.startswith("mpi_magic bootstrap: running mpirun"))
+    assert f"--mca btl_tcp_if_include {interface} --prtemca prte_if_include {interface}" in launch
+

@@ -42,6 +42,22 @@ STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
 ACCOUNT = "123456789012"
 
 
+def network_interface() -> str:
+    """The interface the emulated instances reach each other on: this machine's first interface
+    that is up, not loopback, with an IPv4 address (eth0 here, as on SageMaker); loopback only on
+    a machine without one. Not loopback where there is a choice: Open MPI 5's daemons (PRRTE)
+    never use a loopback interface for their own channel while another exists, and would refuse
+    to start when told to keep to one."""
+    import socket
+
+    stats, addresses = psutil.net_if_stats(), psutil.net_if_addrs()
+    for name, addrs in addresses.items():
+        up = name in stats and stats[name].isup and "loopback" not in getattr(stats[name], "flags", "")
+        if up and not name.startswith("lo") and any(a.family == socket.AF_INET for a in addrs):
+            return name
+    return "lo"
+
+
 class ClientError(Exception):
     def __init__(self, code: str, message: str, status: int = 400):
         super().__init__(message)
@@ -144,7 +160,10 @@ class Job:
         base = self._base(host)
         for sub in ("input/config", "input/data", "output", "model"):
             os.makedirs(os.path.join(base, sub), exist_ok=True)
-        config = {"current_host": host, "hosts": hosts, "network_interface_name": "eth0"}
+        # every emulated instance is this machine: naming its network as SageMaker names the instances'
+        # keeps the bootstrap's network restriction in force here
+        config = {"current_host": host, "hosts": hosts, "network_interface_name": network_interface(),
+                  "current_instance_type": self.request["ResourceConfig"]["InstanceType"]}
         files = {"resourceconfig.json": config, "hyperparameters.json": self.request.get("HyperParameters", {}),
                  "inputdataconfig.json": {c["ChannelName"]: {} for c in self.request.get("InputDataConfig", [])}}
         for name, content in files.items():

@@ -71,7 +71,7 @@ def main():
         return fail("%s on %s: %s: %s" % ("preparing", current, type(exc).__name__, exc))
     if not leading:
         return serve(hosts[0])
-    return lead(hosts)
+    return lead(hosts, config.get("network_interface_name"))
 
 
 def start_sshd():
@@ -118,7 +118,7 @@ def serve(leader):
     return 0
 
 
-def lead(hosts):
+def lead(hosts, interface=None):
     agent = os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh")
     workers = hosts[1:]
     mpirun = None
@@ -128,7 +128,7 @@ def lead(hosts):
         hostfile = os.path.join(BASE, "mpi_magic_hostfile")
         with open(hostfile, "w") as f:
             f.writelines("%s slots=%d\n" % (host, per_host) for host in hosts)
-        argv = mpirun_argv(find_mpirun(), agent, hostfile, per_host * len(hosts))
+        argv = mpirun_argv(find_mpirun(), agent, hostfile, per_host * len(hosts), interface)
         if os.geteuid() == 0:  # containers run as root; Open MPI refuses that unless told
             os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -182,7 +182,9 @@ def find_mpirun():
     return "mpirun"
 
 
-def mpirun_argv(mpirun, agent, hostfile, world_size):
+def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
+    """mpirun's command line for this Open MPI (4 or 5): every host of the hostfile, the job's
+    environment forwarded, and Open MPI, its daemons and NCCL kept on ``interface``."""
     version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
     # Open MPI 4 says "(OpenRTE)" when its mpirun is called by another name, as the images' wrapper does
     match = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+)\.", version)
@@ -201,12 +203,34 @@ def mpirun_argv(mpirun, agent, hostfile, world_size):
         if (name.startswith(FORWARDED_PREFIXES) or name in user_names) and name not in NOT_FORWARDED
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
+    user_args = shlex.split(os.environ.get("MPI_MAGIC_MPIRUN_ARGS", ""))
+    if interface:
+        launch += network_args(major, interface, user_args)
+        if "NCCL_SOCKET_IFNAME" not in os.environ:  # the job's own (--env) is forwarded above and wins
+            exports += ["-x", "NCCL_SOCKET_IFNAME=" + interface]
     launch += ["--bind-to", "none"]  # a rank and its data-loader threads may use every core, as in the toolkit
-    launch += shlex.split(os.environ.get("MPI_MAGIC_MPIRUN_ARGS", ""))
+    launch += user_args
     digest = os.environ.get("MPI_MAGIC_PAYLOAD_DIGEST", "")
     results = os.environ.get("MPI_MAGIC_RESULTS_URI", "")
     return [mpirun, "--hostfile", hostfile, "-np", str(world_size), "--tag-output", *launch, *exports,
             sys.executable, "-c", RANK_LAUNCH, "--digest", digest, "--results", results]
+
+
+def network_args(major, interface, user_args=()):
+    """Keep MPI traffic and the launch daemons' own channel on the network SageMaker names in
+    ``network_interface_name``, as the SageMaker SDK's mpirun does (btl_tcp_if_include,
+    oob_tcp_if_include, NCCL_SOCKET_IFNAME): on hosts with several interfaces (docker bridges,
+    EFA devices) Open MPI may otherwise pick one the other hosts cannot reach, and hang.
+    Open MPI 5's daemons are PRRTE's, where the out-of-band setting is ``prte_if_include``
+    (``oob_tcp_if_include`` survives there only as a deprecated synonym). A parameter the user's
+    --mpirun-args set is theirs: Open MPI refuses one given twice."""
+    daemons = ["--prtemca", "prte_if_include"] if major >= 5 else ["--mca", "oob_tcp_if_include"]
+    args = []
+    for flag_and_name, theirs in ((["--mca", "btl_tcp_if_include"], ("btl_tcp_if_include",)),
+                                  (daemons, ("oob_tcp_if_include", "prte_if_include"))):
+        if not any(arg.endswith(theirs) for arg in user_args):
+            args += flag_and_name + [interface]
+    return args
 
 
 def relay_output(output, failures, relayed):
