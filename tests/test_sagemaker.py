@@ -383,3 +383,28 @@ def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
     launch = next(line for line in lines if line.startswith("mpi_magic bootstrap: running mpirun"))
     assert f"--mca btl_tcp_if_include {interface} --prtemca prte_if_include {interface}" in launch
 
+
+@pytest.mark.parametrize(("instance_type", "env", "expected"), [
+    ("ml.p4d.24xlarge", {}, {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple", "FI_EFA_USE_DEVICE_RDMA": "1"}),
+    ("ml.g5.48xlarge", {}, {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple"}),  # EFA without RDMA, as the SDK has it
+    ("ml.g5.12xlarge", {}, {}),
+    ("ml.m5.xlarge", {}, {}),
+    ("ml.p5.48xlarge", {"NCCL_PROTO": "LL128", "FI_PROVIDER": "tcp"},
+     {"FI_PROVIDER": "tcp", "NCCL_PROTO": "LL128", "FI_EFA_USE_DEVICE_RDMA": "1"}),
+])
+def test_efa_instance_types_get_what_nccl_and_libfabric_need_and_the_cells_env_wins(instance_type, env, expected):
+    from mpi_magic.backends.sagemaker.request import CloudSettings, training_job_request
+
+    settings = CloudSettings("us-east-1", ROLE, "img", instance_type, "s3://b/p")
+    environment = training_job_request(settings, "job-1", 2, 8, "d" * 64, env)["Environment"]
+    fabric = {k: v for k, v in environment.items() if k.startswith(("FI_", "NCCL_"))}
+    assert fabric == expected
+
+
+def test_efa_variables_reach_every_rank_and_the_cells_env_wins_there_too(ip, cloud):
+    ip.run_line_magic("mpirun_config", "instance_type=ml.p4d.24xlarge")
+    _run(ip, "-i 2 -g 1 --gather --env NCCL_PROTO=LL", (
+        "import os\n"
+        "fabric = {k: v for k, v in os.environ.items() if k.startswith(('FI_', 'NCCL_PROTO'))}\n"
+    ))
+    assert ip.user_ns["fabric"] == [{"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "LL"}] * 2

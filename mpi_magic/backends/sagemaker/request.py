@@ -28,6 +28,29 @@ PINNED_START = (
 )
 ENTRYPOINT = ["python3", "-c", PINNED_START]
 
+# Instance types with Elastic Fabric Adapter, and what NCCL and libfabric need there, as the SageMaker
+# SDK sets them for its mpirun and torchrun drivers (sagemaker/core/modules/train/container_drivers/
+# common/utils.py: SM_EFA_NCCL_INSTANCES, SM_EFA_RDMA_INSTANCES; distributed_drivers/mpi_utils.py,
+# get_mpirun_command). NCCL_PROTO=simple copes with EFA delivering data out of order. The SDK's lists
+# predate p5en and trn1n, which have EFA with RDMA too (AWS's "Supported instance types" for EFA).
+_NEWER_EFA_RDMA = {"ml.p5en.48xlarge", "ml.trn1n.32xlarge"}
+EFA_NCCL_INSTANCES = frozenset({
+    "ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
+    "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.trn1.32xlarge", *_NEWER_EFA_RDMA,
+})
+EFA_RDMA_INSTANCES = frozenset({"ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge",
+                                "ml.trn1.32xlarge", *_NEWER_EFA_RDMA})
+
+
+def fabric_environment(instance_type: str) -> dict[str, str]:
+    """The EFA variables every rank gets on ``instance_type`` (none on a type without EFA)."""
+    environment: dict[str, str] = {}
+    if instance_type in EFA_NCCL_INSTANCES:
+        environment.update(FI_PROVIDER="efa", NCCL_PROTO="simple")
+    if instance_type in EFA_RDMA_INSTANCES:  # EFA's RDMA for one-sided and two-sided transfers
+        environment["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return environment
+
 
 @dataclass(frozen=True)
 class CloudSettings:
@@ -77,7 +100,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
     """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
     prefix = job_prefix(settings, job_name)
     environment = {
-        **env,
+        **fabric_environment(settings.instance_type),  # the bootstrap forwards FI_* and NCCL_* to every rank
+        **env,  # the cell's --env wins
         "MPI_MAGIC_ENV_NAMES": " ".join(sorted(env)),  # forwarded by mpirun to every rank
         "MPI_MAGIC_MPIRUN_ARGS": shlex.join(mpirun_args),
         "AWS_REGION": settings.region,
