@@ -19,7 +19,7 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
-from .backends.sagemaker.settings import GPUS
+from .backends.sagemaker.settings import default_processes
 
 BACKENDS = ("local", "sagemaker")
 
@@ -366,8 +366,10 @@ def _cloud_values(args, pick) -> dict:
 
 
 def _default_gpus(backend: str, cloud: dict) -> int:
+    """Processes per instance when --gpus is not given: the instance type's accelerators
+    (SageMaker; an unknown count is an error), else this machine's GPUs."""
     if backend == "sagemaker":
-        return GPUS.get(cloud.get("instance_type") or "", 1)
+        return default_processes(cloud.get("instance_type"))
     return local_gpu_count()
 
 

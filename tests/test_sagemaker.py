@@ -408,3 +408,59 @@ def test_efa_variables_reach_every_rank_and_the_cells_env_wins_there_too(ip, clo
         "fabric = {k: v for k, v in os.environ.items() if k.startswith(('FI_', 'NCCL_PROTO'))}\n"
     ))
     assert ip.user_ns["fabric"] == [{"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "LL"}] * 2
+
+
+def test_the_gpu_table_agrees_with_the_sagemaker_sdks_and_counts_the_current_training_types():
+    """The SDK's instance_gpu_info (per region) wherever it has a training type; the types it
+    lacks (g6e, p5en, trn2, ...) must still be counted where botocore lists them."""
+    import os
+
+    from sagemaker.core import instance_types_gpu_info
+
+    from mpi_magic.backends.sagemaker.settings import GPUS, accelerators, training_instance_types
+
+    with open(os.path.join(os.path.dirname(instance_types_gpu_info.__file__), "image_uri_config",
+                           "instance_gpu_info.json")) as f:
+        regions = list(json.load(f))
+    training = set(training_instance_types())
+    sdk: dict[str, set[int]] = {}
+    for region in regions:
+        for instance_type, info in instance_types_gpu_info.retrieve(region).items():
+            sdk.setdefault(instance_type, set()).add(info["Count"])
+    compared = {t: counts for t, counts in sdk.items() if t in training}
+    assert len(compared) > 20, "the SDK's table was not found"
+    assert {t: (GPUS.get(t), counts) for t, counts in compared.items() if {GPUS.get(t)} != counts} == {}
+    families = ("g6", "g6e", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
+    current = [t for t in training if t.split(".")[1] in families]
+    assert {"ml.g6e.48xlarge", "ml.p5en.48xlarge", "ml.trn2.48xlarge"} <= set(current)
+    assert [t for t in current if not accelerators(t) or not accelerators(t)[0]] == []
+
+
+def test_a_type_without_a_known_gpu_count_needs_gpus_before_anything_is_uploaded(ip, cloud, prefix, capsys):
+    import re
+
+    from mpi_magic.backends.sagemaker.settings import accelerators, training_instance_types
+
+    uncounted = next(t for t in training_instance_types() if accelerators(t) is None)
+    ip.run_line_magic("mpirun_config", f"instance_type={uncounted}")
+    jobs_before = _training_jobs(cloud)
+    with pytest.raises(mpi_magic.MpiMagicError) as caught:
+        _run(ip, "-i 2", "x = 1\n")
+    assert str(caught.value) == (f"mpi_magic does not know how many GPUs {uncounted} has: pass --gpus N (the "
+                                 "processes to run on each instance), or choose a type it knows")
+    assert _uploaded(cloud, prefix) == [] and _training_jobs(cloud) == jobs_before
+    _run(ip, "-i 2 -g 3 --dry-run", "x = 1\n")  # with --gpus it goes ahead, without a warning
+    out, err = capsys.readouterr()
+    assert '"MPI_MAGIC_PROCS_PER_INSTANCE": "3"' in out and not re.search(r"GPU|NeuronCore", err)
+
+
+def test_trainium_counts_neuroncores(ip, cloud, capsys):
+    from mpi_magic.backends.sagemaker.settings import NEURON
+
+    cores = NEURON["ml.trn1.2xlarge"][1]
+    ip.run_line_magic("mpirun_config", "instance_type=ml.trn1.2xlarge")
+    _run(ip, "-i 2 --dry-run", "x = 1\n")
+    _run(ip, f"-i 2 -g {cores + 1} --dry-run", "x = 1\n")
+    out, err = capsys.readouterr()
+    assert f'"MPI_MAGIC_PROCS_PER_INSTANCE": "{cores}"' in out
+    assert f"ml.trn1.2xlarge has {cores} NeuronCores but --gpus asks for {cores + 1} processes per instance" in err

@@ -16,7 +16,7 @@ from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .history import record_job
 from .job import SageMakerJob
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
-from .settings import instance_gpus
+from .settings import accelerators
 
 if TYPE_CHECKING:
     from ..base import Backend
@@ -33,15 +33,17 @@ class SageMakerBackend:
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
     def check(self, options: LaunchOptions) -> list[str]:
-        """Warnings: an instance type with fewer GPUs than processes per instance is allowed."""
-        gpus = instance_gpus(self.settings.instance_type)
-        if gpus is None:
-            return [f"mpi_magic does not know how many GPUs {self.settings.instance_type} has; "
-                    f"running {options.gpus} processes per instance as asked"]
-        if gpus == 0:
-            return [f"{self.settings.instance_type} has no GPU; its {options.gpus} processes per instance run on its CPUs"]
-        if options.gpus > gpus:
-            return [f"{self.settings.instance_type} has {gpus} GPU{'s' if gpus != 1 else ''} but --gpus asks for "
+        """Warnings: more processes per instance than it has GPUs (or NeuronCores) is allowed.
+        A type without a known count was refused while parsing, unless --gpus was given."""
+        instance_type = self.settings.instance_type
+        known = accelerators(instance_type)
+        if known is None:
+            return []
+        count, kind = known
+        if count == 0:
+            return [f"{instance_type} has no GPU; its {options.gpus} processes per instance run on its CPUs"]
+        if options.gpus > count:
+            return [f"{instance_type} has {count} {kind}{'s' if count != 1 else ''} but --gpus asks for "
                     f"{options.gpus} processes per instance; they will share"]
         return []
 

@@ -18,17 +18,62 @@ from .request import CloudSettings
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 
-# GPUs per instance of the types people train on: the default processes per instance. Other valid
-# types run too (with --gpus); names that are not training instance types are refused.
+# NVIDIA GPUs per instance, the default processes per instance. The SageMaker SDK's
+# own table (sagemaker/core/image_uri_config/instance_gpu_info.json) agrees where it has the type,
+# which a test checks; the types it lacks (g6, g6e, p5e, p5en, p5.4xlarge, p6-b200) follow AWS's
+# instance type pages. A valid type in neither table needs --gpus; other names are refused.
 GPUS = {
-    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
     "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
-    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.12xlarge": 4,
-    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.12xlarge": 4,
-    "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8, "ml.g6.xlarge": 1, "ml.g6.12xlarge": 4, "ml.g6.48xlarge": 8,
-    "ml.trn1.32xlarge": 0, "ml.m5.large": 0, "ml.m5.xlarge": 0, "ml.m5.2xlarge": 0, "ml.m5.4xlarge": 0,
-    "ml.m5.12xlarge": 0, "ml.m5.24xlarge": 0, "ml.c5.xlarge": 0, "ml.c5.4xlarge": 0, "ml.c5.18xlarge": 0,
+    "ml.p2.xlarge": 1, "ml.p2.8xlarge": 8, "ml.p2.16xlarge": 16,
+    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.4xlarge": 1, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8,
+    "ml.p5en.48xlarge": 8, "ml.p6-b200.48xlarge": 8,
+    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.8xlarge": 1, "ml.g4dn.12xlarge": 4,
+    "ml.g4dn.16xlarge": 1,
+    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.16xlarge": 1,
+    "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
+    "ml.g6.xlarge": 1, "ml.g6.2xlarge": 1, "ml.g6.4xlarge": 1, "ml.g6.8xlarge": 1, "ml.g6.16xlarge": 1,
+    "ml.g6.12xlarge": 4, "ml.g6.24xlarge": 4, "ml.g6.48xlarge": 8,
+    "ml.g6e.xlarge": 1, "ml.g6e.2xlarge": 1, "ml.g6e.4xlarge": 1, "ml.g6e.8xlarge": 1, "ml.g6e.16xlarge": 1,
+    "ml.g6e.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.48xlarge": 8,
 }
+# EC2's general purpose (m), compute optimized (c), memory optimized (r) and burstable (t) families
+# carry no GPU: one process per instance unless --gpus says otherwise.
+CPU_FAMILIES = ("m", "c", "r", "t")
+
+# Trainium: (Neuron devices, NeuronCores) per instance. A process per NeuronCore is the default, as
+# the SageMaker training toolkit starts torchrun (nproc_per_node: the cores `neuron-ls` counts) and as
+# AWS Neuron's examples run (32 on trn1.32xlarge). trn2 counts logical cores at Neuron's default of
+# two physical cores each (LNC=2): 16 Trainium2 devices x 8 physical cores = 64 logical ones.
+NEURON = {
+    "ml.trn1.2xlarge": (1, 2), "ml.trn1.32xlarge": (16, 32), "ml.trn1n.32xlarge": (16, 32),
+    "ml.trn2.48xlarge": (16, 64),
+}
+
+
+def accelerators(instance_type: str) -> tuple[int, str] | None:
+    """(how many, "GPU" or "NeuronCore") of a type in the tables; (0, "GPU") for a CPU type; None if unknown."""
+    if instance_type in NEURON:
+        return NEURON[instance_type][1], "NeuronCore"
+    if instance_type in GPUS:
+        return GPUS[instance_type], "GPU"
+    family = instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
+    if family.startswith(CPU_FAMILIES):
+        return 0, "GPU"
+    return None
+
+
+def default_processes(instance_type: str | None) -> int:
+    """Processes per instance when --gpus is not given: one per GPU or NeuronCore, one on a CPU type.
+    A valid type whose count mpi_magic does not know needs --gpus: a wrong guess would either leave
+    accelerators idle or put several processes on one."""
+    if not instance_type:
+        return 1  # resolve() says that the instance type is missing
+    known = accelerators(instance_type)
+    if known is None:
+        instance_gpus(instance_type)  # a name that is no training instance type gets its own sentence
+        raise SageMakerSetupError(f"mpi_magic does not know how many GPUs {instance_type} has: pass --gpus N "
+                                  "(the processes to run on each instance), or choose a type it knows")
+    return max(1, known[0])
 
 
 def import_boto3() -> Any:
@@ -51,13 +96,15 @@ def training_instance_types() -> list[str]:
 
 
 def instance_gpus(instance_type: str) -> int | None:
-    """GPUs of a known type; None for a valid type mpi_magic has no count for; an error otherwise."""
-    known = training_instance_types()
-    if instance_type not in known:
-        close = difflib.get_close_matches(instance_type, known, n=1)
+    """GPUs (or NeuronCores) of a known type; None for a valid type mpi_magic has no count for;
+    an error for a name that is not a training instance type."""
+    valid = training_instance_types()
+    if instance_type not in valid:
+        close = difflib.get_close_matches(instance_type, valid, n=1)
         hint = f"; did you mean {close[0]}?" if close else "; for example --instance-type ml.g5.12xlarge"
         raise SageMakerSetupError(f"{instance_type!r} is not a SageMaker training instance type{hint}")
-    return GPUS.get(instance_type)
+    counted = accelerators(instance_type)
+    return None if counted is None else counted[0]
 
 
 def _from_sdk(find, *args):
