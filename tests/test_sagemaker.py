@@ -464,3 +464,24 @@ def test_trainium_counts_neuroncores(ip, cloud, capsys):
     out, err = capsys.readouterr()
     assert f'"MPI_MAGIC_PROCS_PER_INSTANCE": "{cores}"' in out
     assert f"ml.trn1.2xlarge has {cores} NeuronCores but --gpus asks for {cores + 1} processes per instance" in err
+
+
+def test_each_rank_of_an_8_gpu_instance_knows_its_place_and_sees_every_gpu(ip, cloud):
+    """The documented binding: every rank of an instance sees all its GPUs (CUDA_VISIBLE_DEVICES is
+    left as the instance has it) and picks its own by LOCAL_RANK, as torch DDP expects."""
+    import os
+
+    ip.run_line_magic("mpirun_config", "instance_type=ml.p4d.24xlarge")
+    _run(ip, "-i 2 --gather --out job", (
+        "import os\n"
+        "names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK',\n"
+        "         'CUDA_VISIBLE_DEVICES')\n"
+        "seen = {name: os.environ.get(name) for name in names}\n"
+    ))
+    assert ip.user_ns["job"].world_size == 16, "eight processes on each ml.p4d.24xlarge by default"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # what the emulated instances inherited from here
+    assert ip.user_ns["seen"] == [
+        {"RANK": str(rank), "WORLD_SIZE": "16", "LOCAL_RANK": str(rank % 8), "LOCAL_WORLD_SIZE": "8",
+         "NODE_RANK": str(rank // 8), "GROUP_RANK": str(rank // 8), "CUDA_VISIBLE_DEVICES": visible}
+        for rank in range(16)
+    ]
