@@ -104,12 +104,15 @@ class Job:
             "OutputDataConfig": self.request.get("OutputDataConfig", {}),
             "InputDataConfig": self.request.get("InputDataConfig", []),
             "Environment": self.request.get("Environment", {}),
+            "EnableManagedSpotTraining": bool(self.request.get("EnableManagedSpotTraining")),
             "CreationTime": self.created,
             "LastModifiedTime": time.time(),
         }
         if self.training_started:
             body["TrainingStartTime"] = self.training_started
-            body["BillableTimeInSeconds"] = int(training) * config["InstanceCount"]
+            # per instance, as SageMaker reports it (the API reference: "Multiply BillableTimeInSeconds
+            # by the number of instances (InstanceCount) ... to get the total compute time")
+            body["BillableTimeInSeconds"] = int(training)
             body["TrainingTimeInSeconds"] = int(training)
         if self.ended:
             body["TrainingEndTime"] = self.ended
