@@ -106,6 +106,19 @@ class Note:
 
 
 @dataclass
+class Billing:
+    """The job's billable instance time so far: ``instance_seconds``, growing by ``instances`` a
+    second while ``running`` (until the next Billing), priced at ``hourly_price`` (on demand, per
+    instance; None where unknown); ``spot``: the price is an upper bound. Client-side."""
+
+    instances: int
+    instance_seconds: float
+    running: bool
+    hourly_price: float | None = None
+    spot: bool = False
+
+
+@dataclass
 class Phase:
     """The job as a whole moved on (packaging, starting, running, done, ...). Client-side."""
 
@@ -144,7 +157,7 @@ class CellEnded(LauncherExited):
 
 
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
-Event = WireEvent | Output | LauncherOutput | Note | Phase | RankGone | StopRequested | LauncherExited
+Event = WireEvent | Output | LauncherOutput | Note | Billing | Phase | RankGone | StopRequested | LauncherExited
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
                            wire.READY: RankReady, wire.CLOSING: SessionClosing}

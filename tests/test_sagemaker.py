@@ -7,6 +7,7 @@ its own job names, so none sees another's files or jobs."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -272,7 +273,7 @@ def test_the_summary_shows_sagemakers_failure_reason_and_billable_time(ip, cloud
         _run(ip, "-i 2 -g 1", "raise RuntimeError('boom')\n")
     summary = capsys.readouterr().err
     assert "SageMaker FailureReason: AlgorithmError: rank " in summary and "raised RuntimeError: boom" in summary
-    assert "SageMaker billable time: " in summary
+    assert re.search(r"failed [^\n]*, billable [^\n]* of instance time, (about \$|cost unknown)", summary)
 
 
 def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
@@ -485,3 +486,41 @@ def test_each_rank_of_an_8_gpu_instance_knows_its_place_and_sees_every_gpu(ip, c
          "NODE_RANK": str(rank // 8), "GROUP_RANK": str(rank // 8), "CUDA_VISIBLE_DEVICES": visible}
         for rank in range(16)
     ]
+
+
+def test_the_billable_time_and_cost_are_the_tables_price_times_what_sagemaker_bills(ip, cloud, capsys):
+    """Checked against DescribeTrainingJob: BillableTimeInSeconds per instance, times InstanceCount."""
+    from mpi_magic.backends.sagemaker.pricing import PRICES
+    from mpi_magic.cost import Cost
+    from mpi_magic.view.summary import duration
+
+    _run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(2)\n")
+    job = ip.user_ns["job"]
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    config = described["ResourceConfig"]
+    billed = described["BillableTimeInSeconds"] * config["InstanceCount"]
+    assert billed >= 2 * 2, "two instances for at least the cell's two seconds"
+    expected = Cost(PRICES[cloud.session.Session().region_name][config["InstanceType"]] * billed / 3600)
+    assert job.model.billable_seconds() == billed and job.model.cost() == expected
+    assert f"billable {duration(billed)} of instance time, {expected}" in capsys.readouterr().err
+
+
+def test_billing_is_live_from_the_training_start_and_spot_is_an_upper_bound():
+    from datetime import datetime, timezone
+
+    from mpi_magic.backends.sagemaker.job import billing_of
+    from mpi_magic.backends.sagemaker.pricing import PRICES, cost
+    from mpi_magic.events import Billing
+
+    hourly = PRICES["us-east-1"]["ml.g5.xlarge"]
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    described = {"ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3},
+                 "SecondaryStatus": "Downloading"}
+    assert billing_of(described, "us-east-1", now=start.timestamp() + 60) is None, "not billed before training"
+    described["TrainingStartTime"] = start
+    assert billing_of(described, "us-east-1", now=start.timestamp() + 60) == Billing(3, 180.0, True, hourly)
+    described.update(TrainingEndTime=datetime(2026, 1, 1, 0, 2, tzinfo=timezone.utc), BillableTimeInSeconds=100,
+                     EnableManagedSpotTraining=True)
+    assert billing_of(described, "us-east-1") == Billing(3, 300.0, False, hourly, spot=True)
+    assert str(cost("ml.g5.xlarge", "us-east-1", 300.0, spot=True)).startswith("at most $")
+    assert billing_of(described, "xx-nowhere-1").hourly_price is None  # shown as "cost unknown"

@@ -321,3 +321,39 @@ def test_while_a_view_shows_the_output_rank_0s_prints_wait_for_the_end_in_order(
     echo.release()
     echo.show(Output(0, "stdout", "three"))
     assert out.getvalue() == "one\ntwo\nthree\n"
+
+
+def test_billable_time_and_cost_move_on_while_the_instances_run_and_both_views_show_them():
+    import html
+
+    from mpi_magic.cost import Cost
+    from mpi_magic.events import Billing
+    from mpi_magic.view.summary import billing_phrase, duration
+
+    clock = Clock()
+    model = JobModel("job-3", "sagemaker", 4, 2, clock)
+    out = io.StringIO()
+    text, widgets = TextView(model, stream=out, every=0.0), WidgetView(model, lambda: "/jobs/job-3/logs", Slot())
+    assert model.billable_seconds() is None and billing_phrase(model) == "", "nothing billed before training"
+    hourly = 3.6
+    model.fold(Billing(instances=2, instance_seconds=10.0, running=True, hourly_price=hourly))
+    clock.now += 5
+    assert model.billable_seconds() == 10.0 + 2 * 5
+    assert model.cost() == Cost(hourly * (10.0 + 2 * 5) / 3600)
+    phrase = f"billable {duration(20.0)} of instance time, about $0.02"
+    assert billing_phrase(model) == phrase
+    text.update()
+    widgets.update()
+    assert phrase in out.getvalue().splitlines()[-1] and html.escape(phrase) in widgets.header.value
+
+    model.fold(Billing(instances=2, instance_seconds=31.0, running=False, hourly_price=hourly))  # the final figure
+    model.fold(Phase("completed"))
+    clock.now += 100
+    assert model.billable_seconds() == 31.0 and model.cost() == Cost(hourly * 31.0 / 3600)
+    text.close()
+    assert billing_phrase(model) in out.getvalue().splitlines()[-1] and billing_phrase(model) in Summary(model)._repr_html_()
+
+    model.fold(Billing(instances=2, instance_seconds=31.0, running=False, hourly_price=hourly, spot=True))
+    assert billing_phrase(model).endswith(", at most $0.03")
+    model.fold(Billing(instances=2, instance_seconds=31.0, running=False, hourly_price=None))
+    assert billing_phrase(model).endswith(", cost unknown")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import events
+from ..cost import Cost, estimate
 from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
@@ -121,7 +122,9 @@ class JobModel:
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
         self.launcher_tail: deque = deque(maxlen=20)
         self.outputs = 0
-        self.notes: list[str] = []  # what the backend reports at the end (FailureReason, billable time)
+        self.notes: list[str] = []  # what the backend reports at the end (FailureReason)
+        self.billing: events.Billing | None = None  # the latest, and when it came (by our clock)
+        self.billing_at = 0.0
         self.stop_reason: str | None = None
         self.exit: events.LauncherExited | None = None
         self.result_digests: dict[int, str] = {}  # as each rank reported them
@@ -198,6 +201,8 @@ class JobModel:
             self.ranks[event.rank].gone = True
         elif isinstance(event, events.Note):
             self.notes.append(event.text)
+        elif isinstance(event, events.Billing):
+            self.billing, self.billing_at = event, self.clock()
         elif isinstance(event, events.Phase):
             self.phase = event.name
             if event.name in ENDED:
@@ -277,6 +282,24 @@ class JobModel:
 
     def elapsed(self) -> float:
         return (self.ended_at or self.clock()) - self.started_at
+
+    def billable_seconds(self) -> float | None:
+        """Instance-seconds billed so far: the backend's latest figure, moved on by our clock while
+        the instances run (None for a backend that bills nothing, as the local one)."""
+        billing = self.billing
+        if billing is None:
+            return None
+        if not billing.running:
+            return billing.instance_seconds
+        since = max(0.0, (self.ended_at or self.clock()) - self.billing_at)
+        return billing.instance_seconds + billing.instances * since
+
+    def cost(self) -> Cost | None:
+        """The estimated cost of ``billable_seconds()``; None when there is no price for it."""
+        seconds = self.billable_seconds()
+        if seconds is None or self.billing is None:
+            return None
+        return estimate(self.billing.hourly_price, seconds, self.billing.spot)
 
     def counts(self) -> dict[str, int]:
         counts = {s: 0 for s in ("starting", "running", "completed", "failed", "stopped")}

@@ -45,8 +45,21 @@ def headline(model: JobModel) -> str:
     progress = model.progress()
     if progress is not None and model.phase not in ("completed",):
         parts.append(percent(progress))
+    billing = billing_phrase(model)
+    if billing:
+        parts.append(billing)
     return f"job {model.name} ({model.backend}, {model.num_instances} x {model.procs_per_instance}) " \
            f"{model.phase} {duration(model.elapsed())}: " + ", ".join(parts)
+
+
+def billing_phrase(model: JobModel) -> str:
+    """'billable 1m10s of instance time, about $0.05' ('cost unknown' without a price); '' when
+    the backend bills nothing."""
+    seconds = model.billable_seconds()
+    if seconds is None:
+        return ""
+    cost = model.cost()
+    return f"billable {duration(seconds)} of instance time, " + (str(cost) if cost else "cost unknown")
 
 
 FULL_TABLE_UP_TO = 16  # larger worlds list the failed ranks and count the others; the full table is folded

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Callable
 
 from ...errors import SageMakerSetupError
 from ... import wire
-from ...events import Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from ...events import Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, announced_tag_style
+from .pricing import hourly_price
 from .settings import import_boto3
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class SageMakerJob:
         config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
         self.name, self.results_uri, self.host = name, results_uri, "algo-1"
         self.sagemaker = session.client("sagemaker", config=config)
+        self.region: str = self.sagemaker.meta.region_name
         self.logs = session.client("logs", config=config)
         self.s3 = session.client("s3", config=config)
         self.api_calls = 0
@@ -121,6 +123,9 @@ class SageMakerJob:
             self._ended_status = self._status
             self._described = described
             self._next_logs = 0.0
+        billing = billing_of(described, self.region)
+        if billing is not None:
+            events.append(billing)
         return events
 
     def _end(self, status: str) -> list[Event]:
@@ -129,8 +134,6 @@ class SageMakerJob:
         if described.get("FailureReason"):
             events.append(LauncherOutput(f"SageMaker FailureReason: {described['FailureReason']}"))
             events.append(Note(f"SageMaker FailureReason: {described['FailureReason']}"))
-        if "BillableTimeInSeconds" in described:
-            events.append(Note(f"SageMaker billable time: {described['BillableTimeInSeconds']}s"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
         events += self._decoder.rejections()
         events.append(self._launcher_log.ended(code, self._world_size is not None))
@@ -190,6 +193,32 @@ class SageMakerJob:
                 self.s3.download_file(bucket, key, result_path(job_dir, rank))
             except Exception:  # noqa: BLE001 - a missing result is reported when it is read
                 pass
+
+
+def billing_of(described: dict, region: str, now: float | None = None) -> Billing | None:
+    """What a DescribeTrainingJob reply says the job has been billed for; None before training.
+
+    SageMaker bills each instance from TrainingStartTime to TrainingEndTime; at the end,
+    BillableTimeInSeconds is that wall-clock time per instance (less interruptions with spot),
+    which "multiplied by InstanceCount" is the instance time billed (the API reference's words).
+    """
+    started = described.get("TrainingStartTime")
+    if started is None:
+        return None
+    config = described["ResourceConfig"]
+    instances = int(config["InstanceCount"])
+    price = hourly_price(config["InstanceType"], region)
+    spot = bool(described.get("EnableManagedSpotTraining"))
+    if "BillableTimeInSeconds" in described and described.get("TrainingEndTime") is not None:
+        return Billing(instances, float(described["BillableTimeInSeconds"]) * instances, False, price, spot)
+    ended = described.get("TrainingEndTime")
+    until = _epoch(ended) if ended is not None else (time.time() if now is None else now)
+    return Billing(instances, max(0.0, until - _epoch(started)) * instances, ended is None, price, spot)
+
+
+def _epoch(value) -> float:
+    """Seconds since the epoch of a time boto3 parsed (a datetime) or left as a number."""
+    return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
 
 def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
