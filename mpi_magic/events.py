@@ -100,7 +100,7 @@ class SessionClosing:
 
 @dataclass
 class Note:
-    """Something the backend reports about the whole job (SageMaker's FailureReason, billable time)."""
+    """Something the backend reports about the whole job (SageMaker's FailureReason)."""
 
     text: str
 
