@@ -193,7 +193,8 @@ def launch_arguments(func):
         argument("-i", "--instances", type=str, default=None,
                  help="How many instances (machines) to run on. Default 1."),
         argument("-g", "--gpus", type=str, default=None,
-                 help="Processes per instance. Default: the instance's GPU count, 1 where it has none. "
+                 help="Processes per instance. Default: the instance's GPU count (NeuronCores on "
+                      "Trainium), 1 where it has none. "
                       f"World size is instances x gpus: at most {MAX_RANKS['local']} ranks locally, "
                       f"{MAX_RANKS['sagemaker']} on SageMaker."),
         argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
