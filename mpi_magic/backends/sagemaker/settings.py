@@ -40,9 +40,11 @@ GPUS = {
 # carry no GPU: one process per instance unless --gpus says otherwise.
 CPU_FAMILIES = ("m", "c", "r", "t")
 
-# Trainium: (Neuron devices, NeuronCores) per instance. A process per NeuronCore is the default, as
-# the SageMaker training toolkit starts torchrun (nproc_per_node: the cores `neuron-ls` counts) and as
-# AWS Neuron's examples run (32 on trn1.32xlarge). trn2 counts logical cores at Neuron's default of
+# Trainium: (Neuron devices, NeuronCores) per instance. A process per NeuronCore is the default, as the
+# SageMaker SDK's own training driver starts torchrun (sagemaker/core/modules/train/container_drivers:
+# common/utils.py get_process_count, SM_NUM_GPUS or else SM_NUM_NEURONS, which scripts/environment.py
+# num_neurons counts as the NeuronCores `neuron-ls` reports) and as AWS Neuron's examples run (32 on
+# trn1.32xlarge). trn2 counts logical cores at Neuron's default of
 # two physical cores each (LNC=2): 16 Trainium2 devices x 8 physical cores = 64 logical ones.
 NEURON = {
     "ml.trn1.2xlarge": (1, 2), "ml.trn1.32xlarge": (16, 32), "ml.trn1n.32xlarge": (16, 32),
