@@ -219,7 +219,8 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
 def network_args(major, interface, user_args=()):
     """Keep MPI traffic and the launch daemons' own channel on the network SageMaker names in
     ``network_interface_name``, as the SageMaker SDK's mpirun does (btl_tcp_if_include,
-    oob_tcp_if_include, NCCL_SOCKET_IFNAME): on hosts with several interfaces (docker bridges,
+    oob_tcp_if_include, NCCL_SOCKET_IFNAME; sagemaker/core/modules/train/container_drivers/
+    distributed_drivers/mpi_utils.py, get_mpirun_command): on hosts with several interfaces (docker bridges,
     EFA devices) Open MPI may otherwise pick one the other hosts cannot reach, and hang.
     Open MPI 5's daemons are PRRTE's, where the out-of-band setting is ``prte_if_include``
     (``oob_tcp_if_include`` survives there only as a deprecated synonym). A parameter the user's
