@@ -524,3 +524,20 @@ def test_billing_is_live_from_the_training_start_and_spot_is_an_upper_bound():
     assert billing_of(described, "us-east-1") == Billing(3, 300.0, False, hourly, spot=True)
     assert str(cost("ml.g5.xlarge", "us-east-1", 300.0, spot=True)).startswith("at most $")
     assert billing_of(described, "xx-nowhere-1").hourly_price is None  # shown as "cost unknown"
+
+
+def test_dry_run_names_the_list_price_or_that_the_table_has_none(ip, cloud, capsys):
+    from mpi_magic.backends.sagemaker.pricing import PRICES, TABLE_DATE, cost
+    from mpi_magic.cost import dollars
+
+    region = cloud.session.Session().region_name
+    _run(ip, "-i 4 -g 1 --dry-run", "x = 1\n")  # the fixture's ml.m5.xlarge
+    hourly = PRICES[region]["ml.m5.xlarge"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"Price: ml.m5.xlarge in {region} lists at {dollars(hourly)} per instance-hour on demand (AWS price list "
+        f"of {TABLE_DATE}); 4 instances: {cost('ml.m5.xlarge', region, 4 * 3600.0)} an hour")
+    unpriced = next(t for t in ("ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.g5.48xlarge") if t not in PRICES[region])
+    ip.run_line_magic("mpirun_config", f"instance_type={unpriced}")
+    _run(ip, "-i 2 --spot --dry-run", "x = 1\n")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"Price: mpi_magic's table has none for {unpriced} in {region}; see the SageMaker pricing page")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ... import wire
 from ...layout import split_s3
 from ...payload import PAYLOAD_FILE
-from . import package
+from . import package, pricing
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .history import record_job
 from .job import SageMakerJob
@@ -48,10 +48,13 @@ class SageMakerBackend:
         return []
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
-        """What --dry-run prints: the exact request and the S3 objects that would be written."""
+        """What --dry-run prints: the exact request, the S3 objects that would be written, and the
+        instance type's list price."""
         objects = [uri for uri, _ in self._uploads(job_dir, job_name)]
         request = json.dumps(self.request(job_name, digest or "", options), indent=2)
-        return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects)
+        price = pricing.price_line(self.settings.instance_type, self.settings.region, options.instances,
+                                   self.settings.spot)
+        return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects) + "\n" + price
 
     def _uploads(self, job_dir: str, job_name: str) -> list[tuple[str, bytes | str]]:
         """(S3 URI, the bytes or a local file's path) of every file the instances read."""

@@ -15,10 +15,9 @@ bound ("at most $X"). Storage, data transfer and taxes are not included.
 
 from __future__ import annotations
 
-from ...cost import Cost, estimate
+from ...cost import Cost, dollars, estimate
 
 TABLE_DATE = "2026-09-24"
-SOURCE = "AWS price list, offer AmazonSageMaker, usage types <REGION>-Train:<instance type>"
 
 # region -> instance type -> USD per instance-hour, on demand
 PRICES: dict[str, dict[str, float]] = {
@@ -44,3 +43,14 @@ def cost(instance_type: str, region: str, instance_seconds: float, spot: bool = 
     """What ``instance_seconds`` of training on ``instance_type`` in ``region`` cost at list price
     (an upper bound with ``spot``); None where the price is unknown. ``str(cost)`` words it."""
     return estimate(hourly_price(instance_type, region), instance_seconds, spot)
+
+
+def price_line(instance_type: str, region: str, instances: int, spot: bool = False) -> str:
+    """What --dry-run says about the price before anything is paid for."""
+    hourly = hourly_price(instance_type, region)
+    if hourly is None:
+        return f"Price: mpi_magic's table has none for {instance_type} in {region}; see the SageMaker pricing page"
+    per_hour = cost(instance_type, region, instances * 3600.0, spot)
+    return (f"Price: {instance_type} in {region} lists at {dollars(hourly)} per instance-hour on demand "
+            f"(AWS price list of {TABLE_DATE}); {instances} instance{'s' if instances != 1 else ''}: "
+            f"{per_hour} an hour")
