@@ -357,3 +357,20 @@ def test_billable_time_and_cost_move_on_while_the_instances_run_and_both_views_s
     assert billing_phrase(model).endswith(", at most $0.03")
     model.fold(Billing(instances=2, instance_seconds=31.0, running=False, hourly_price=None))
     assert billing_phrase(model).endswith(", cost unknown")
+
+
+def test_a_running_jobs_billing_reports_cause_no_redraw_of_their_own():
+    """The figure moves on by the clock; a new report only re-anchors it (a quiet job prints no lines)."""
+    from mpi_magic.events import Billing
+
+    clock = Clock()
+    model = JobModel("job-4", "sagemaker", 2, 1, clock)
+    model.fold(Billing(instances=2, instance_seconds=0.0, running=True, hourly_price=1.0))
+    version = model.version
+    clock.now += 3
+    model.fold(Billing(instances=2, instance_seconds=5.0, running=True, hourly_price=1.0))
+    assert model.version == version and model.billable_seconds() == 5.0
+    clock.now += 1
+    assert model.billable_seconds() == 5.0 + 2 * 1
+    model.fold(Billing(instances=2, instance_seconds=8.0, running=False, hourly_price=1.0))
+    assert model.version == version + 1 and model.billable_seconds() == 8.0

@@ -202,7 +202,9 @@ class JobModel:
         elif isinstance(event, events.Note):
             self.notes.append(event.text)
         elif isinstance(event, events.Billing):
-            self.billing, self.billing_at = event, self.clock()
+            before, self.billing, self.billing_at = self.billing, event, self.clock()
+            if before is not None and before.running and event.running and before.hourly_price == event.hourly_price:
+                return  # the figure moves on by the clock anyway: no redraw (nor text line) for each report
         elif isinstance(event, events.Phase):
             self.phase = event.name
             if event.name in ENDED:
