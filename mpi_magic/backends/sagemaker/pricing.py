@@ -15,7 +15,7 @@ bound ("at most $X"). Storage, data transfer and taxes are not included.
 
 from __future__ import annotations
 
-from ...cost import Cost, dollars, estimate
+from ...cost import SECONDS_PER_HOUR, Cost, dollars, estimate
 
 TABLE_DATE = "2026-09-24"
 
@@ -50,7 +50,7 @@ def price_line(instance_type: str, region: str, instances: int, spot: bool = Fal
     hourly = hourly_price(instance_type, region)
     if hourly is None:
         return f"Price: mpi_magic's table has none for {instance_type} in {region}; see the SageMaker pricing page"
-    per_hour = cost(instance_type, region, instances * 3600.0, spot)
+    per_hour = cost(instance_type, region, instances * SECONDS_PER_HOUR, spot)
     return (f"Price: {instance_type} in {region} lists at {dollars(hourly)} per instance-hour on demand "
             f"(AWS price list of {TABLE_DATE}); {instances} instance{'s' if instances != 1 else ''}: "
             f"{per_hour} an hour")
