@@ -15,6 +15,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,demo]'
+# An editable install leaves the package uncompiled, and where PYTHONDONTWRITEBYTECODE is set every
+# rank would compile it again at start-up; a normal install compiles it once, as this does.
+.venv/bin/python -m compileall -q mpi_magic
 
 case "$task" in
     demo)

@@ -41,6 +41,16 @@ def timed(fn, repeats: int) -> list[float]:
     return times
 
 
+def interleaved(fns: list, repeats: int) -> list[list[float]]:
+    """Seconds of each of ``fns`` per round, the functions taking turns within each round, so a
+    load that comes and goes on the machine weighs on each of them alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, spent in zip(fns, times):
+            spent.extend(timed(fn, 1))
+    return times
+
+
 def run_bare(world_size: int, code: str, tuned: bool) -> None:
     argv, env = bare_mpirun(world_size, code, tuned)
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)

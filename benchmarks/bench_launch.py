@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import median, run_bare, shell, timed
+from _common import interleaved, median, run_bare, shell
 
 from mpi_magic import events
 from mpi_magic.backends import local
@@ -28,10 +28,10 @@ def main() -> None:
     ip = shell()
     cell = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
     ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell)  # warm the page cache
-    magic = timed(lambda: ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell), args.repeats)
-    tuned = timed(lambda: run_bare(4, CODE, tuned=True), args.repeats)
-    default = timed(lambda: run_bare(4, CODE, tuned=False), args.repeats)
-    print(f"launch, 4 ranks, median of {args.repeats}:")
+    magic, tuned, default = interleaved([lambda: ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell),
+                                         lambda: run_bare(4, CODE, tuned=True),
+                                         lambda: run_bare(4, CODE, tuned=False)], args.repeats)
+    print(f"launch, 4 ranks, median of {args.repeats} rounds, each taking the three in turn:")
     print(f"  %%mpirun_remote -i 2 -g 2          {median(magic):6.3f} s")
     print(f"  bare mpirun, shared-memory btl     {median(tuned):6.3f} s")
     print(f"  bare mpirun, Open MPI defaults     {median(default):6.3f} s")

@@ -1,45 +1,42 @@
 """Run a Jupyter cell as MPI ranks: ``%load_ext mpi_magic``, then ``%%mpirun_remote -i 2 -g 4``.
 
-Importing this package stays light (no IPython widgets, no cloud SDKs): it is imported on
-every rank too.
+Importing this package costs next to nothing (no IPython, no widgets, no cloud SDKs): every
+rank imports it at start-up. Its public names are imported from their modules when first used.
 """
-
-from .errors import (
-    CaptureError,
-    JobError,
-    JobTimeoutError,
-    LauncherNotFound,
-    MpiMagicError,
-    PayloadError,
-    RankExitError,
-    RemoteRankError,
-    SageMakerSetupError,
-    SessionStartError,
-)
-from .rankinfo import instance, local_rank, num_instances, rank, world_size
-from .reporting import progress
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CaptureError",
-    "JobError",
-    "JobTimeoutError",
-    "LauncherNotFound",
-    "MpiMagicError",
-    "PayloadError",
-    "RankExitError",
-    "RemoteRankError",
-    "SageMakerSetupError",
-    "SessionStartError",
-    "instance",
-    "load_ipython_extension",
-    "local_rank",
-    "num_instances",
-    "progress",
-    "rank",
-    "world_size",
-]
+# Each public name and the module that defines it.
+_HOMES = {
+    **dict.fromkeys(["CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound", "MpiMagicError", "PayloadError",
+                     "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError"], "errors"),
+    **dict.fromkeys(["instance", "local_rank", "num_instances", "rank", "world_size"], "rankinfo"),
+    "progress": "reporting",
+}
+__all__ = sorted([*_HOMES, "load_ipython_extension"])
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .errors import (CaptureError, JobError, JobTimeoutError, LauncherNotFound, MpiMagicError, PayloadError,
+                         RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError)
+    from .rankinfo import instance, local_rank, num_instances, rank, world_size
+    from .reporting import progress
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def load_ipython_extension(ipython) -> None:

@@ -40,8 +40,7 @@ class CellCode:
     source: str
     reads: set[str]
     assigns: list[str]
-    ends_with_expression: bool
-    display_result: bool
+    value_at: tuple[int, int] | None  # where the final expression whose value the cell shows starts (cell.value_position)
 
 
 def analyze(source: str) -> CellCode:
@@ -55,8 +54,8 @@ def analyze(source: str) -> CellCode:
     late: set[str] = set()
     _scan(tree.body, set(), reads, late)
     reads |= late  # a function may run before the cell defines what it reads
-    ends = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
-    return CellCode(source, reads, _assigned(source), ends, ends and not _ends_with_semicolon(source))
+    value_at = None if _ends_with_semicolon(source) else cell.value_position(source, tree)
+    return CellCode(source, reads, _assigned(source), value_at)
 
 
 def _ends_with_semicolon(source: str) -> bool:

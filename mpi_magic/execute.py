@@ -351,7 +351,7 @@ def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
 
 def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
     """What the ranks need to know besides the values: the cell, and what to bring back."""
-    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "display": code.display_result}
+    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "value_at": code.value_at}
 
 
 def _announce_large(captured: capture.Captured, world_size: int, echo: ConsoleEcho,

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     import cloudpickle
 
-from .errors import PayloadError
 
 MAGIC = b"MPIMAGIC"
 FORMAT_VERSION = 2
@@ -109,9 +108,7 @@ def write(path: str, packed: list[Packed], meta: dict[str, Any], digest: bool = 
         "entries": [{"name": p.name, "pickle": len(p.data), "buffers": [b.nbytes for b in p.buffers]} for p in packed],
     }
     head = encode_header(header)
-    import hashlib  # lazily: a rank that only reads an unpinned payload needs none
-
-    hasher = hashlib.sha256() if digest else None
+    hasher = _sha256() if digest else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # whatever the umask, and a file written before keeps its mode otherwise
     with os.fdopen(fd, "wb", buffering=0) as out:
@@ -152,13 +149,13 @@ def read_header(read: Callable[[int], bytes | bytearray], name: str = "the paylo
     object), and the offset its first entry starts at. Nothing is checked but the framing."""
     magic = read(len(MAGIC))
     if magic != MAGIC:
-        raise PayloadError(f"{name} is not an mpi_magic payload")
+        raise _refused(f"{name} is not an mpi_magic payload")
     length = read(_LENGTH.size)
     head = read(_LENGTH.unpack(length)[0]) if len(length) == _LENGTH.size else b""
     try:
         header = json.loads(head)
     except ValueError:
-        raise PayloadError(f"{name} is truncated or damaged: its header does not read") from None
+        raise _refused(f"{name} is truncated or damaged: its header does not read") from None
     return header, len(MAGIC) + _LENGTH.size + len(head)
 
 
@@ -198,7 +195,7 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
     if expected_digest:  # before anything in the file is parsed, let alone unpickled
         found = file_digest(path)
         if found != expected_digest:
-            raise PayloadError(
+            raise _refused(
                 f"{path} does not match the digest it was submitted with "
                 f"(expected {expected_digest[:12]}..., found {found[:12]}...); "
                 "it was modified after submission, so it is not loaded"
@@ -208,13 +205,13 @@ def read(path: str, expected_digest: str | None = None) -> Bundle:
         _check_compatible(header)
         claimed = sum(e["pickle"] + sum(e["buffers"]) for e in header["entries"])
         if claimed > os.fstat(src.fileno()).st_size:
-            raise PayloadError(f"payload is truncated: its header describes {claimed} bytes, more than the file holds")
+            raise _refused(f"payload is truncated: its header describes {claimed} bytes, more than the file holds")
         raw = {}
         for entry in header["entries"]:
             data = _read_exact(src, entry["pickle"])
             raw[entry["name"]] = (data, [_read_buffer(src, n, header["align"]) for n in entry["buffers"]])
         if src.read(1):
-            raise PayloadError(f"{path} has trailing bytes; it was modified after it was written")
+            raise _refused(f"{path} has trailing bytes; it was modified after it was written")
     return Bundle(header, raw)
 
 
@@ -229,7 +226,7 @@ def _read_buffer(src: io.RawIOBase, size: int, align: int) -> bytearray | memory
     if position % mmap.ALLOCATIONGRANULARITY:  # cannot be mapped on this machine: read it
         return _read_exact(src, size)
     if os.fstat(src.fileno()).st_size < position + size:
-        raise PayloadError(f"payload is truncated: a buffer of {size} bytes at {position} is missing")
+        raise _refused(f"payload is truncated: a buffer of {size} bytes at {position} is missing")
     mapped = mmap.mmap(src.fileno(), size, flags=mmap.MAP_PRIVATE,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=position)
     src.seek(position + size)
@@ -238,14 +235,14 @@ def _read_buffer(src: io.RawIOBase, size: int, align: int) -> bytearray | memory
 
 def _check_compatible(header: dict[str, Any]) -> None:
     if header.get("format") != FORMAT_VERSION:
-        raise PayloadError(
+        raise _refused(
             f"payload format {header.get('format')} is not {FORMAT_VERSION}: the notebook and the ranks run "
             "different versions of mpi-magic; install the same version for both (or restart the kernel after "
             "upgrading it)"
         )
     theirs = header.get("python", "?")
     if theirs.split(".")[:2] != python_version().split(".")[:2]:
-        raise PayloadError(
+        raise _refused(
             f"the notebook runs Python {theirs} but this rank runs Python {python_version()}; "
             "pickled values only load under the same Python minor version: use a rank "
             "environment (or image) with Python " + ".".join(theirs.split(".")[:2])
@@ -254,13 +251,31 @@ def _check_compatible(header: dict[str, Any]) -> None:
 
 def file_digest(path: str) -> str:
     """SHA-256 of a file, read in chunks."""
-    import hashlib
-
-    hasher = hashlib.sha256()
+    hasher = _sha256()
     with open(path, "rb") as src:
         for chunk in iter(lambda: src.read(1 << 20), b""):
             hasher.update(chunk)
     return hasher.hexdigest()
+
+
+def _sha256():
+    """A SHA-256 hasher: the interpreter's own where it has one, since importing hashlib loads
+    OpenSSL, which would cost the rank that writes results milliseconds on the job's critical path."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found, unused-ignore]  # Python 3.12 and later
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]  # Python 3.11 and before
+        except ImportError:  # an interpreter built without them
+            from hashlib import sha256
+    return sha256()
+
+
+def _refused(message: str) -> Exception:
+    """The PayloadError to raise; errors is imported only when a file is refused, not on every rank's start."""
+    from .errors import PayloadError
+
+    return PayloadError(message)
 
 
 def _read_exact(src: io.RawIOBase, size: int) -> bytearray:
@@ -270,6 +285,6 @@ def _read_exact(src: io.RawIOBase, size: int) -> bytearray:
     while got < size:
         n = src.readinto(view[got:])
         if not n:
-            raise PayloadError(f"payload is truncated: expected {size} more bytes, got {got}")
+            raise _refused(f"payload is truncated: expected {size} more bytes, got {got}")
         got += n
     return buf

@@ -41,10 +41,10 @@ def test_reads_are_names_used_before_the_cell_defines_them(source, reads):
 def test_assigns_are_every_top_level_binding_in_order():
     code = analyze("import os\nx = 1\nfor i in range(2):\n    pass\ndef f():\n    global g\n    g = 2\nclass C:\n    pass\nf()")
     assert code.assigns == ["os", "x", "i", "f", "C", "g"]
-    assert code.ends_with_expression and code.display_result
-    assert not analyze("f();").display_result
-    assert not analyze("f();  # done").display_result
-    assert analyze("f()  # no; output").display_result
+    assert code.value_at is not None
+    assert analyze("f();").value_at is None
+    assert analyze("f();  # done").value_at is None
+    assert analyze("f()  # no; output").value_at is not None
 
 
 def test_compile_time_errors_are_raised_before_anything_starts():

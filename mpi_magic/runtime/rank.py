@@ -11,7 +11,6 @@ import builtins
 import os
 import sys
 import types
-from _ast import Expr, Expression, PyCF_ALLOW_TOP_LEVEL_AWAIT  # not ast: see cell
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
     from typing import NoReturn
@@ -24,6 +23,7 @@ from .shell import RankShell
 
 CELL_FILENAME = cell.FILENAME
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
+PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000  # ast's, without importing ast on every rank
 
 
 class Placement:
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     try:
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), digest)
         namespace = build_namespace(bundle)
-        value = run_source(bundle.meta["source"], namespace)
+        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
         _fail(emitter, reporter, exc)
     reporter.flush()
@@ -197,18 +197,16 @@ class NotebookValueError(RuntimeError):
     """A captured value did not load on the rank."""
 
 
-def run_source(source: str, namespace: dict):
-    """Run the cell like IPython: the value of a final expression is returned; top-level
-    ``await`` works, as it does in a notebook."""
+def run_source(source: str, namespace: dict, value_at: list[int] | None = None):
+    """Run the cell like IPython: the value of the final expression that starts at ``value_at``
+    (line, column: ``cell.value_position``) is returned; top-level ``await`` works, as it does
+    in a notebook."""
     cell.remember(source)
-    tree = cell.parse(source)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], Expr) else None
     sys.argv = [CELL_FILENAME]
-    _run(compile(tree, CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
-    if last is None:
-        return None
-    assert isinstance(last, Expr)
-    expression = Expression(last.value)
+    if value_at is None:
+        return _run(compile(cell.numbered(source), CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    statements, expression = cell.split_value(source, (value_at[0], value_at[1]))
+    _run(compile(statements, CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     return _run(compile(expression, CELL_FILENAME, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 
@@ -230,7 +228,7 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     """
     limit = meta.get("return_limit")
     values = {name: namespace[name] for name in meta["returns"] if name in namespace}
-    if meta.get("display") and value is not None:
+    if meta.get("value_at") and value is not None:
         values[VALUE_NAME] = value
     packed, unreturned, modules = [], {}, {}
     for name, val in values.items():

@@ -84,7 +84,7 @@ def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: d
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), message.get("digest"))
         one_off.load_into(bundle, namespace)
         with interrupts:
-            value = one_off.run_source(bundle.meta["source"], namespace)
+            value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
     except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
         one_off.report_failure(emitter, reporter, exc)
         return
