@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
 import os
 import pickle
 import struct
@@ -219,6 +218,8 @@ def _read_buffer(src: io.RawIOBase, size: int, align: int) -> bytearray | memory
     """A small buffer is read; a large one is mapped copy-on-write where it starts."""
     if size < MAP_THRESHOLD:
         return _read_exact(src, size)
+    import mmap  # only for large buffers: a rank reading small values need not load it
+
     position = src.tell()
     if position % align:
         _read_exact(src, -position % align)
