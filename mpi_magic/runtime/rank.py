@@ -204,9 +204,12 @@ def run_source(source: str, namespace: dict, value_at: list[int] | None = None):
     cell.remember(source)
     sys.argv = [CELL_FILENAME]
     if value_at is None:
-        return _run(compile(cell.numbered(source), CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
-    statements, expression = cell.split_value(source, (value_at[0], value_at[1]))
+        statements, expression = cell.numbered(source), None
+    else:
+        statements, expression = cell.split_value(source, (value_at[0], value_at[1]))
     _run(compile(statements, CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    if expression is None:
+        return None
     return _run(compile(expression, CELL_FILENAME, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 
