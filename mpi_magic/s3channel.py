@@ -204,6 +204,7 @@ class RankEnd:
         self._refused: dict[str, str] = {}  # key -> ETag already refused
         self._beat: tuple[str, float] | None = None  # (ETag, when this rank first saw it)
         self._beat_checked = 0.0
+        self._complained_at = -60.0
 
     def _get(self, uri: str) -> tuple[bytes, str] | None:
         """(the object's first bytes, its ETag), None when there is none."""
@@ -242,7 +243,11 @@ class RankEnd:
     def receive(self, timeout: float | None) -> dict | None:
         deadline = None if timeout is None else self.clock() + timeout
         while True:
-            message = self._checked(message_uri(self.uri, self.next_cell), "cell", self.next_cell)
+            try:
+                message = self._checked(message_uri(self.uri, self.next_cell), "cell", self.next_cell)
+            except Exception as exc:  # noqa: BLE001 - S3 refused or unreachable for a while: look again
+                self._complain(f"could not read the next cell ({type(exc).__name__}: {exc}); trying again")
+                message = None
             if message is not None:
                 self.next_cell += 1
                 self._last_message_at = self.clock()
@@ -253,6 +258,13 @@ class RankEnd:
                 return None
             nap = FAST_POLL if now - self._last_message_at < FAST_FOR else SLOW_POLL
             time.sleep(nap if deadline is None else max(0.0, min(nap, deadline - now)))
+
+    def _complain(self, text: str) -> None:
+        """Say a trouble once a minute at most: the job's log should not fill with one failure."""
+        now = self.clock()
+        if now - self._complained_at > 60:
+            self._complained_at = now
+            self._say("mpi_magic session: " + text)
 
     def cell_ended(self) -> None:
         """The idle time (and the fast polling after a cell) counts from the end of a cell."""
@@ -267,7 +279,8 @@ class RankEnd:
         bucket, key = split_s3(heartbeat_uri(self.uri))
         try:
             etag = self.s3.head_object(Bucket=bucket, Key=key).get("ETag", "")
-        except Exception:  # noqa: BLE001 - gone or unreadable: it is not being refreshed
+        except Exception as exc:  # noqa: BLE001 - gone or unreadable: it is not being refreshed
+            self._complain(f"could not read the heartbeat ({type(exc).__name__}: {exc})")
             etag = ""
         if self._beat is None or self._beat[0] != etag:
             self._beat = (etag, now)

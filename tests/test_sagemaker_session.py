@@ -225,6 +225,19 @@ def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, setti
     assert "the notebook's heartbeat stopped: not refreshed for 8s" in closing[0].reason
 
 
+def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, settings, local_aws_env, tmp_path):
+    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
+    script = ("from IPython.core.interactiveshell import InteractiveShell\n"
+              "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
+              "ip.run_line_magic('mpirun_session', 'start -i 1 -g 1 --out s --quiet')\n"
+              "print('JOB', ip.user_ns['s'].job_name, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    job_name = out.stdout.split("JOB ")[1].split()[0]
+    assert described(aws, job_name)["TrainingJobStatus"] in ("Stopping", "Stopped"), "StopTrainingJob at exit"
+    assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30)
+
+
 def test_attach_refuses_what_it_cannot_take_over_in_one_sentence(sessions):
     ip = sessions
     with pytest.raises(mpi_magic.MpiMagicError, match="no training job 'no-such-session'") as refused:
