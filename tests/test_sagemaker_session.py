@@ -160,6 +160,8 @@ def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(sessions, aws
     assert f"refused {s3channel.message_uri(uri, 3)}: not signed by the notebook's key; it was not run" in refusal[0]
     run(ip, "--quiet --out job", "third = kept")  # the notebook's own cell 3 takes the place of the forged one
     assert ip.user_ns["third"] == "state" and not marker.exists()
+    shown = s.said_between_cells() + ip.user_ns["job"].logs(0).splitlines()  # read before the cell, or with it
+    assert any("not signed by the notebook's key; it was not run" in line for line in shown)
 
     def interrupt_when_running():
         wait_until(lambda: s.status == "running", 30)
