@@ -16,8 +16,10 @@ the heartbeat limit. It is not signed: forging it can only keep an idle session 
 ``--idle-timeout`` or ``--max-runtime`` ends it.
 
 Standard library when imported (the rank runtime imports it); boto3 and ``cryptography`` when
-used. ``cryptography`` is in the ``sagemaker`` extra, and a session job installs it on its
-instances (``REQUIREMENT``): the training images do not promise it.
+used. ``cryptography`` is in the ``sagemaker`` extra for the notebook; on the job only rank 0
+checks signatures, so rank 0 installs it (``REQUIREMENT``) where the image lacks it
+(``ensure_verifier``): the training images do not promise it, and installing it with pip on every
+instance before the ranks start would slow every session's start for nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ URI_VARIABLE = "MPI_MAGIC_SESSION_URI"  # s3://bucket/prefix/<job>/session: wher
 KEY_VARIABLE = "MPI_MAGIC_SESSION_KEY"  # the public half of the notebook's key, base64
 HEARTBEAT_LIMIT_VARIABLE = "MPI_MAGIC_HEARTBEAT_LIMIT"  # seconds without a fresh heartbeat before the job ends
 IDLE_VARIABLE = "MPI_MAGIC_IDLE_TIMEOUT"  # seconds without a cell before the job ends
-REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job
+REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job where missing
 MAX_MESSAGE = 64 * 1024  # a message names a payload; anything larger is not read
 FAST_POLL, SLOW_POLL = 0.1, 1.0  # seconds between rank 0's looks for the next cell: soon after one, and later
 FAST_FOR = 60.0  # seconds after a cell during which rank 0 looks every FAST_POLL
@@ -107,6 +109,17 @@ class Signer:
         text = json.dumps(body, sort_keys=True)
         signature = self._key.sign(text.encode())
         return json.dumps({"body": text, "signature": base64.b64encode(signature).decode()}).encode()
+
+
+def ensure_verifier() -> None:
+    """Rank 0 of a session job: ``cryptography`` importable, installed with pip if the image lacks it."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", REQUIREMENT], check=True)
 
 
 def open_signed(data: bytes, public_text: str) -> dict:

@@ -95,6 +95,8 @@ class S3Cells:
         self.idle_timeout = float(env.get(s3channel.IDLE_VARIABLE) or 0) or None
         limit = float(env.get(s3channel.HEARTBEAT_LIMIT_VARIABLE) or 0) or None
         self.base = os.path.join(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "mpi_magic_session")
+        if place.rank == 0:
+            s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
         # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
         self.end = s3channel.RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
                                      env.get("MPI_MAGIC_JOB", ""), say=_say)

@@ -9,7 +9,6 @@ import os
 from typing import TYPE_CHECKING
 
 from ... import events as wire
-from ... import s3channel
 from ...layout import split_s3
 from ...payload import PAYLOAD_FILE
 from . import package
@@ -57,22 +56,14 @@ class SageMakerBackend:
 
     def _uploads(self, job_dir: str | None, job_name: str) -> list[tuple[str, bytes | str]]:
         """(S3 URI, the bytes or a local file's path) of every file the instances read; a session
-        (no ``job_dir``) has no payload yet, and its rank 0 needs ``cryptography`` to check cells."""
+        (no ``job_dir``) has no payload yet."""
         files: list[tuple[str, str, bytes | str]] = [(CODE_CHANNEL, BOOTSTRAP, self.bootstrap),
                                                      (CODE_CHANNEL, CODE_ARCHIVE, self.archive)]
-        requirements = self._requirements_text() if job_dir else \
-            (self._requirements_text() + "\n" + s3channel.REQUIREMENT + "\n").lstrip()
-        if requirements:
-            files.append((CODE_CHANNEL, REQUIREMENTS, requirements.encode()))
+        if self.requirements:
+            files.append((CODE_CHANNEL, REQUIREMENTS, self.requirements))
         if job_dir is not None:
             files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
         return [(input_uri(self.settings, job_name, channel, name), body) for channel, name, body in files]
-
-    def _requirements_text(self) -> str:
-        if not self.requirements:
-            return ""
-        with open(self.requirements) as f:
-            return f.read()
 
     def upload(self, s3, job_name: str, job_dir: str | None) -> None:
         """Put every file the instances read in S3 (a session's: ``job_dir`` None)."""

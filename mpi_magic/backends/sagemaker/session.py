@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 
 # AWS calls: idle, DescribeTrainingJob every 10 s, the log every 20 s and the heartbeat (once a minute
 # by default) make 10 a minute; while a cell runs, the log is read soon after the cell is sent, then
-# less and less often (every 3.5 s at most), with DescribeTrainingJob every 30 s: about 25 a minute.
+# less and less often (every 4 s at most), with DescribeTrainingJob every 30 s: about 25 a minute.
 STARTING_DESCRIBE, STARTING_LOGS = 5.0, 1.0  # until every rank is up: SageMaker's phases, then the ranks
 IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
-RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 3.5
+RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
 STOPPING_DESCRIBE = 2.0
 STOP_LIMIT = 600.0  # seconds to wait for Stopped
 KEYS = "sessions"  # under the cache folder: one private key file per session started here
