@@ -240,8 +240,13 @@ def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, settings, lo
     assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30)
 
 
-def test_attach_refuses_what_it_cannot_take_over_in_one_sentence(sessions):
+def test_what_cannot_start_or_be_taken_over_is_one_sentence(sessions, aws, monkeypatch):
     ip = sessions
+    monkeypatch.setenv("MPI_MAGIC_HEARTBEAT_LIMIT", "1")
+    with pytest.raises(mpi_magic.MpiMagicError, match=r"heartbeat_limit \(1s\) must be longer than heartbeat \(1s\)"):
+        ip.run_line_magic("mpirun_session", "start -i 1 -g 1")
+    root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
+    assert "Contents" not in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=root), "nothing uploaded"
     with pytest.raises(mpi_magic.MpiMagicError, match="no training job 'no-such-session'") as refused:
         ip.run_line_magic("mpirun_session", "attach no-such-session")
     assert "\n" not in str(refused.value)

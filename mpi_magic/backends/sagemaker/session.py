@@ -72,8 +72,9 @@ class SageMakerSessionRanks:
     start_limit = 3600.0  # provisioning instances can take many minutes
 
     def __init__(self, job: SageMakerJob, channel: s3channel.NotebookEnd, world_size: int,
-                 heartbeat_every: float, clock=time.monotonic):
+                 heartbeat_every: float, key_file: str, clock=time.monotonic):
         self.job, self.channel, self.world_size = job, channel, world_size
+        self.key_file = key_file  # removed once the job has ended: the key signs nothing after that
         self.name = self.job_name = job.name
         self.heartbeat_every = heartbeat_every
         self.clock = clock
@@ -96,6 +97,10 @@ class SageMakerSessionRanks:
         self._sent_at = self.clock()
         self.job.describe_every, self.job.logs_every = RUNNING_DESCRIBE, RUNNING_LOGS_MIN
         self.job.look_soon(RUNNING_LOGS_MIN)
+
+    def resume(self, cells: int) -> None:
+        """Taking a session over: ``cells`` cells ran on it, and its ranks are waiting after the last."""
+        self._cell = cells
 
     def start_heartbeat(self) -> None:
         """Refresh the heartbeat now, then every ``heartbeat_every`` seconds, from a thread."""
@@ -177,6 +182,11 @@ class SageMakerSessionRanks:
         deadline = time.monotonic() + STOP_LIMIT
         while wait and not self.job.finished and time.monotonic() < deadline:
             time.sleep(0.05)
+        if self.job.finished:
+            try:
+                os.remove(self.key_file)
+            except OSError:
+                pass
 
     def facts(self) -> list[str]:
         """What ``%mpirun_session`` adds for this backend: the job and its billable time."""
@@ -197,6 +207,9 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
     from .request import job_prefix, validate
 
     settings = backend.settings
+    if heartbeat_limit <= heartbeat_every:
+        raise SageMakerSetupError(f"heartbeat_limit ({heartbeat_limit:g}s) must be longer than heartbeat "
+                                  f"({heartbeat_every:g}s), or the session would end between two heartbeats")
     signer = s3channel.Signer()
     uri = s3channel.session_uri(job_prefix(settings, name))
     token = wire.new_token()
@@ -209,7 +222,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
     job = SageMakerJob(backend.session, name, s3channel.results_uri(uri, 0), token)
     backend.upload(job.s3, name, None)
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, name, signer),
-                                  options.world_size, heartbeat_every)
+                                  options.world_size, heartbeat_every, key_path(cache_dir, name))
     save_key(cache_dir, name, signer)
     ranks.channel.beat()  # before the job exists: rank 0 finds it from its first look
     job.create(request)
@@ -249,14 +262,11 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     instances = int(environment["MPI_MAGIC_INSTANCES"])
     per_instance = int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"])
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, job_name, signer),
-                                  instances * per_instance, heartbeat_every)
-    ranks.start_heartbeat()  # first: the session may be close to its heartbeat limit
-    try:
-        cells = ranks.channel.last_cell()
-    except BaseException:
-        ranks._stop_beating.set()
-        raise
-    ranks._cell = cells
+                                  instances * per_instance, heartbeat_every, key_path(cache_dir, job_name))
+    ranks.channel.beat()  # first: the session may be close to its heartbeat limit
+    cells = ranks.channel.last_cell()
+    ranks.resume(cells)
+    ranks.start_heartbeat()
     names = set(environment.get("MPI_MAGIC_ENV_NAMES", "").split())
     info = {"instances": instances, "procs_per_instance": per_instance, "cells": cells,
             "env": {k: v for k, v in environment.items() if k in names}}
