@@ -271,6 +271,8 @@ class RankEnd:
                 return None
             nap = FAST_POLL if now - self._last_message_at < FAST_FOR else SLOW_POLL
             time.sleep(nap if deadline is None else max(0.0, min(nap, deadline - now)))
+            if deadline is not None and self.clock() >= deadline:
+                return None
 
     def _complain(self, text: str) -> None:
         """Say a trouble once a minute at most: the job's log should not fill with one failure."""

@@ -25,6 +25,7 @@ from . import rank as one_off
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
 CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (S3 sessions)
 CONTROL_NAP = 0.05  # seconds between the other ranks' looks for such an interrupt
+BACK_CHECK = 0.25  # seconds between rank 0's checks that every rank is back from the cell
 
 
 def main(argv: list[str]) -> int:
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
     namespace = one_off.new_namespace()
     emitter.emit_via(ready_writer, events.RankReady, cell=0)
     while True:
-        message = _next_message(comm, cells.source, idle_timeout, emitter)
+        message = _next_message(comm, cells.source, idle_timeout, emitter, cells)
         if message["kind"] == "stop":
             break
         with cells.running(message):
@@ -67,6 +68,9 @@ class LocalCells:
 
     def running(self, message: dict):
         return _Nothing()
+
+    def all_back(self) -> None:
+        """Every rank is back from the cell (the notebook interrupts local ranks by itself)."""
 
     def payload(self, message: dict) -> tuple[str, str | None]:
         """(the payload's path, the digest to check it against)."""
@@ -104,6 +108,7 @@ class S3Cells:
         self.instance = comm.Split(place.instance, place.local_rank)
         self.control = comm.Dup()
         self._cell = 0  # the cell running on this rank (0: none)
+        self._watch: tuple[threading.Event, threading.Thread] | None = None  # rank 0: interrupts of the last cell
         self._listener: threading.Thread | None = None
         if place.rank != 0:
             self._listener = threading.Thread(target=self._listen, name="mpi_magic interrupts", daemon=True)
@@ -111,6 +116,22 @@ class S3Cells:
 
     def running(self, message: dict):
         return _Running(self, message["cell"])
+
+    def watch(self, cell: int) -> None:
+        """Rank 0: look for an interrupt of ``cell`` from now until every rank is back from it."""
+        self.all_back()
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch_for, args=(cell, stop), name="mpi_magic interrupt watch",
+                                   daemon=True)
+        watcher.start()
+        self._watch = (stop, watcher)
+
+    def all_back(self) -> None:
+        if self._watch is not None:
+            stop, watcher = self._watch
+            stop.set()
+            watcher.join()
+            self._watch = None
 
     def payload(self, message: dict) -> tuple[str, str | None]:
         folder = os.path.join(self.base, f"cell-{message['cell']}")
@@ -150,7 +171,7 @@ class S3Cells:
             if cell == self._cell:
                 os.kill(os.getpid(), signal.SIGINT)
 
-    def _watch(self, cell: int, stop: threading.Event) -> None:
+    def _watch_for(self, cell: int, stop: threading.Event) -> None:
         """Rank 0, while ``cell`` runs: an interrupt from the notebook goes to every rank."""
         while not stop.wait(s3channel.INTERRUPT_POLL):
             try:
@@ -165,6 +186,7 @@ class S3Cells:
                 return
 
     def close(self) -> None:
+        self.all_back()
         if self.place.rank == 0:
             for other in range(1, self.comm.Get_size()):
                 self.control.send(-1, dest=other, tag=CONTROL_TAG)
@@ -173,25 +195,18 @@ class S3Cells:
 
 
 class _Running:
-    """While a cell runs: the rank knows which one (for interrupts); rank 0 watches for them."""
+    """While a cell runs, the rank knows which one (for interrupts); rank 0 starts watching for them."""
 
     def __init__(self, cells: S3Cells, cell: int):
         self.cells, self.cell = cells, cell
-        self.stop = threading.Event()
-        self.watcher: threading.Thread | None = None
 
     def __enter__(self) -> None:
         self.cells._cell = self.cell
         if self.cells.place.rank == 0:
-            self.watcher = threading.Thread(target=self.cells._watch, args=(self.cell, self.stop),
-                                            name="mpi_magic interrupt watch", daemon=True)
-            self.watcher.start()
+            self.cells.watch(self.cell)
 
     def __exit__(self, *exc_info) -> None:
         self.cells._cell = 0
-        self.stop.set()
-        if self.watcher is not None:
-            self.watcher.join()
         if self.cells.place.rank == 0:
             self.cells.end.cell_ended()
 
@@ -212,24 +227,44 @@ def _say(text: str) -> None:
 
 
 def _next_message(comm, source: channel.RankEnd | s3channel.RankEnd | None, idle_timeout: float | None,
-                  emitter: events.Emitter) -> dict:
+                  emitter: events.Emitter, cells: LocalCells | S3Cells) -> dict:
     """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
-    or the session has idled too long); every rank: that message, broadcast."""
-    if source is not None:
-        try:
-            message = source.receive(idle_timeout)
-        except channel.ChannelError as exc:
-            message = {"kind": "stop", "reason": f"the notebook is gone ({exc})"}
-        except (OSError, ValueError):
-            message = {"kind": "stop", "reason": "the notebook is gone"}
-        if message is None:
-            message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
-        if message["kind"] == "stop":
-            emitter.emit(events.SessionClosing, reason=str(message.get("reason", "stop")))
-        comm.Ibarrier().Wait()
-    else:
-        _wait_without_spinning(comm.Ibarrier())
-    return comm.bcast(message if source is not None else None, root=0)
+    or the session has idled too long); every rank: that message, broadcast.
+
+    Rank 0 waits for it while the other ranks may still be in the cell (it finished its part
+    first): until they are all back, an interrupt must still reach them (``cells.all_back``)."""
+    if source is None:
+        _wait_without_spinning(comm.Ibarrier())  # every rank back from the cell
+        _wait_without_spinning(comm.Ibarrier())  # rank 0 has the message: a blocking bcast would spin until then
+        return comm.bcast(None, root=0)
+    barrier = comm.Ibarrier()
+    back = False
+    deadline = None if idle_timeout is None else time.monotonic() + idle_timeout
+    message = None
+    try:
+        while message is None:
+            if not back and barrier.Test():
+                back = True
+                cells.all_back()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
+                break
+            wait = None if deadline is None else deadline - now
+            if not back:
+                wait = BACK_CHECK if wait is None else min(wait, BACK_CHECK)
+            message = source.receive(wait)
+    except channel.ChannelError as exc:
+        message = {"kind": "stop", "reason": f"the notebook is gone ({exc})"}
+    except (OSError, ValueError):
+        message = {"kind": "stop", "reason": "the notebook is gone"}
+    if message["kind"] == "stop":
+        emitter.emit(events.SessionClosing, reason=str(message.get("reason", "stop")))
+    if not back:
+        barrier.Wait()
+        cells.all_back()
+    comm.Ibarrier().Wait()
+    return comm.bcast(message, root=0)
 
 
 def _wait_without_spinning(request) -> None:
