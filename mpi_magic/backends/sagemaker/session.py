@@ -23,6 +23,7 @@ from ... import jobdir, s3channel
 from ...errors import SageMakerSetupError
 from ...events import Event, RankReady
 from ...layout import result_path, result_uri, split_s3
+from ...payload import PAYLOAD_FILE
 from .history import record_job
 from .job import SageMakerJob
 from .settings import import_boto3
@@ -148,7 +149,7 @@ class SageMakerSessionRanks:
             self.job.cancel()
             return
         self._cell, self._back = message["cell"], set()
-        self.channel.send_cell(message["cell"], os.path.join(message["dir"], "payload.bin"))
+        self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE))
         self._pace_running()
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
