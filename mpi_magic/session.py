@@ -27,6 +27,10 @@ from .view.model import JobModel, ranks_phrase
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
+# the SageMaker options a cell may not change on a session: its training job was made with them
+JOB_SHAPING = frozenset({"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime",
+                         "spot", "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags",
+                         "requirements", "job_name"})
 MAX_BATCH = 2_000
 
 
@@ -158,6 +162,13 @@ class Session:
         elif "run_async" in given:
             return ("--async does not apply to a session's cells, which return in milliseconds; run the cell as a "
                     "one-off job with --no-session")
+        else:
+            for name in sorted(given & JOB_SHAPING):  # a session's training job has these already
+                mine = own.cloud.get(name) if name in own.cloud else getattr(own, name, None)
+                theirs = options.cloud.get(name) if name in options.cloud else getattr(options, name, None)
+                if theirs != mine:
+                    what = f"--{name.replace('_', '-')} {theirs}"
+                    break
         if what is None:
             return None
         return (f"this cell asks for {what}, but session {self.name} runs {self.instances} x "

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from IPython.core.error import UsageError
 
 import mpi_magic
 from mpi_magic import events, payload, s3channel
@@ -122,15 +123,19 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(s
     assert sizes["00000002.bin"] > 1_600_000 > sizes["00000003.bin"], "the weights crossed S3 once"
     assert prefix  # the layout's owner names it
 
+    with pytest.raises(UsageError, match=f"this cell asks for --instance-type ml.g5.xlarge, but session {s.name} runs"):
+        run(ip, "--instance-type ml.g5.xlarge", "x = 1")  # its job has its instances already
+    run(ip, "--quiet --instance-type ml.m5.xlarge", "same_type = 1")  # the session's own: fine
+
     capsys.readouterr()
     ip.run_line_magic("mpirun_session", "")
     shown = capsys.readouterr().out
     assert f"session {s.name}: sagemaker, 4 x 2 = 8 ranks, idle" in shown
     assert f"training job: {s.job_name}, InProgress (Training)" in shown
-    assert "billable time: " in shown and "ranks alive: 8/8, cells run: 3, idle for:" in shown
+    assert "billable time: " in shown and "ranks alive: 8/8, cells run: 4, idle for:" in shown
     ip.run_line_magic("mpirun_session", "stop")
     shown = capsys.readouterr().out
-    assert "stopped: 3 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
+    assert "stopped: 4 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
