@@ -270,8 +270,8 @@ def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | No
     """Start ranks that wait for cells; returns once every one is up."""
     backend = get_backend(options.backend, config, options)
     if not hasattr(backend, "start_session"):
-        raise UsageError(f"sessions run on the local backend; the {backend.name} backend runs each cell as a "
-                         "job of its own (drop --backend, or run cells without a session)")
+        raise UsageError(f"the {backend.name} backend runs each cell as a job of its own; sessions run on the "
+                         "local and sagemaker backends")
     echo = echo or ConsoleEcho()
     for warning in backend.check(options):
         echo.say(warning)
@@ -279,8 +279,27 @@ def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | No
     _prepare(cache_dir)
     name = options.job_name or jobdir.new_job_name("session")
     session = Session(name, backend.name, options, config.get("session_grace"), cache_dir, clock)
-    ranks = backend.start_session(name, options)
-    session.start(ranks, None if options.quiet else echo.say)
+    ranks = backend.start_session(name, options, config)
+    session.start(ranks, None if options.quiet else echo.say, detach=options.detach)
+    return session
+
+
+def attach_session(job_name: str, config: Config, detach: bool = False, quiet: bool = False,
+                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> Session:
+    """Take over a SageMaker session started from this machine (by a kernel that is gone): its
+    ranks keep their state; the values they hold are sent again when a cell needs them, as this
+    notebook cannot know them."""
+    from .backends.sagemaker.session import attach
+
+    echo = echo or ConsoleEcho()
+    cache_dir = config.get("cache_dir")
+    _prepare(cache_dir)
+    ranks, info = attach(job_name, config.get("region"), cache_dir, config.get("heartbeat"))
+    options = LaunchOptions(instances=info["instances"], gpus=info["procs_per_instance"], backend="sagemaker",
+                            env=info["env"], detach=detach)
+    session = Session(job_name, "sagemaker", options, config.get("session_grace"), cache_dir, clock)
+    session.cells = info["cells"]
+    session.start(ranks, None if quiet else echo.say, detach=detach, attached=True)
     return session
 
 

@@ -90,7 +90,10 @@ class MpiMagics(Magics):
     @magic_arguments()
     @launch_arguments
     @argument("--idle-timeout", default=None, metavar="SECONDS",
-              help="End the session after this many seconds without a cell.")
+              help="End the session after this many seconds without a cell (sagemaker: 1800 unless set).")
+    @argument("--detach", action="store_true",
+              help="sagemaker: keep the session's job when the kernel shuts down (until the heartbeat limit), "
+                   "for %%mpirun_session attach from another kernel.")
     def mpirun_session(self, line: str):
         """Keep ranks up between cells: their globals stay, values cross once, a cell runs in milliseconds.
 
@@ -98,20 +101,26 @@ class MpiMagics(Magics):
         %mpirun_session            show the session: shape, state, ranks alive, cells run, memory
         %mpirun_session stop       end it (its ranks and their state)
         %mpirun_session restart    stop it and start one of the same shape
+        %mpirun_session attach JOB_NAME [--out NAME] [--detach]
+                                   take over a SageMaker session started from this machine
 
         While a session is up, every %%mpirun_remote cell runs on it (--no-session runs one as a
-        one-off job). A session ends with the kernel, and after --idle-timeout without a cell.
+        one-off job). A session ends with the kernel, and after --idle-timeout without a cell. On
+        SageMaker (--backend sagemaker) it is one training job; it also ends when the notebook's
+        heartbeat stops (heartbeat_limit in %mpirun_config) and at --max-runtime.
         """
         action, _, rest = line.strip().partition(" ")
         if action.startswith("-"):
             action, rest = "start", line
         action = action or "status"
-        if action not in ("start", "stop", "restart", "status"):
-            raise UsageError(f"%mpirun_session {action}: the actions are start, stop, restart, or none to show "
-                             "the session; for example %mpirun_session start -i 1 -g 4")
-        if action != "start" and rest.strip():
+        if action not in ("start", "stop", "restart", "status", "attach"):
+            raise UsageError(f"%mpirun_session {action}: the actions are start, stop, restart, attach, or none to "
+                             "show the session; for example %mpirun_session start -i 1 -g 4")
+        if action not in ("start", "attach") and rest.strip():
             raise UsageError(f"%mpirun_session {action} takes no options (give them to %mpirun_session start)")
         session = self.session
+        if action == "attach":
+            return self._attach_session(rest)
         if action == "status":
             print(describe_session(session) if session is not None else
                   "no session: %mpirun_session start -i 1 -g 4 starts one")
@@ -121,7 +130,8 @@ class MpiMagics(Magics):
                 print("no session is running")
                 return None
             session.stop()
-            print(f"session {session.name} stopped: {session.cells} cells run, nothing of it is left running")
+            print("\n".join([f"session {session.name} stopped: {session.cells} cells run, nothing of it is left "
+                             "running", *session.facts()]))
             return None
         if action == "restart":
             if session is None:
@@ -138,12 +148,44 @@ class MpiMagics(Magics):
                 flag = {"run_async": "--async"}.get(cell_only[0], "--" + cell_only[0].replace("_", "-"))
                 raise UsageError(f"{flag} applies to cells, not to %mpirun_session start; give it on a "
                                  "%%mpirun_remote cell's line")
+            if options.detach and options.backend != "sagemaker":
+                raise UsageError("--detach applies to --backend sagemaker sessions; a local session's ranks "
+                                 "end with the kernel")
         try:
             self.session = execute.start_session(options, self.defaults)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         if options.out:
             self.shell.user_ns[options.out] = self.session
+        return None
+
+    def _attach_session(self, rest: str) -> None:
+        """``%mpirun_session attach JOB_NAME [--out NAME] [--detach] [--quiet]``."""
+        usage = "usage: %mpirun_session attach JOB_NAME [--out NAME] [--detach]; %mpirun_jobs lists your recent jobs"
+        try:
+            words = shlex.split(rest)
+        except ValueError:
+            raise UsageError(usage) from None
+        flags = {w for w in words if w in ("--detach", "--quiet")}
+        out = None
+        if "--out" in words:
+            at = words.index("--out")
+            out = words[at + 1] if at + 1 < len(words) else ""
+            words[at:at + 2] = []
+            if not out.isidentifier():
+                raise UsageError(f"--out {out!r} is not a valid variable name; for example --out session")
+        names = [w for w in words if w not in flags]
+        if len(names) != 1 or names[0].startswith("-"):
+            raise UsageError(usage)
+        current = self.session
+        if current is not None and current.status != "stopped":
+            raise UsageError(f"session {current.name} is up already: %mpirun_session stop it first")
+        try:
+            self.session = execute.attach_session(names[0], self.defaults, "--detach" in flags, "--quiet" in flags)
+        except BackendNotAvailable as exc:
+            raise UsageError(str(exc)) from None
+        if out:
+            self.shell.user_ns[out] = self.session
         return None
 
     @line_magic

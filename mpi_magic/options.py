@@ -119,7 +119,11 @@ SETTINGS = {s.name: s for s in [
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
     Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
-    Setting("idle_timeout", None, _positive_float, "seconds a session may sit idle before its ranks stop"),
+    Setting("idle_timeout", None, _positive_float,
+            "seconds a session may sit idle before its ranks stop (a SageMaker session's default: 1800)"),
+    Setting("heartbeat", 60.0, _positive_float, "sagemaker sessions: seconds between the notebook's heartbeats"),
+    Setting("heartbeat_limit", 600.0, _positive_float,
+            "sagemaker sessions: the job ends itself when the notebook's heartbeat is older than this"),
     Setting("return_limit", 256 * 2**20, _positive_int,
             "bytes: in a session, an assigned value larger than this stays on the ranks"),
     Setting("session_grace", 5.0, _positive_float,
@@ -258,6 +262,7 @@ class LaunchOptions:
     run_async: bool = False
     no_session: bool = False
     idle_timeout: float | None = None  # sessions only
+    detach: bool = False  # SageMaker sessions only: the job outlives the kernel (until the heartbeat limit)
     given: frozenset[str] = frozenset()  # the options the line names, as opposed to defaults
 
 
@@ -318,6 +323,7 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async, no_session=args.no_session,
         idle_timeout=pick("idle_timeout", getattr(args, "idle_timeout", None)),
+        detach=getattr(args, "detach", False),
         given=frozenset(k for k, v in vars(args).items() if v not in (None, False, [])),
     )
 

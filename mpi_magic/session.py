@@ -25,9 +25,12 @@ from .holdings import Holdings
 from .options import LaunchOptions
 from .view.model import JobModel, ranks_phrase
 
-START_LIMIT = 300.0  # seconds for every rank to be up and waiting
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
+# the SageMaker options a cell may not change on a session: its training job was made with them
+JOB_SHAPING = frozenset({"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime",
+                         "spot", "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags",
+                         "requirements", "job_name"})
 MAX_BATCH = 2_000
 
 
@@ -45,7 +48,8 @@ class Session:
     """Ranks kept up between cells (``%mpirun_session start``; ``--out NAME`` keeps this handle).
 
     ``status`` is starting, idle, running or stopped; ``cells`` counts the cells run;
-    ``ranks`` lists each rank's pid, host and status; ``stop()`` ends it.
+    ``ranks`` lists each rank's pid, host and status; ``job_name`` is the SageMaker training
+    job's (None for local ranks); ``stop()`` ends it.
     """
 
     def __init__(self, name: str, backend: str, options: LaunchOptions, grace: float,
@@ -73,6 +77,7 @@ class Session:
         self._model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
         self._pump_thread: threading.Thread | None = None
         self._closing = ""  # the reason rank 0 gave when it ended the session
+        self._say: Callable[[str], None] | None = None  # while starting: how the backend's phases are shown
         self.job_dir = ""
 
     # -- for the user -----------------------------------------------------------------------
@@ -80,6 +85,10 @@ class Session:
     @property
     def status(self) -> str:
         return self._status
+
+    @property
+    def job_name(self) -> str | None:
+        return self._ranks.job_name if self._ranks is not None else None
 
     @property
     def ranks(self) -> list[SessionRank]:
@@ -105,8 +114,13 @@ class Session:
             return {}
         return self._ranks.memory(dict(self._pids))
 
-    def stop(self, reason: str = "stopped from the notebook") -> None:
-        """End the session: the ranks are asked to leave, then stopped; nothing is left running."""
+    def _at_exit(self) -> None:
+        """The kernel shuts down: stop the session at once, without waiting for a cloud job's end."""
+        self.stop("the notebook's Python is exiting", wait=False)
+
+    def stop(self, reason: str = "stopped from the notebook", wait: bool = True) -> None:
+        """End the session: the ranks are asked to leave, then stopped; nothing is left running
+        (``wait=False``: the stop is under way when this returns)."""
         ranks = self._ranks
         if ranks is None or self._status == "stopped":
             return
@@ -117,9 +131,17 @@ class Session:
             except OSError:
                 pass
             deadline = self.clock() + STOP_WAIT
-            while not ranks.finished and self.clock() < deadline:
+            while wait and not ranks.finished and self.clock() < deadline:
                 time.sleep(0.01)
-        self._end(reason)
+        self._end(reason, wait)
+
+    def facts(self) -> list[str]:
+        """What the backend adds to ``%mpirun_session`` (a SageMaker job's name, status, billable time)."""
+        return self._ranks.facts() if self._ranks is not None else []
+
+    def said_between_cells(self, limit: int = 5) -> list[str]:
+        """The last lines the ranks printed outside any cell (rank 0 refusing an object, say)."""
+        return [f"[rank {rank}] {text}" for rank, stream, text in list(self._model.tail)[-limit:]]
 
     def mismatch(self, options: LaunchOptions) -> str | None:
         """Why a cell with these options cannot run on this session (None: it can)."""
@@ -140,6 +162,13 @@ class Session:
         elif "run_async" in given:
             return ("--async does not apply to a session's cells, which return in milliseconds; run the cell as a "
                     "one-off job with --no-session")
+        else:
+            for name in sorted(given & JOB_SHAPING):  # a session's training job has these already
+                mine = own.cloud.get(name) if name in own.cloud else getattr(own, name, None)
+                theirs = options.cloud.get(name) if name in options.cloud else getattr(options, name, None)
+                if theirs != mine:
+                    what = f"--{name.replace('_', '-')} {theirs}"
+                    break
         if what is None:
             return None
         return (f"this cell asks for {what}, but session {self.name} runs {self.instances} x "
@@ -152,26 +181,32 @@ class Session:
 
     # -- life cycle -------------------------------------------------------------------------
 
-    def start(self, ranks: SessionRanks, say: Callable[[str], None] | None = None) -> None:
-        """Wait until every rank is up and waiting for cells (rank 0 on the channel)."""
+    def start(self, ranks: SessionRanks, say: Callable[[str], None] | None = None, detach: bool = False,
+              attached: bool = False) -> None:
+        """Wait until every rank is up and waiting for cells (rank 0 on the channel): after the
+        ``self.cells``-th cell, when taking over a running session (``attached``). With
+        ``detach``, the session outlives this Python (a SageMaker job, until its heartbeat limit)."""
         self._ranks = ranks
-        self.job_dir = jobdir.create(self.cache_dir, self.name)
+        self._say = say
+        self.job_dir = jobdir.create(self.cache_dir, self.name, reuse=attached)
         jobdir.record(self.job_dir, name=self.name, backend=self.backend, world_size=self.world_size,
                       instances=self.instances, procs_per_instance=self.procs_per_instance, status="running",
                       session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
                       launcher_started=getattr(ranks, "started", None))
         self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
         self._pump_thread.start()
-        atexit.register(self.stop, "the notebook's Python is exiting")
+        if not detach:
+            atexit.register(self._at_exit)
         if say:
-            say(f"session {self.name}: starting {self.world_size} ranks ({self.instances} x "
-                f"{self.procs_per_instance}, {self.backend})")
-        deadline = self.clock() + START_LIMIT
+            say(f"session {self.name}: {'taking over' if attached else 'starting'} {self.world_size} ranks "
+                f"({self.instances} x {self.procs_per_instance}, {self.backend})")
+        limit = ranks.start_limit
+        deadline = self.clock() + limit
         try:
             while True:
                 connected = ranks.connect()
                 with self._lock:
-                    ready = sum(1 for cell in self._ready.values() if cell == 0)
+                    ready = sum(1 for cell in self._ready.values() if cell == self.cells)
                     if self._exit is not None:
                         break
                     if connected and ready == self.world_size:
@@ -180,15 +215,16 @@ class Session:
                         break
                     self._lock.wait(0.005)
                 if self.clock() > deadline:
-                    self._end(f"its ranks were not all up after {START_LIMIT:g}s")
+                    self._end(f"its ranks were not all up after {limit:g}s")
                     raise SessionStartError(f"session {self.name}: only {ready} of {self.world_size} ranks were up "
-                                            f"after {START_LIMIT:g}s, so it was stopped")
+                                            f"after {limit:g}s, so it was stopped")
         except BaseException:
             self._end("its start was interrupted")
             raise
         if self._status != "idle":
             self._end("its ranks ended while starting")
             raise SessionStartError(self._start_failure())
+        self._say = None
         if say:
             say(f"session {self.name}: {self.world_size} ranks ready in {self.clock() - self.started_at:.1f}s")
 
@@ -213,6 +249,8 @@ class Session:
                 self._status = "stopped"
                 self.ended_reason = self.ended_reason or self._closing_reason()
             self._lock.notify_all()
+        ranks.stop(wait=False)  # what the backend keeps for the ranks (a channel, a heartbeat) ends with them
+        atexit.unregister(self._at_exit)
 
     def _route(self, event: events.Event) -> None:
         with self._lock:
@@ -223,6 +261,8 @@ class Session:
                 self._lock.notify_all()
             elif isinstance(event, events.SessionClosing):
                 self._closing = event.reason
+            elif isinstance(event, events.Phase) and self._say is not None and self._status == "starting":
+                self._say(f"session {self.name}: {event.detail or event.name}")  # SageMaker's phases
             elif isinstance(event, events.LauncherExited):
                 self._exit = event
                 self._lock.notify_all()
@@ -239,18 +279,18 @@ class Session:
             return "; ".join(f"rank {r} {why}" for r, why in sorted(self._exit.reports.items()))
         return "its launcher exited"
 
-    def _end(self, reason: str) -> None:
+    def _end(self, reason: str, wait: bool = True) -> None:
         """Stop everything of the session now; idempotent."""
         with self._lock:
             if self.ended_reason is None:
                 self.ended_reason = reason
         if self._ranks is not None:
-            self._ranks.stop()
-        if self._pump_thread is not None and self._pump_thread is not threading.current_thread():
+            self._ranks.stop(wait)
+        if wait and self._pump_thread is not None and self._pump_thread is not threading.current_thread():
             self._pump_thread.join(timeout=STOP_WAIT)
         with self._lock:
             self._status = "stopped"
-        atexit.unregister(self.stop)
+        atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
 
@@ -291,6 +331,11 @@ class Session:
     def interrupt(self, ranks: list[int]) -> None:
         assert self._ranks is not None
         self._ranks.interrupt({r: self._pids[r] for r in ranks if r in self._pids})
+
+    @property
+    def latency(self) -> float:
+        """Seconds the channel adds before the notebook sees interrupted ranks back (S3 and CloudWatch)."""
+        return self._ranks.latency if self._ranks is not None else 0.0
 
     def tear_down(self, reason: str) -> None:
         """The world cannot be whole again (a rank stuck in a collective): stop everything."""
@@ -362,11 +407,11 @@ class SessionCell:
             self._end()
             shown.append(events.CellEnded(0))
         elif not self._done and self._interrupted_at is not None and \
-                self.clock() - self._interrupted_at > self.session.grace:
+                self.clock() - self._interrupted_at > self.session.grace + self.session.latency:
             stuck = [r for r in range(world) if r not in self.back]
             self.session.tear_down(f"{ranks_phrase(stuck)} did not get back to waiting within "
-                                   f"{self.session.grace:g}s after {self._why_interrupted or 'the interrupt'} "
-                                   "(blocked in a collective?)")
+                                   f"{self.session.grace + self.session.latency:g}s after "
+                                   f"{self._why_interrupted or 'the interrupt'} (blocked in a collective?)")
         return shown
 
     def _end(self) -> None:
@@ -388,6 +433,8 @@ def describe(session: Session) -> str:
     """What ``%mpirun_session`` prints."""
     lines = [f"session {session.name}: {session.backend}, {session.instances} x {session.procs_per_instance} = "
              f"{session.world_size} ranks, {session.status}"]
+    if session.status != "stopped":
+        lines += session.facts()
     ranks = session.ranks
     alive = sum(1 for r in ranks if r.status in ("idle", "running"))
     facts = [f"ranks alive: {alive}/{session.world_size}", f"cells run: {session.cells}"]
@@ -401,6 +448,9 @@ def describe(session: Session) -> str:
         facts.append(f"memory per rank: {size_text(sum(memory.values()) / len(memory))} "
                      f"(largest {size_text(max(memory.values()))})")
     lines.append(", ".join(facts))
+    said = session.said_between_cells()
+    if said:
+        lines.append("said between cells:\n  " + "\n  ".join(said))
     if session.status == "stopped" and session.ended_reason:
         lines.append(f"ended: {session.ended_reason}")
     held = session.holdings.held_names()

@@ -1,32 +1,48 @@
-"""The sessions notebook executes in a real kernel: one session, several cells, its end."""
+"""The sessions notebook executes in a real kernel: one local session, several cells, its end; then
+the same on SageMaker, on the rehearsal cloud (moto and the SageMaker emulator on loopback),
+chosen by the documented settings that notebooks/execute.py also uses."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 
-import nbformat
-from nbclient import NotebookClient
+import boto3
 
-NOTEBOOK = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks", "sessions.ipynb")
+NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
+sys.path.insert(0, NOTEBOOKS)
+import execute  # noqa: E402  (notebooks/execute.py)
 
 
 def _text(cell) -> str:
     return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs)
 
 
-def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, monkeypatch):
-    monkeypatch.setenv("MPI_MAGIC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("MPI_MAGIC_VIEW", "text")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    code = {c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source: c
-            for c in nb.cells if c.cell_type == "code"}
-    shown = {source: _text(cell) for source, cell in code.items()}
-    assert "4 ranks ready in" in shown["%mpirun_session start -i 2 -g 2 --idle-timeout 600 --out session"]
-    assert "2000000 [3. 3. 3. 3. 3. 3. 3. 3.]" in shown["print(count, mean.round(2))"]
-    sent = re.search(r"bytes sent: (\d+) then (\d+)", "".join(shown.values()))
+def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, local_aws_env):
+    cloud = execute.rehearsal_settings(local_aws_env)
+    env = {"MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"), "MPI_MAGIC_VIEW": "text", **cloud}
+    nb = execute.run(os.path.join(NOTEBOOKS, "sessions.ipynb"), env, str(tmp_path))
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    shown = [(c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source, _text(c)) for c in code]
+    local = dict(shown[:shown.index(next(s for s in shown if "--backend sagemaker" in s[0]))])
+    assert "4 ranks ready in" in local["%mpirun_session start -i 2 -g 2 --idle-timeout 600 --out session"]
+    assert "2000000 [3. 3. 3. 3. 3. 3. 3. 3.]" in local["print(count, mean.round(2))"]
+    sent = re.search(r"bytes sent: (\d+) then (\d+)", "".join(local.values()))
     assert sent and sent[1] == sent[2] and int(sent[1]) > 0, "weights crossed once"
-    status = shown["%mpirun_session"]
+    status = local["%mpirun_session"]
     assert ", idle" in status and "ranks alive: 4/4, cells run: 5" in status
-    assert "stopped: 5 cells run, nothing of it is left running" in shown["%mpirun_session stop"]
+    assert "stopped: 5 cells run, nothing of it is left running" in local["%mpirun_session stop"]
+
+    on_sagemaker = dict(shown[len(local):])
+    started = on_sagemaker["%mpirun_session start --backend sagemaker -i 2 -g 2 --idle-timeout 1800 --out cloud"]
+    assert "SageMaker: Training" in started and "4 ranks ready in" in started
+    assert "[3. 3. 3. 3. 3. 3. 3. 3.]" in on_sagemaker["print(cloud_mean.round(1))"]
+    job_name = re.search(r"training job: (session-\S+), InProgress \(Training\)", on_sagemaker["%mpirun_session"])[1]
+    assert "sagemaker, 2 x 2 = 4 ranks, idle" in on_sagemaker["%mpirun_session"]
+    assert "billable time: " in on_sagemaker["%mpirun_session"]
+    assert f"training job: {job_name}, Stopped" in on_sagemaker["%mpirun_session stop"]
+    sagemaker = boto3.client("sagemaker", region_name=cloud["AWS_DEFAULT_REGION"],
+                             endpoint_url=cloud["AWS_ENDPOINT_URL_SAGEMAKER"], aws_access_key_id="testing",
+                             aws_secret_access_key="testing")
+    assert sagemaker.describe_training_job(TrainingJobName=job_name)["TrainingJobStatus"] == "Stopped"

@@ -251,7 +251,9 @@ def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(session
 def test_every_bad_session_command_is_one_sentence(sessions):
     ip = sessions
     for line, expected in [
-        ("begin", "the actions are start, stop, restart"),
+        ("begin", "the actions are start, stop, restart, attach"),
+        ("start --detach", "--detach applies to --backend sagemaker sessions"),
+        ("attach", "usage: %mpirun_session attach JOB_NAME"),
         ("stop now", "takes no options"),
         ("restart", "no session to restart"),
         ("start --gather", "--gather applies to cells"),

@@ -77,6 +77,18 @@ class SessionRanks(Protocol):
         """How an interrupt reaches the ranks, for the message the user sees."""
 
     @property
+    def job_name(self) -> str | None:
+        """The cloud job the ranks run as (None for local ranks)."""
+
+    @property
+    def latency(self) -> float:
+        """Seconds the channel adds before the notebook sees interrupted ranks back."""
+
+    @property
+    def start_limit(self) -> float:
+        """Seconds every rank may take to be up and waiting."""
+
+    @property
     def finished(self) -> bool:
         """True once the launcher has exited and every event has been delivered."""
 
@@ -98,5 +110,8 @@ class SessionRanks(Protocol):
     def memory(self, pids: dict[int, int]) -> dict[int, int]:
         """{rank: resident bytes} of the given ranks, where the backend can tell (else empty)."""
 
-    def stop(self) -> None:
-        """Stop every rank now, leaving nothing running."""
+    def facts(self) -> list[str]:
+        """Lines the backend adds to ``%mpirun_session`` (a training job's status and billable time)."""
+
+    def stop(self, wait: bool = True) -> None:
+        """Stop every rank now, leaving nothing running (``wait=False``: return once the stop is under way)."""

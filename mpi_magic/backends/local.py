@@ -58,7 +58,7 @@ class LocalBackend:
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
         return self._launch(job_name, self.command(job_dir, digest), options, {})
 
-    def start_session(self, name: str, options: LaunchOptions) -> "LocalSessionRanks":
+    def start_session(self, name: str, options: LaunchOptions, config: Config | None = None) -> "LocalSessionRanks":
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
         import tempfile
@@ -261,6 +261,9 @@ class LocalSessionRanks:
     """A session's mpirun, and the channel to its rank 0."""
 
     stop_description = "SIGINT to every rank"
+    job_name = None
+    latency = 0.0
+    start_limit = 300.0
 
     def __init__(self, job: LocalJob, cells, folder: str):
         self.job, self.cells, self.folder = job, cells, folder
@@ -300,8 +303,11 @@ class LocalSessionRanks:
                 pass
         return resident
 
-    def stop(self) -> None:
-        """Every rank, mpirun and what they started, stopped; the channel closed."""
+    def facts(self) -> list[str]:
+        return []
+
+    def stop(self, wait: bool = True) -> None:
+        """Every rank, mpirun and what they started, stopped; the channel closed (at once: ``wait`` changes nothing)."""
         self.cells.close()
         if not self.job.finished:
             self.job.cancel()

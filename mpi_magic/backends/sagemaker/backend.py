@@ -20,7 +20,10 @@ from .settings import accelerators
 
 if TYPE_CHECKING:
     from ..base import Backend
-    from ...options import LaunchOptions
+    from ...options import Config, LaunchOptions
+    from .session import SageMakerSessionRanks
+
+IDLE_TIMEOUT = 1800.0  # seconds a SageMaker session may sit without a cell, unless --idle-timeout says
 
 
 class SageMakerBackend:
@@ -56,19 +59,31 @@ class SageMakerBackend:
                                    self.settings.spot)
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects) + "\n" + price
 
-    def _uploads(self, job_dir: str, job_name: str) -> list[tuple[str, bytes | str]]:
-        """(S3 URI, the bytes or a local file's path) of every file the instances read."""
+    def _uploads(self, job_dir: str | None, job_name: str) -> list[tuple[str, bytes | str]]:
+        """(S3 URI, the bytes or a local file's path) of every file the instances read; a session
+        (no ``job_dir``) has no payload yet."""
         files: list[tuple[str, str, bytes | str]] = [(CODE_CHANNEL, BOOTSTRAP, self.bootstrap),
                                                      (CODE_CHANNEL, CODE_ARCHIVE, self.archive)]
         if self.requirements:
             files.append((CODE_CHANNEL, REQUIREMENTS, self.requirements))
-        files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
+        if job_dir is not None:
+            files.append((PAYLOAD_CHANNEL, PAYLOAD_FILE, os.path.join(job_dir, PAYLOAD_FILE)))
         return [(input_uri(self.settings, job_name, channel, name), body) for channel, name, body in files]
 
-    def request(self, job_name: str, digest: str, options: LaunchOptions, token: str = "<event token>") -> dict:
+    def upload(self, s3, job_name: str, job_dir: str | None) -> None:
+        """Put every file the instances read in S3 (a session's: ``job_dir`` None)."""
+        for uri, body in self._uploads(job_dir, job_name):
+            bucket, key = split_s3(uri)
+            if isinstance(body, bytes):
+                s3.put_object(Bucket=bucket, Key=key, Body=body)
+            else:
+                s3.upload_file(body, bucket, key)
+
+    def request(self, job_name: str, digest: str, options: LaunchOptions, token: str = "<event token>",
+                session: dict[str, str] | None = None) -> dict:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.procs_per_instance, digest,
-                                       options.env, options.mpirun_args, code_digests)
+                                       options.env, options.mpirun_args, code_digests, session)
         request["Environment"][wire.TOKEN_VARIABLE] = token  # MPI_MAGIC_* reaches every rank
         validate(request)
         return request
@@ -76,13 +91,7 @@ class SageMakerBackend:
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SageMakerJob:
         token = wire.new_token()
         request = self.request(job_name, digest or "", options, token)
-        s3 = self.session.client("s3")
-        for uri, body in self._uploads(job_dir, job_name):
-            bucket, key = split_s3(uri)
-            if isinstance(body, bytes):
-                s3.put_object(Bucket=bucket, Key=key, Body=body)
-            else:
-                s3.upload_file(body, bucket, key)
+        self.upload(self.session.client("s3"), job_name, job_dir)
         job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name), token)
         job.create(request)
         try:
@@ -91,6 +100,13 @@ class SageMakerBackend:
             job.cancel()
             raise
         return job
+
+    def start_session(self, name: str, options: LaunchOptions, config: Config) -> SageMakerSessionRanks:
+        """One training job whose ranks wait for cells (``session.py``); returns once it is created."""
+        from .session import start
+
+        return start(self, name, options, options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT,
+                     config.get("heartbeat"), config.get("heartbeat_limit"), config.get("cache_dir"))
 
 
 if TYPE_CHECKING:  # read by the type checker only

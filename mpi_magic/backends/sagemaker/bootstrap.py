@@ -36,12 +36,14 @@ RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
 NOT_FORWARDED = {"SAGEMAKER_BASE_DIR", "MPI_MAGIC_SSH_AGENT", "PYTHONPATH", "MPI_MAGIC_HOST"}
-# Each rank finds its own instance's copy of the code and payload, wherever its base dir is.
+# Each rank finds its own instance's copy of the code and payload, wherever its base dir is; the
+# ranks of a session job (which names its S3 channel) wait for cells instead of running one.
 RANK_LAUNCH = (
     "import os, sys; base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml'); "
     "sys.path.insert(0, os.path.join(base, 'mpi_magic_code')); "
-    "from mpi_magic.runtime.rank import main; "
-    "sys.exit(main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % PAYLOAD_CHANNEL
+    "from mpi_magic import s3channel; from mpi_magic.runtime import rank, session; "
+    "sys.exit(session.main(['--s3']) if os.environ.get(s3channel.URI_VARIABLE) else "
+    "rank.main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % PAYLOAD_CHANNEL
 )
 
 

@@ -59,6 +59,7 @@ class SageMakerJob:
         self._token: str | None = None
         self._status = "InProgress"
         self._secondary = ""
+        self.describe_every, self.logs_every = DESCRIBE_EVERY, LOGS_EVERY  # a session paces them as it goes
         self._next_describe = 0.0
         self._next_logs = 0.0
         self._finished = False
@@ -67,6 +68,7 @@ class SageMakerJob:
         self._reported: set[int] = set()
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
+        self.described: dict = {}  # the last DescribeTrainingJob reply
 
     @property
     def _all_reported(self) -> bool:
@@ -89,11 +91,13 @@ class SageMakerJob:
             now = time.monotonic()
             try:
                 if now >= self._next_describe:
-                    self._next_describe = now + DESCRIBE_EVERY
+                    self._next_describe = now + self.describe_every
                     events += self._describe()
                 if now >= self._next_logs or self._ended_status:
-                    self._next_logs = now + LOGS_EVERY
+                    self._next_logs = now + self.logs_every
                     events += self._read_logs()
+                    if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
+                        self._next_describe = min(self._next_describe, now + 1.0)
             except (BotoCoreError, ClientError) as exc:
                 # watching failed (permissions, network, expired credentials): say so, keep the job
                 events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); retrying"))
@@ -111,8 +115,16 @@ class SageMakerJob:
             self._quiet_since = now
         return self._all_reported or self._all_relayed or now - self._quiet_since > LOG_LAG
 
+    def look_soon(self, logs: float, describe: float | None = None) -> None:
+        """Read the log within ``logs`` seconds (and describe the job within ``describe``), whatever the pace."""
+        now = time.monotonic()
+        self._next_logs = min(self._next_logs, now + logs)
+        if describe is not None:
+            self._next_describe = min(self._next_describe, now + describe)
+
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
+        self.described = described
         self._status = described["TrainingJobStatus"]
         events: list[Event] = []
         if described.get("SecondaryStatus") != self._secondary:

@@ -96,8 +96,12 @@ def _channel(name: str, uri: str) -> dict:
 
 def training_job_request(settings: CloudSettings, job_name: str, instances: int, procs_per_instance: int,
                          digest: str, env: dict[str, str], mpirun_args: Sequence[str] = (),
-                         code_digests: tuple[str, str] = ("", "")) -> dict:
-    """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels."""
+                         code_digests: tuple[str, str] = ("", ""), session: dict[str, str] | None = None) -> dict:
+    """The CreateTrainingJob request: our bootstrap as entrypoint, code and payload as channels.
+
+    A session's job (``session``: its ``s3channel`` variables) has no payload channel: its
+    cells arrive later, through S3.
+    """
     prefix = job_prefix(settings, job_name)
     environment = {
         **fabric_environment(settings.instance_type),  # the bootstrap forwards FI_* and NCCL_* to every rank
@@ -116,6 +120,7 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         "MPI_MAGIC_MASTER_ADDR": "algo-1",
         "MPI_MAGIC_MASTER_PORT": "29500",
         "MPI_MAGIC_MAX_WAIT": str(settings.max_runtime),
+        **(session or {}),
     }
     request: dict[str, Any] = {
         "TrainingJobName": job_name,
@@ -125,8 +130,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
             "TrainingInputMode": "File",
             "ContainerEntrypoint": ENTRYPOINT,
         },
-        "InputDataConfig": [_channel(CODE_CHANNEL, input_uri(settings, job_name, CODE_CHANNEL, "")),
-                            _channel(PAYLOAD_CHANNEL, input_uri(settings, job_name, PAYLOAD_CHANNEL, ""))],
+        "InputDataConfig": [_channel(CODE_CHANNEL, input_uri(settings, job_name, CODE_CHANNEL, ""))] + (
+            [] if session else [_channel(PAYLOAD_CHANNEL, input_uri(settings, job_name, PAYLOAD_CHANNEL, ""))]),
         "OutputDataConfig": {"S3OutputPath": f"{prefix}/output/"},
         "ResourceConfig": {"InstanceType": settings.instance_type, "InstanceCount": instances,
                            "VolumeSizeInGB": settings.volume_size},

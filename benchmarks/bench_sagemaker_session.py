@@ -1,0 +1,73 @@
+"""A SageMaker session on the emulated cloud (moto + mpi_magic's emulator), beside a one-off job.
+
+Measured in one run, 4 x 2 ranks by default:
+- a cold one-off cell (a new training job) from the cell's start to its result;
+- the session's start (one training job whose ranks then wait for cells);
+- a trivial cell on the idle session: median and worst of its round trips (S3 in, CloudWatch out);
+- AWS API calls per minute the notebook makes for the session while it idles, and while a cell runs
+  (the watch loop's, the heartbeat's and the cells' calls: the job's ``api_calls`` counter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from _common import shell
+
+from mpi_magic.testing.local_aws import local_aws
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--instances", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--cells", type=int, default=10)
+    parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--running-seconds", type=float, default=60)
+    args = parser.parse_args()
+    shape = f"-i {args.instances} -g {args.gpus}"
+    with local_aws() as env:
+        os.environ.update(env)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
+        ip = shell()
+        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
+                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+        started = time.monotonic()
+        ip.run_cell_magic("mpirun_remote", f"{shape} --quiet", "one_off = 1\n")
+        cold = time.monotonic() - started
+
+        started = time.monotonic()
+        ip.run_line_magic("mpirun_session", f"start {shape} --quiet --out session")
+        start = time.monotonic() - started
+        session = ip.user_ns["session"]
+        ranks = session._ranks
+        round_trips = []
+        for i in range(args.cells):
+            started = time.monotonic()
+            ip.run_cell_magic("mpirun_remote", "--quiet", f"y = {i}\n")
+            round_trips.append(time.monotonic() - started)
+            assert ip.user_ns["y"] == i
+        time.sleep(1)  # the last cell's pace has settled to idle
+        calls, started = ranks.api_calls, time.monotonic()
+        time.sleep(args.idle_seconds)
+        idle = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
+        calls, started = ranks.api_calls, time.monotonic()
+        ip.run_cell_magic("mpirun_remote", "--quiet", f"import time\ntime.sleep({args.running_seconds})\n")
+        running = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
+        ip.run_line_magic("mpirun_session", "stop")
+    print(f"sagemaker session on the emulated cloud, {args.instances} x {args.gpus} ranks:")
+    print(f"  cold one-off cell (a new training job): {cold:.1f} s")
+    print(f"  session start: {start:.1f} s")
+    print(f"  trivial cell on the idle session: median {statistics.median(round_trips):.2f} s, "
+          f"max {max(round_trips):.2f} s ({len(round_trips)} cells)")
+    print(f"  AWS API calls by the notebook: {idle:.1f} per minute idle ({args.idle_seconds:g} s), "
+          f"{running:.1f} per minute while a cell runs ({args.running_seconds:g} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""A session on SageMaker: one training job whose ranks wait for cells (``runtime/session.py``).
+
+Cells, values and results go through S3 under the job's prefix (``s3channel``: signed by a key
+only this notebook holds); the ranks' events and output come back through the leader's
+CloudWatch stream, read by the one-off jobs' watch loop (``job.SageMakerJob``), paced here so
+that an idle session costs at most 12 AWS calls a minute and a running cell at most 30.
+
+The notebook refreshes a heartbeat object; the job ends by itself when it is older than the
+heartbeat limit, after ``--idle-timeout`` without a cell, or at ``--max-runtime``. The key is
+kept in this user's private cache folder so that ``%mpirun_session attach`` can take the
+session over from a fresh kernel on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from ... import wire
+from ... import jobdir, s3channel
+from ...errors import SageMakerSetupError
+from ...events import Event, RankReady
+from ...layout import result_path, result_uri, split_s3
+from ...payload import PAYLOAD_FILE
+from .history import record_job
+from .job import SageMakerJob
+from .settings import import_boto3
+
+if TYPE_CHECKING:
+    from ..base import SessionRanks
+
+# AWS calls: idle, DescribeTrainingJob every 10 s, the log every 20 s and the heartbeat (once a minute
+# by default) make 10 a minute; while a cell runs, the log is read soon after the cell is sent, then
+# less and less often (every 4 s at most), with DescribeTrainingJob every 30 s: about 25 a minute.
+STARTING_DESCRIBE, STARTING_LOGS = 5.0, 1.0  # until every rank is up: SageMaker's phases, then the ranks
+IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
+RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
+STOPPING_DESCRIBE = 2.0
+STOP_LIMIT = 600.0  # seconds to wait for Stopped
+KEYS = "sessions"  # under the cache folder: one private key file per session started here
+
+
+def key_path(cache_dir: str, job_name: str) -> str:
+    return os.path.join(cache_dir, KEYS, f"{job_name}.key")
+
+
+def save_key(cache_dir: str, job_name: str, signer: s3channel.Signer) -> None:
+    """The session's private key, readable by this user only: what ``attach`` signs with."""
+    path = key_path(cache_dir, job_name)
+    jobdir.make_private_dirs(os.path.dirname(path))
+    with jobdir.open_private(path, "wb") as f:
+        f.write(signer.private_bytes)
+
+
+def load_key(cache_dir: str, job_name: str) -> s3channel.Signer:
+    try:
+        with open(key_path(cache_dir, job_name), "rb") as f:
+            return s3channel.Signer(f.read())
+    except FileNotFoundError:
+        raise SageMakerSetupError(
+            f"session {job_name} was not started from this machine as this user (its key is not in "
+            f"{os.path.dirname(key_path(cache_dir, job_name))}); only the notebook holding its key can run cells "
+            "on it") from None
+
+
+class SageMakerSessionRanks:
+    """A session's training job: its events through the job's watch loop, cells through S3."""
+
+    stop_description = "an interrupt signed by this notebook, through S3"
+    latency = 20.0  # seconds S3 polling and CloudWatch add before the notebook sees the ranks back
+    start_limit = 3600.0  # provisioning instances can take many minutes
+
+    def __init__(self, job: SageMakerJob, channel: s3channel.NotebookEnd, world_size: int,
+                 heartbeat_every: float, key_file: str, clock=time.monotonic):
+        self.job, self.channel, self.world_size = job, channel, world_size
+        self.key_file = key_file  # removed once the job has ended: the key signs nothing after that
+        self.name = self.job_name = job.name
+        self.heartbeat_every = heartbeat_every
+        self.clock = clock
+        self._cell = 0  # the last cell sent
+        self._sent_at: float | None = None  # while a cell runs: when it (or its interrupt) was sent
+        self._back: set[int] = set()
+        self._stop_beating = threading.Event()
+        self._beater: threading.Thread | None = None
+        self._sent_at = self.clock()  # starting counts as running: every rank reports ready to cell 0
+        self.job.describe_every, self.job.logs_every = STARTING_DESCRIBE, STARTING_LOGS
+        self._starting = True
+
+    # -- pacing -------------------------------------------------------------------------------
+
+    def _pace_idle(self) -> None:
+        self._sent_at = None
+        self.job.describe_every, self.job.logs_every = IDLE_DESCRIBE, IDLE_LOGS
+
+    def _pace_running(self) -> None:
+        self._sent_at = self.clock()
+        self.job.describe_every, self.job.logs_every = RUNNING_DESCRIBE, RUNNING_LOGS_MIN
+        self.job.look_soon(RUNNING_LOGS_MIN)
+
+    def resume(self, cells: int) -> None:
+        """Taking a session over: ``cells`` cells ran on it, and its ranks are waiting after the last."""
+        self._cell = cells
+
+    def start_heartbeat(self) -> None:
+        """Refresh the heartbeat now, then every ``heartbeat_every`` seconds, from a thread."""
+        self.channel.beat()
+        self._beater = threading.Thread(target=self._beat, name=f"mpi_magic heartbeat {self.name}", daemon=True)
+        self._beater.start()
+
+    def _beat(self) -> None:
+        while not self._stop_beating.wait(self.heartbeat_every):
+            try:
+                self.channel.beat()
+            except Exception:  # noqa: BLE001 - missed once; the limit allows for several
+                pass
+
+    # -- SessionRanks ---------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.job.finished
+
+    @property
+    def api_calls(self) -> int:
+        """AWS calls made for this session so far (the watch loop's, the heartbeat's, the cells')."""
+        return self.job.api_calls
+
+    def poll(self, timeout: float) -> list[Event]:
+        if self._sent_at is not None and not self._starting:  # a cell runs: the log is read less often the longer it runs
+            ran = self.clock() - self._sent_at
+            self.job.logs_every = min(RUNNING_LOGS_MAX, max(RUNNING_LOGS_MIN, ran / 2))
+        found = self.job.poll(timeout)
+        for event in found:
+            if isinstance(event, RankReady) and event.cell == self._cell:
+                self._back.add(event.rank)
+        if self._sent_at is not None and len(self._back) >= self.world_size:
+            self._starting = False
+            self._pace_idle()
+        return found
+
+    def connect(self) -> bool:
+        return True  # S3 needs no connection: rank 0 is there once it says it is ready
+
+    def send(self, message: dict) -> None:
+        if message["kind"] == "stop":  # the job's end is SageMaker's to say: Stopped, not Completed
+            self.job.describe_every = STOPPING_DESCRIBE
+            self.job.cancel()
+            return
+        self._cell, self._back = message["cell"], set()
+        self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE))
+        self._pace_running()
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
+        s3 = self.job.s3
+        for rank in ranks:
+            bucket, key = split_s3(result_uri(s3channel.results_uri(self.channel.uri, self._cell), rank))
+            path = result_path(job_dir, rank)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                s3.download_file(bucket, key, path)
+            except Exception:  # noqa: BLE001 - a missing result is reported when it is read
+                pass
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """One signed object: rank 0 sees it within a second and interrupts every rank."""
+        if self._cell:
+            self.channel.interrupt(self._cell)
+            self._pace_running()
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        return {}
+
+    def stop(self, wait: bool = True) -> None:
+        """StopTrainingJob; with ``wait``, until SageMaker says it ended (the session's watcher reads that)."""
+        self._stop_beating.set()
+        if self._beater is not None and self._beater is not threading.current_thread():
+            self._beater.join(timeout=10)
+        if not self.job.finished:
+            self.job.describe_every = STOPPING_DESCRIBE
+            self.job.cancel()
+        deadline = time.monotonic() + STOP_LIMIT
+        while wait and not self.job.finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.job.finished:
+            try:
+                os.remove(self.key_file)
+            except OSError:
+                pass
+
+    def facts(self) -> list[str]:
+        """What ``%mpirun_session`` adds for this backend: the job and its billable time."""
+        try:
+            described = self.job.sagemaker.describe_training_job(TrainingJobName=self.name)
+        except Exception as exc:  # noqa: BLE001 - shown instead
+            return [f"training job: {self.name} (DescribeTrainingJob failed: {type(exc).__name__}: {exc})"]
+        lines = [f"training job: {self.name}, {described['TrainingJobStatus']} ({described.get('SecondaryStatus', '')})"]
+        if "BillableTimeInSeconds" in described:
+            lines.append(f"billable time: {described['BillableTimeInSeconds']}s "
+                         f"({described['ResourceConfig']['InstanceCount']} x {described['ResourceConfig']['InstanceType']})")
+        return lines
+
+
+def start(backend, name: str, options, idle_timeout: float, heartbeat_every: float, heartbeat_limit: float,
+          cache_dir: str) -> SageMakerSessionRanks:
+    """Upload the code, create the job whose ranks wait for cells, and start the heartbeat."""
+    from .request import job_prefix, validate
+
+    settings = backend.settings
+    if heartbeat_limit <= heartbeat_every:
+        raise SageMakerSetupError(f"heartbeat_limit ({heartbeat_limit:g}s) must be longer than heartbeat "
+                                  f"({heartbeat_every:g}s), or the session would end between two heartbeats")
+    signer = s3channel.Signer()
+    uri = s3channel.session_uri(job_prefix(settings, name))
+    token = wire.new_token()
+    request = backend.request(name, "", options, token, session={
+        s3channel.URI_VARIABLE: uri, s3channel.KEY_VARIABLE: signer.public_text,
+        s3channel.HEARTBEAT_LIMIT_VARIABLE: repr(float(heartbeat_limit)),
+        s3channel.IDLE_VARIABLE: repr(float(idle_timeout)),
+    })
+    validate(request)
+    job = SageMakerJob(backend.session, name, s3channel.results_uri(uri, 0), token)
+    backend.upload(job.s3, name, None)
+    ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, name, signer),
+                                  options.world_size, heartbeat_every, key_path(cache_dir, name))
+    save_key(cache_dir, name, signer)
+    ranks.channel.beat()  # before the job exists: rank 0 finds it from its first look
+    job.create(request)
+    try:
+        record_job(name, settings.region)
+        ranks.start_heartbeat()
+    except BaseException:  # an interrupt right after creating must not leave the job running
+        ranks.stop(wait=False)
+        raise
+    return ranks
+
+
+def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: float) -> tuple[SageMakerSessionRanks, dict]:
+    """A running session started from this machine, its cells counted from S3; (ranks, facts)."""
+    boto3 = import_boto3()
+    session = boto3.session.Session(region_name=region)
+    if not session.region_name:
+        raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
+    sagemaker = session.client("sagemaker")
+    try:
+        described = sagemaker.describe_training_job(TrainingJobName=job_name)
+    except sagemaker.exceptions.ClientError as exc:
+        raise SageMakerSetupError(f"no training job {job_name!r} in {session.region_name} ({exc})") from None
+    environment = described.get("Environment", {})
+    uri = environment.get(s3channel.URI_VARIABLE)
+    if not uri:
+        raise SageMakerSetupError(f"training job {job_name!r} is not an mpi_magic session; "
+                                  f"%mpirun_attach {job_name} follows a one-off job")
+    if described["TrainingJobStatus"] != "InProgress":
+        raise SageMakerSetupError(f"session {job_name} has ended ({described['TrainingJobStatus']}"
+                                  f"{': ' + described['FailureReason'] if described.get('FailureReason') else ''}); "
+                                  "%mpirun_session start starts a new one")
+    signer = load_key(cache_dir, job_name)
+    if signer.public_text != environment.get(s3channel.KEY_VARIABLE):
+        raise SageMakerSetupError(f"the key kept here for {job_name} is not the one the session checks cells with")
+    job = SageMakerJob(session, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""))
+    instances = int(environment["MPI_MAGIC_INSTANCES"])
+    per_instance = int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"])
+    ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, job_name, signer),
+                                  instances * per_instance, heartbeat_every, key_path(cache_dir, job_name))
+    ranks.channel.beat()  # first: the session may be close to its heartbeat limit
+    cells = ranks.channel.last_cell()
+    ranks.resume(cells)
+    ranks.start_heartbeat()
+    names = set(environment.get("MPI_MAGIC_ENV_NAMES", "").split())
+    info = {"instances": instances, "procs_per_instance": per_instance, "cells": cells,
+            "env": {k: v for k, v in environment.items() if k in names}}
+    return ranks, info
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_session_ranks(ranks: SageMakerSessionRanks) -> SessionRanks:
+        return ranks

@@ -1,0 +1,327 @@
+"""How the notebook hands cells to a SageMaker session's rank 0 through S3, and how rank 0 knows
+they are the notebook's.
+
+The notebook cannot connect to the instances, so every message is an S3 object under the
+session's prefix: ``messages/<cell>.json`` (the cell to run, in order), ``interrupts/<cell>.json``
+(stop that cell), ``payloads/<cell>.bin`` (the values it sends), ``results/<cell>/rank-N.bin``
+(what comes back). Messages are signed with an Ed25519 key pair made when the session starts:
+the job definition holds only the public half, which anyone allowed to DescribeTrainingJob may
+read (an HMAC secret there would let them forge cells). Rank 0 checks the signature, the
+session's name and the cell's number before acting on a message, and a payload is unpickled only
+when its SHA-256 is the one the signed message names: whoever can write to the bucket can make
+rank 0 refuse objects, never run code.
+
+The notebook also refreshes ``heartbeat``; rank 0 ends the session when it has not changed for
+the heartbeat limit. It is not signed: forging it can only keep an idle session up until
+``--idle-timeout`` or ``--max-runtime`` ends it.
+
+Standard library when imported (the rank runtime imports it); boto3 and ``cryptography`` when
+used. ``cryptography`` is in the ``sagemaker`` extra for the notebook; on the job only rank 0
+checks signatures, so rank 0 installs it (``REQUIREMENT``) where the image lacks it
+(``ensure_verifier``): the training images do not promise it, and installing it with pip on every
+instance before the ranks start would slow every session's start for nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+
+from .channel import ChannelError
+from .layout import result_uri, split_s3
+
+URI_VARIABLE = "MPI_MAGIC_SESSION_URI"  # s3://bucket/prefix/<job>/session: where the messages are
+KEY_VARIABLE = "MPI_MAGIC_SESSION_KEY"  # the public half of the notebook's key, base64
+HEARTBEAT_LIMIT_VARIABLE = "MPI_MAGIC_HEARTBEAT_LIMIT"  # seconds without a fresh heartbeat before the job ends
+IDLE_VARIABLE = "MPI_MAGIC_IDLE_TIMEOUT"  # seconds without a cell before the job ends
+REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job where missing
+MAX_MESSAGE = 64 * 1024  # a message names a payload; anything larger is not read
+FAST_POLL, SLOW_POLL = 0.1, 1.0  # seconds between rank 0's looks for the next cell: soon after one, and later
+FAST_FOR = 60.0  # seconds after a cell during which rank 0 looks every FAST_POLL
+INTERRUPT_POLL = 0.5  # seconds between rank 0's looks for an interrupt while a cell runs
+
+
+class Refused(ValueError):
+    """An object in the session's prefix that is not the notebook's message."""
+
+
+def session_uri(job_prefix: str) -> str:
+    return f"{job_prefix}/session"
+
+
+def message_uri(uri: str, cell: int) -> str:
+    return f"{uri}/messages/{cell:08d}.json"
+
+
+def interrupt_uri(uri: str, cell: int) -> str:
+    return f"{uri}/interrupts/{cell:08d}.json"
+
+
+def payload_uri(uri: str, cell: int) -> str:
+    return f"{uri}/payloads/{cell:08d}.bin"
+
+
+def results_uri(uri: str, cell: int) -> str:
+    """Where the ranks put the results of ``cell`` (``layout.result_uri`` names each rank's key)."""
+    return f"{uri}/results/{cell:08d}"
+
+
+def heartbeat_uri(uri: str) -> str:
+    return f"{uri}/heartbeat"
+
+
+def cell_of(key: str) -> int | None:
+    """The cell number of a ``messages/`` key, None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    stem = name[:-len(".json")] if name.endswith(".json") else ""
+    return int(stem) if stem.isdigit() else None
+
+
+# -- signing (the notebook) and checking (rank 0) -----------------------------------------------
+
+class Signer:
+    """The notebook's key pair for one session; ``public_text`` goes into the job definition."""
+
+    def __init__(self, private_bytes: bytes | None = None):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self._key = (Ed25519PrivateKey.from_private_bytes(private_bytes) if private_bytes
+                     else Ed25519PrivateKey.generate())
+
+    @property
+    def private_bytes(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                       serialization.NoEncryption())
+
+    @property
+    def public_text(self) -> str:
+        from cryptography.hazmat.primitives import serialization
+
+        raw = self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    def sign(self, body: dict) -> bytes:
+        """The object to store: the body as JSON text, and the signature of exactly that text."""
+        text = json.dumps(body, sort_keys=True)
+        signature = self._key.sign(text.encode())
+        return json.dumps({"body": text, "signature": base64.b64encode(signature).decode()}).encode()
+
+
+def ensure_verifier() -> None:
+    """Rank 0 of a session job: ``cryptography`` importable, installed with pip if the image lacks it."""
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        import subprocess
+        import sys
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", REQUIREMENT], check=True)
+
+
+def open_signed(data: bytes, public_text: str) -> dict:
+    """The body of a message signed by the key whose public half is ``public_text``; ``Refused``
+    for anything else. Nothing in ``data`` is acted on before the signature checks out."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        envelope = json.loads(data)
+        text, signature = envelope["body"], base64.b64decode(envelope["signature"], validate=True)
+        if not isinstance(text, str):
+            raise TypeError("the body is not text")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Refused(f"not a signed message ({type(exc).__name__})") from None
+    try:
+        Ed25519PublicKey.from_public_bytes(base64.b64decode(public_text)).verify(signature, text.encode())
+    except InvalidSignature:
+        raise Refused("not signed by the notebook's key") from None
+    body = json.loads(text)
+    if not isinstance(body, dict):
+        raise Refused("a signed message that is not an object")
+    return body
+
+
+# -- the notebook's end ---------------------------------------------------------------------------
+
+class NotebookEnd:
+    """Writes the notebook's messages, payloads and heartbeat with ``s3`` (the job's client, so
+    that every call is counted with the job's)."""
+
+    def __init__(self, s3, uri: str, job_name: str, signer: Signer):
+        self.s3, self.uri, self.job_name, self.signer = s3, uri, job_name, signer
+
+    def _put(self, uri: str, body: bytes) -> None:
+        bucket, key = split_s3(uri)
+        self.s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+    def send_cell(self, cell: int, payload_path: str) -> None:
+        """The payload first, then the message naming its digest: rank 0 never sees one without the other."""
+        from .payload import file_digest
+
+        bucket, key = split_s3(payload_uri(self.uri, cell))
+        self.s3.upload_file(payload_path, bucket, key)
+        body = {"kind": "cell", "cell": cell, "job": self.job_name, "sha256": file_digest(payload_path)}
+        self._put(message_uri(self.uri, cell), self.signer.sign(body))
+
+    def interrupt(self, cell: int) -> None:
+        body = {"kind": "interrupt", "cell": cell, "job": self.job_name}
+        self._put(interrupt_uri(self.uri, cell), self.signer.sign(body))
+
+    def beat(self) -> None:
+        self._put(heartbeat_uri(self.uri), str(time.time()).encode())
+
+    def last_cell(self) -> int:
+        """The number of the last cell this key sent (0: none), from the messages in S3; an object
+        not signed by this key (someone else's) does not count."""
+        bucket, prefix = split_s3(f"{self.uri}/messages/")
+        numbers = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            numbers += [n for n in (cell_of(item["Key"]) for item in page.get("Contents", [])) if n is not None]
+        for number in sorted(numbers, reverse=True):
+            data = self.s3.get_object(Bucket=bucket, Key=f"{prefix}{number:08d}.json")["Body"].read(MAX_MESSAGE)
+            try:
+                body = open_signed(data, self.signer.public_text)
+            except Refused:
+                continue
+            if body.get("cell") == number and body.get("job") == self.job_name:
+                return number
+        return 0
+
+
+# -- rank 0's end -----------------------------------------------------------------------------------
+
+class RankEnd:
+    """Rank 0's end: waits for the next cell's message, checks the heartbeat, looks for interrupts.
+
+    ``receive`` has the contract of ``channel.RankEnd.receive``: the next message, None after
+    ``timeout`` seconds without one, ``ChannelError`` once the notebook is gone (its heartbeat
+    stopped). A refused object is said on stderr (it reaches the job's log) once per version.
+    """
+
+    def __init__(self, uri: str, public_text: str, heartbeat_limit: float | None, job_name: str,
+                 say=None, clock=time.monotonic):
+        import boto3
+
+        self.uri, self.public_text, self.job_name = uri, public_text, job_name
+        self.heartbeat_limit = heartbeat_limit
+        self.s3 = boto3.client("s3")
+        self.bucket, _ = split_s3(uri)
+        self.next_cell = 1
+        self.clock = clock
+        self._say = say or (lambda text: None)
+        self._last_message_at = clock()
+        self._refused: dict[str, str] = {}  # key -> ETag already refused
+        self._beat: tuple[str, float] | None = None  # (ETag, when this rank first saw it)
+        self._beat_checked = 0.0
+        self._complained_at = -60.0
+
+    def _get(self, uri: str) -> tuple[bytes, str] | None:
+        """(the object's first bytes, its ETag), None when there is none."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        try:
+            reply = self.s3.get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        with reply["Body"] as body:
+            return body.read(MAX_MESSAGE + 1), reply.get("ETag", "")
+
+    def _checked(self, uri: str, kind: str, cell: int) -> dict | None:
+        """The notebook's message at ``uri``, or None (absent, or refused and said so)."""
+        found = self._get(uri)
+        if found is None:
+            return None
+        data, etag = found
+        if self._refused.get(uri) == etag:
+            return None
+        try:
+            if len(data) > MAX_MESSAGE:
+                raise Refused(f"larger than {MAX_MESSAGE} bytes")
+            body = open_signed(data, self.public_text)
+            if (body.get("kind"), body.get("cell"), body.get("job")) != (kind, cell, self.job_name):
+                raise Refused(f"signed, but not {kind} {cell} of {self.job_name}")
+        except Refused as exc:
+            self._refused[uri] = etag
+            self._say(f"mpi_magic session: refused {uri}: {exc}; it was not run")
+            return None
+        return body
+
+    def receive(self, timeout: float | None) -> dict | None:
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            try:
+                message = self._checked(message_uri(self.uri, self.next_cell), "cell", self.next_cell)
+            except Exception as exc:  # noqa: BLE001 - S3 refused or unreachable for a while: look again
+                self._complain(f"could not read the next cell ({type(exc).__name__}: {exc}); trying again")
+                message = None
+            if message is not None:
+                self.next_cell += 1
+                self._last_message_at = self.clock()
+                return message
+            self._check_heartbeat()
+            now = self.clock()
+            if deadline is not None and now >= deadline:
+                return None
+            nap = FAST_POLL if now - self._last_message_at < FAST_FOR else SLOW_POLL
+            time.sleep(nap if deadline is None else max(0.0, min(nap, deadline - now)))
+            if deadline is not None and self.clock() >= deadline:
+                return None
+
+    def _complain(self, text: str) -> None:
+        """Say a trouble once a minute at most: the job's log should not fill with one failure."""
+        now = self.clock()
+        if now - self._complained_at > 60:
+            self._complained_at = now
+            self._say("mpi_magic session: " + text)
+
+    def cell_ended(self) -> None:
+        """The idle time (and the fast polling after a cell) counts from the end of a cell."""
+        self._last_message_at = self.clock()
+
+    def _check_heartbeat(self) -> None:
+        limit = self.heartbeat_limit
+        now = self.clock()
+        if not limit or now - self._beat_checked < min(5.0, limit / 4):
+            return
+        self._beat_checked = now
+        bucket, key = split_s3(heartbeat_uri(self.uri))
+        try:
+            etag = self.s3.head_object(Bucket=bucket, Key=key).get("ETag", "")
+        except Exception as exc:  # noqa: BLE001 - gone or unreadable: it is not being refreshed
+            self._complain(f"could not read the heartbeat ({type(exc).__name__}: {exc})")
+            etag = ""
+        if self._beat is None or self._beat[0] != etag:
+            self._beat = (etag, now)
+        elif now - self._beat[1] > limit:
+            raise ChannelError(f"the notebook's heartbeat stopped: not refreshed for {limit:g}s")
+
+    def interrupted(self, cell: int) -> bool:
+        """True when the notebook asked to interrupt ``cell``."""
+        return self._checked(interrupt_uri(self.uri, cell), "interrupt", cell) is not None
+
+    def fetch_payload(self, cell: int, sha256: str, folder: str) -> str:
+        """The payload of ``cell`` in ``folder``, checked against the signed digest before anyone reads it."""
+        from .errors import PayloadError
+        from .payload import PAYLOAD_FILE, file_digest
+
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, PAYLOAD_FILE)
+        bucket, key = split_s3(payload_uri(self.uri, cell))
+        self.s3.download_file(bucket, key, path)
+        found = file_digest(path)
+        if found != sha256:
+            os.remove(path)
+            raise PayloadError(f"s3://{bucket}/{key} is not the payload the notebook signed (expected "
+                               f"{sha256[:12]}..., found {found[:12]}...); it was changed in S3, so it is not loaded")
+        return path
+
+    def upload_result(self, path: str, cell: int, rank: int) -> None:
+        bucket, key = split_s3(result_uri(results_uri(self.uri, cell), rank))
+        self.s3.upload_file(path, bucket, key)

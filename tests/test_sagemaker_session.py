@@ -1,0 +1,258 @@
+"""Sessions on SageMaker over real HTTP: unchanged boto3 against a moto server (S3, CloudWatch
+Logs) and mpi_magic's SageMaker emulator, which runs the session's training job until it is
+stopped or ends itself. One server of each for the module (``local_aws_env``); each test keeps
+to its own S3 prefix and its own jobs."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+
+import mpi_magic
+from mpi_magic import events, payload, s3channel, wire
+from mpi_magic.errors import RemoteRankError
+
+BUCKET = "mpi-magic-session-tests"
+ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+@pytest.fixture
+def aws(local_aws_env, monkeypatch):
+    """boto3, pointed at the module's moto server and SageMaker emulator on loopback."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in local_aws_env.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    s3 = boto3.client("s3")
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    return boto3
+
+
+@pytest.fixture
+def settings(tmp_path) -> dict[str, str]:
+    """The MPI_MAGIC_* settings of this test's sessions (its own S3 prefix), small safeguard limits."""
+    return {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
+            "MPI_MAGIC_IMAGE_URI": "local/emulated", "MPI_MAGIC_ROLE": ROLE,
+            "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs/{tmp_path.name}", "MPI_MAGIC_HEARTBEAT": "1",
+            "MPI_MAGIC_HEARTBEAT_LIMIT": "60"}
+
+
+@pytest.fixture
+def sessions(ip, aws, settings, monkeypatch):
+    """The shell on the rehearsal cloud, with whatever session a test starts stopped at its end."""
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    magics = ip.magics_manager.registry["MpiMagics"]
+    magics.session = None
+    yield ip
+    if magics.session is not None:
+        magics.session.stop()
+        magics.session = None
+
+
+def start(ip, line: str):
+    ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
+    return ip.user_ns["s"]
+
+
+def run(ip, line: str, cell: str):
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
+def described(aws, job_name: str) -> dict:
+    return aws.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+
+
+def leader_log(aws, job_name: str) -> list[str]:
+    logs = aws.client("logs")
+    streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")
+    name = streams["logStreams"][0]["logStreamName"]
+    lines, token = [], None
+    while True:
+        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=name,
+                                    **({"nextToken": token} if token else {"startFromHead": True}))
+        lines += [e["message"] for e in reply["events"]]
+        if not reply["events"] or reply["nextForwardToken"] == token:
+            return lines
+        token = reply["nextForwardToken"]
+
+
+def wait_until(check, limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(sessions, aws, capsys):
+    ip = sessions
+    s = start(ip, "-i 4 -g 2")
+    assert (s.status, s.world_size, s.backend, s.job_name) == ("idle", 8, "sagemaker", s.name)
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
+    pids = {r.pid for r in s.ranks}
+    run(ip, "--quiet", "import mpi_magic, os\ncounter = 10 * mpi_magic.rank()")
+    ip.user_ns["weights"] = np.arange(200_000, dtype=np.float64)  # 1.6 MB
+    run(ip, "--quiet", "counter += 1\nfirst = float(weights.sum())")
+    sent = s.bytes_sent
+    run(ip, "--quiet --gather", "seen = (counter, float(weights[-1]), os.getpid(), os.environ['SAGEMAKER_BASE_DIR'][-6:])")
+    assert ip.user_ns["seen"] == [(10 * r + 1, 199_999.0, ip.user_ns["seen"][r][2], f"algo-{r // 2 + 1}")
+                                  for r in range(8)]
+    assert {seen[2] for seen in ip.user_ns["seen"]} == pids, "the same processes ran every cell"
+    assert ip.user_ns["first"] == float(ip.user_ns["weights"].sum())
+    assert s.bytes_sent == sent and s.cells == 3
+    s3 = aws.client("s3")
+    prefix = s3channel.session_uri(f"jobs/{s.job_name}")  # under this test's s3_root
+    sizes = {o["Key"].rsplit("/", 1)[1]: o["Size"] for o in
+             s3.list_objects_v2(Bucket=BUCKET, Prefix=os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1])["Contents"]
+             if "/payloads/" in o["Key"]}
+    assert sizes["00000002.bin"] > 1_600_000 > sizes["00000003.bin"], "the weights crossed S3 once"
+    assert prefix  # the layout's owner names it
+
+    with pytest.raises(UsageError, match=f"this cell asks for --instance-type ml.g5.xlarge, but session {s.name} runs"):
+        run(ip, "--instance-type ml.g5.xlarge", "x = 1")  # its job has its instances already
+    run(ip, "--quiet --instance-type ml.m5.xlarge", "same_type = 1")  # the session's own: fine
+
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_session", "")
+    shown = capsys.readouterr().out
+    assert f"session {s.name}: sagemaker, 4 x 2 = 8 ranks, idle" in shown
+    assert f"training job: {s.job_name}, InProgress (Training)" in shown
+    assert "billable time: " in shown and "ranks alive: 8/8, cells run: 4, idle for:" in shown
+    ip.run_line_magic("mpirun_session", "stop")
+    shown = capsys.readouterr().out
+    assert "stopped: 4 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
+    assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
+
+
+def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(sessions, aws, tmp_path, capsys):
+    ip = sessions
+    s = start(ip, "-i 2 -g 1")
+    run(ip, "--quiet", "import mpi_magic\nkept = 'state'")
+    with pytest.raises(RemoteRankError) as raised:
+        run(ip, "--quiet", "if mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
+    assert raised.value.failures[0].rank == 1 and "bad input on 1" in str(raised.value)
+    assert s.status == "idle", "a failure every rank got back from keeps the session"
+
+    # Someone who may write to the bucket puts the next cell there, signed by a key of their own.
+    marker = tmp_path / "forged-cell-ran"
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    digest = payload.write(str(forged / payload.PAYLOAD_FILE), [],
+                           {"source": f"open({str(marker)!r}, 'w').write('ran')\n", "returns": [], "gather": False,
+                            "display": False})
+    root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
+    uri = s3channel.session_uri(f"s3://{BUCKET}/{root}/{s.job_name}")
+    intruder = s3channel.NotebookEnd(aws.client("s3"), uri, s.job_name, s3channel.Signer())
+    assert digest
+    intruder.send_cell(3, str(forged / payload.PAYLOAD_FILE))
+    assert wait_until(lambda: any("refused" in line for line in leader_log(aws, s.job_name)), 20)
+    refusal = [line for line in leader_log(aws, s.job_name) if "refused" in line]
+    assert f"refused {s3channel.message_uri(uri, 3)}: not signed by the notebook's key; it was not run" in refusal[0]
+    run(ip, "--quiet --out job", "third = kept")  # the notebook's own cell 3 takes the place of the forged one
+    assert ip.user_ns["third"] == "state" and not marker.exists()
+    shown = s.said_between_cells() + ip.user_ns["job"].logs(0).splitlines()  # read before the cell, or with it
+    assert any("not signed by the notebook's key; it was not run" in line for line in shown)
+
+    def interrupt_when_running():
+        wait_until(lambda: s.status == "running", 30)
+        time.sleep(2)
+        _thread.interrupt_main()
+
+    thread = threading.Thread(target=interrupt_when_running)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(ip, "--quiet", "import time\ncaught = True\nif mpi_magic.rank() == 1:  # rank 0 is back at once\n"
+                               "    caught = False\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n"
+                               "        caught = True\n        raise")
+    finally:
+        thread.join()
+    assert s.status == "idle" and described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
+    assert "interrupted on every rank; session" in capsys.readouterr().err
+    run(ip, "--quiet --gather", "back = (kept, caught)")
+    assert ip.user_ns["back"] == [("state", True)] * 2
+
+    with pytest.raises(mpi_magic.MpiMagicError):
+        run(ip, "--quiet", "import os\nif mpi_magic.rank() == 1:\n    os._exit(3)\nimport time\ntime.sleep(30)")
+    assert s.status == "stopped" and s.ended_reason
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "Failed"
+
+
+def test_an_idle_session_ends_itself(sessions, aws):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2 --idle-timeout 2")
+    assert wait_until(lambda: s.status == "stopped", 40)
+    assert "idle for 2s (--idle-timeout)" in s.ended_reason
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "Completed"
+
+
+def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, settings, local_aws_env, tmp_path):
+    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"),
+           "MPI_MAGIC_HEARTBEAT_LIMIT": "8"}
+    shell = ("from IPython.core.interactiveshell import InteractiveShell\n"
+             "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n")
+    first = shell + (
+        "ip.run_line_magic('mpirun_session', 'start -i 2 -g 1 --detach --out s --quiet')\n"
+        "ip.run_cell_magic('mpirun_remote', '--quiet', 'import mpi_magic\\nx = 40 + mpi_magic.rank()')\n"
+        "print('JOB', ip.user_ns['s'].job_name, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    job_name = out.stdout.split("JOB ")[1].split()[0]
+    assert described(aws, job_name)["TrainingJobStatus"] == "InProgress", "--detach: the job outlived its kernel"
+    second = shell + (
+        "import os, signal\n"
+        f"ip.run_line_magic('mpirun_session', 'attach {job_name} --out s --quiet')\n"
+        "ip.run_cell_magic('mpirun_remote', '--quiet --gather', 'y = x + 1')\n"
+        "print('RESULT', ip.user_ns['y'], ip.user_ns['s'].cells, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"  # the kernel dies: no atexit, no more heartbeats
+    )
+    out = subprocess.run([sys.executable, "-c", second], capture_output=True, text=True, env=env, timeout=120)
+    assert "RESULT [41, 42] 2" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == -signal.SIGKILL
+    assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] != "InProgress", 40)
+    assert described(aws, job_name)["TrainingJobStatus"] == "Completed"
+    decoder = events.StreamDecoder(described(aws, job_name)["Environment"][wire.TOKEN_VARIABLE])
+    closing = [e for line in leader_log(aws, job_name) for e in decoder.feed(line)
+               if isinstance(e, events.SessionClosing)]
+    assert "the notebook's heartbeat stopped: not refreshed for 8s" in closing[0].reason
+
+
+def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, settings, local_aws_env, tmp_path):
+    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
+    script = ("from IPython.core.interactiveshell import InteractiveShell\n"
+              "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
+              "ip.run_line_magic('mpirun_session', 'start -i 1 -g 1 --out s --quiet')\n"
+              "print('JOB', ip.user_ns['s'].job_name, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    job_name = out.stdout.split("JOB ")[1].split()[0]
+    assert described(aws, job_name)["TrainingJobStatus"] in ("Stopping", "Stopped"), "StopTrainingJob at exit"
+    assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30)
+
+
+def test_what_cannot_start_or_be_taken_over_is_one_sentence(sessions, aws, monkeypatch):
+    ip = sessions
+    monkeypatch.setenv("MPI_MAGIC_HEARTBEAT_LIMIT", "1")
+    with pytest.raises(mpi_magic.MpiMagicError, match=r"heartbeat_limit \(1s\) must be longer than heartbeat \(1s\)"):
+        ip.run_line_magic("mpirun_session", "start -i 1 -g 1")
+    root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
+    assert "Contents" not in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=root), "nothing uploaded"
+    with pytest.raises(mpi_magic.MpiMagicError, match="no training job 'no-such-session'") as refused:
+        ip.run_line_magic("mpirun_session", "attach no-such-session")
+    assert "\n" not in str(refused.value)
