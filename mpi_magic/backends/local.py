@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import psutil
 
@@ -127,9 +127,10 @@ class LocalJob:
         self._checked_at = 0.0
         self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
+        command, preexec = _dying_with_notebook(argv)
         self.process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
         )
         self.pid = self.process.pid
         self.started = psutil.Process(self.pid).create_time()
@@ -326,6 +327,16 @@ def _alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _dying_with_notebook(argv: list[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The command and preexec function that start ``argv`` so that it gets SIGTERM when the
+    notebook process dies. util-linux's setpriv sets that signal and execs the command, so Python
+    need not fork the notebook's whole memory for a preexec function (about 6 ms per launch)."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    if setpriv:
+        return [setpriv, "--pdeathsig", "TERM", *argv], None
+    return argv, _die_with_parent
 
 
 def _die_with_parent() -> None:
