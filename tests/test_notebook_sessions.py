@@ -36,11 +36,12 @@ def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, loca
 
     on_sagemaker = dict(shown[len(local):])
     started = on_sagemaker["%mpirun_session start --backend sagemaker -i 2 -g 2 --idle-timeout 1800 --out cloud"]
-    assert "SageMaker: Training" in started and "4 ranks ready in" in started
+    # SageMaker's phases as the job passes them (which ones are seen depends on when it is asked)
+    assert "SageMaker: " in started and "4 ranks ready in" in started
     assert "[3. 3. 3. 3. 3. 3. 3. 3.]" in on_sagemaker["print(cloud_mean.round(1))"]
     job_name = re.search(r"training job: (session-\S+), InProgress \(Training\)", on_sagemaker["%mpirun_session"])[1]
     assert "sagemaker, 2 x 2 = 4 ranks, idle" in on_sagemaker["%mpirun_session"]
-    assert "billable time: " in on_sagemaker["%mpirun_session"]
+    assert "billable instance time: " in on_sagemaker["%mpirun_session"]
     assert f"training job: {job_name}, Stopped" in on_sagemaker["%mpirun_session stop"]
     sagemaker = boto3.client("sagemaker", region_name=cloud["AWS_DEFAULT_REGION"],
                              endpoint_url=cloud["AWS_ENDPOINT_URL_SAGEMAKER"], aws_access_key_id="testing",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from IPython.core.error import UsageError
 
 import mpi_magic
 from mpi_magic import events, payload, s3channel, wire
+from mpi_magic.backends.sagemaker.pricing import PRICES
+from mpi_magic.cost import dollars
 from mpi_magic.errors import RemoteRankError
 
 BUCKET = "mpi-magic-session-tests"
@@ -132,7 +135,11 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(s
     shown = capsys.readouterr().out
     assert f"session {s.name}: sagemaker, 4 x 2 = 8 ranks, idle" in shown
     assert f"training job: {s.job_name}, InProgress (Training)" in shown
-    assert "billable time: " in shown and "ranks alive: 8/8, cells run: 4, idle for:" in shown
+    assert "ranks alive: 8/8, cells run: 4, idle for:" in shown
+    # the instance time billed so far, at the shipped table's price (rounded to the second shown)
+    billed = re.search(r"billable instance time: (\d+)s \(4 x ml.m5.xlarge\), about (\S+)", shown)
+    hourly = PRICES[aws.session.Session().region_name]["ml.m5.xlarge"]
+    assert billed and billed[2] in {dollars(hourly * (int(billed[1]) + d) / 3600) for d in (-1, 0, 1)}
     ip.run_line_magic("mpirun_session", "stop")
     shown = capsys.readouterr().out
     assert "stopped: 4 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown

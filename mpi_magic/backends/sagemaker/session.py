@@ -18,14 +18,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from ... import wire
-from ... import jobdir, s3channel
+from ... import jobdir, s3channel, wire
+from ...cost import estimate
 from ...errors import SageMakerSetupError
 from ...events import Event, RankReady
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE
 from .history import record_job
-from .job import SageMakerJob
+from .job import SageMakerJob, billing_of
 from .settings import import_boto3
 
 if TYPE_CHECKING:
@@ -190,15 +190,19 @@ class SageMakerSessionRanks:
                 pass
 
     def facts(self) -> list[str]:
-        """What ``%mpirun_session`` adds for this backend: the job and its billable time."""
+        """What ``%mpirun_session`` adds for this backend: the job, its billable instance time so far
+        and what that costs at the shipped list prices."""
         try:
             described = self.job.sagemaker.describe_training_job(TrainingJobName=self.name)
         except Exception as exc:  # noqa: BLE001 - shown instead
             return [f"training job: {self.name} (DescribeTrainingJob failed: {type(exc).__name__}: {exc})"]
         lines = [f"training job: {self.name}, {described['TrainingJobStatus']} ({described.get('SecondaryStatus', '')})"]
-        if "BillableTimeInSeconds" in described:
-            lines.append(f"billable time: {described['BillableTimeInSeconds']}s "
-                         f"({described['ResourceConfig']['InstanceCount']} x {described['ResourceConfig']['InstanceType']})")
+        billing = billing_of(described, self.job.region)
+        if billing is not None:
+            spent = estimate(billing.hourly_price, billing.instance_seconds, billing.spot)
+            config = described["ResourceConfig"]
+            lines.append(f"billable instance time: {billing.instance_seconds:.0f}s ({config['InstanceCount']} x "
+                         f"{config['InstanceType']}), {spent or 'cost unknown (no list price in the shipped table)'}")
         return lines
 
 
