@@ -63,6 +63,23 @@ def local_aws_env(tmp_path_factory):
             _MODULE_ROOTS.discard(root)
 
 
+@pytest.fixture
+def aws(local_aws_env, monkeypatch):
+    """boto3, pointed at the module's moto server and SageMaker emulator on loopback, with the tests' bucket."""
+    from helpers import BUCKET
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in local_aws_env.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    s3 = boto3.client("s3")
+    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket=BUCKET)
+    return boto3
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 

@@ -6,6 +6,9 @@ import contextlib
 import threading
 import time
 
+BUCKET = "mpi-magic-tests"  # on each test module's own moto server (the ``aws`` fixture)
+ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
+
 
 @contextlib.contextmanager
 def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):

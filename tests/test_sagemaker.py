@@ -11,27 +11,9 @@ import re
 import time
 
 import pytest
-from helpers import once_running
+from helpers import BUCKET, ROLE, once_running
 
 import mpi_magic
-
-BUCKET = "mpi-magic-tests"
-ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
-
-
-@pytest.fixture
-def aws(local_aws_env, monkeypatch):
-    """boto3, pointed at the module's moto server and SageMaker emulator on loopback."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in local_aws_env.items():
-        monkeypatch.setenv(name, value)
-    import boto3
-
-    s3 = boto3.client("s3")
-    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket=BUCKET)
-    return boto3
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import BUCKET, ROLE
 from IPython.core.error import UsageError
 
 import mpi_magic
@@ -24,24 +25,7 @@ from mpi_magic.backends.sagemaker.pricing import PRICES
 from mpi_magic.cost import dollars
 from mpi_magic.errors import RemoteRankError
 
-BUCKET = "mpi-magic-session-tests"
-ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-
-
-@pytest.fixture
-def aws(local_aws_env, monkeypatch):
-    """boto3, pointed at the module's moto server and SageMaker emulator on loopback."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in local_aws_env.items():
-        monkeypatch.setenv(name, value)
-    import boto3
-
-    s3 = boto3.client("s3")
-    if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket=BUCKET)
-    return boto3
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name.""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import SageMakerSetupError
 from ... import wire
@@ -233,17 +233,22 @@ def _epoch(value) -> float:
     return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
 
-def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
-    """An existing job (started by any notebook), with what is needed to follow it to its end."""
+def described_job(name: str, region: str | None) -> tuple[Any, dict]:
+    """(boto3 session, DescribeTrainingJob reply) of an existing job; one sentence when there is none."""
     boto3 = import_boto3()
     session = boto3.session.Session(region_name=region)
     if not session.region_name:
         raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
     sagemaker = session.client("sagemaker")
     try:
-        described = sagemaker.describe_training_job(TrainingJobName=name)
+        return session, sagemaker.describe_training_job(TrainingJobName=name)
     except sagemaker.exceptions.ClientError as exc:
         raise SageMakerSetupError(f"no training job {name!r} in {session.region_name} ({exc})") from None
+
+
+def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
+    """An existing job (started by any notebook), with what is needed to follow it to its end."""
+    session, described = described_job(name, region)
     environment = described.get("Environment", {})
     if "MPI_MAGIC_RESULTS_URI" not in environment:
         raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")

@@ -25,8 +25,7 @@ from ...events import Event, RankReady
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE
 from .history import record_job
-from .job import SageMakerJob, billing_of
-from .settings import import_boto3
+from .job import SageMakerJob, billing_of, described_job
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -242,15 +241,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
 
 def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: float) -> tuple[SageMakerSessionRanks, dict]:
     """A running session started from this machine, its cells counted from S3; (ranks, facts)."""
-    boto3 = import_boto3()
-    session = boto3.session.Session(region_name=region)
-    if not session.region_name:
-        raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
-    sagemaker = session.client("sagemaker")
-    try:
-        described = sagemaker.describe_training_job(TrainingJobName=job_name)
-    except sagemaker.exceptions.ClientError as exc:
-        raise SageMakerSetupError(f"no training job {job_name!r} in {session.region_name} ({exc})") from None
+    session, described = described_job(job_name, region)
     environment = described.get("Environment", {})
     uri = environment.get(s3channel.URI_VARIABLE)
     if not uri:
