@@ -12,6 +12,7 @@ down and says so. No IPython in here.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import queue
 import threading
 import time
@@ -74,6 +75,7 @@ class Session:
         self._ready: dict[int, int] = {}  # rank -> the cell it finished last (0: up and waiting)
         self._cell: SessionCell | None = None
         self._exit: events.LauncherExited | None = None
+        self._billing: tuple[events.Billing, float] | None = None  # the latest and when it came, for each cell's view
         self._model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
         self._pump_thread: threading.Thread | None = None
         self._closing = ""  # the reason rank 0 gave when it ended the session
@@ -266,6 +268,8 @@ class Session:
             elif isinstance(event, events.LauncherExited):
                 self._exit = event
                 self._lock.notify_all()
+            elif isinstance(event, events.Billing):
+                self._billing = event, self.clock()
             cell = self._cell
         if cell is not None:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
@@ -305,6 +309,12 @@ class Session:
         with self._lock:
             self._cell = cell
             self._status = "running"
+            if self._billing is not None:  # the instance time billed so far shows from the cell's start
+                billing, at = self._billing
+                if billing.running:
+                    billed = billing.instance_seconds + billing.instances * (self.clock() - at)
+                    billing = dataclasses.replace(billing, instance_seconds=billed)
+                cell.queue.put(billing)
         try:
             ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
         except OSError as exc:

@@ -124,9 +124,11 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(s
     billed = re.search(r"billable instance time: (\d+)s \(4 x ml.m5.xlarge\), about (\S+)", shown)
     hourly = PRICES[aws.session.Session().region_name]["ml.m5.xlarge"]
     assert billed and billed[2] in {dollars(hourly * (int(billed[1]) + d) / 3600) for d in (-1, 0, 1)}
+    run(ip, "--quiet --out job", "y = 1")  # a short cell's view starts from what has been billed so far
+    assert ip.user_ns["job"].model.billable_seconds() >= int(billed[1])
     ip.run_line_magic("mpirun_session", "stop")
     shown = capsys.readouterr().out
-    assert "stopped: 4 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
+    assert "stopped: 5 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
