@@ -85,7 +85,13 @@ class Signer:
     """The notebook's key pair for one session; ``public_text`` goes into the job definition."""
 
     def __init__(self, private_bytes: bytes | None = None):
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        try:
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        except ImportError:
+            from .errors import BackendNotAvailable
+
+            raise BackendNotAvailable("a SageMaker session signs its cells with the cryptography package, which is "
+                                      "not installed: pip install 'mpi-magic[sagemaker]'") from None
 
         self._key = (Ed25519PrivateKey.from_private_bytes(private_bytes) if private_bytes
                      else Ed25519PrivateKey.generate())

@@ -190,11 +190,15 @@ class Session:
         ``detach``, the session outlives this Python (a SageMaker job, until its heartbeat limit)."""
         self._ranks = ranks
         self._say = say
-        self.job_dir = jobdir.create(self.cache_dir, self.name, reuse=attached)
-        jobdir.record(self.job_dir, name=self.name, backend=self.backend, world_size=self.world_size,
-                      instances=self.instances, procs_per_instance=self.procs_per_instance, status="running",
-                      session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
-                      launcher_started=getattr(ranks, "started", None))
+        try:
+            self.job_dir = jobdir.create(self.cache_dir, self.name, reuse=attached)
+            jobdir.record(self.job_dir, name=self.name, backend=self.backend, world_size=self.world_size,
+                          instances=self.instances, procs_per_instance=self.procs_per_instance, status="running",
+                          session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
+                          launcher_started=getattr(ranks, "started", None))
+        except BaseException:  # the ranks (a training job) are up already: nothing may keep running unowned
+            ranks.stop(wait=False)
+            raise
         self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
         self._pump_thread.start()
         if not detach:

@@ -351,6 +351,13 @@ def test_mpirun_keeps_to_the_network_sagemaker_names(tmp_path, monkeypatch, vers
     assert argv.count("btl_tcp_if_include") == 1 and argv.count(daemons[1]) == 1
     assert argv[argv.index("NCCL_SOCKET_IFNAME") - 1] == "-x"  # forwarded as the job set it
 
+    # an exclude is the job's choice too (Open MPI refuses an include beside it), in --mpirun-args or the environment
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", "--mca btl_tcp_if_exclude docker0")
+    monkeypatch.setenv("OMPI_MCA_oob_tcp_if_exclude" if daemons[1].startswith("oob") else "PRTE_MCA_prte_if_exclude",
+                       "docker0")
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    assert "btl_tcp_if_include" not in argv and daemons[1] not in argv
+
 
 def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
     from mpi_magic.testing.sagemaker_emulator import network_interface

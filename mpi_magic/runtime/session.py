@@ -40,7 +40,10 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     cells: LocalCells | S3Cells
     if "--s3" in argv:
-        cells = S3Cells(place, comm)
+        try:
+            cells = S3Cells(place, comm)
+        except BaseException as exc:  # noqa: BLE001 - reported; without MPI's finalize the launcher stops the rest
+            one_off._fail(emitter, reporter, exc)
         idle_timeout = cells.idle_timeout
     else:
         cells = LocalCells(argv[argv.index("--session") + 1], secret, place)
@@ -137,11 +140,21 @@ class S3Cells:
         folder = os.path.join(self.base, f"cell-{message['cell']}")
         error = None
         if self.place.local_rank == 0:
+            import shutil
+
+            # every rank is past the cells before (the notebook sends a cell once all are back): their
+            # payloads go, or a long session would fill the volume; values mapped from them stay readable
+            for earlier in os.listdir(self.base) if os.path.isdir(self.base) else []:
+                shutil.rmtree(os.path.join(self.base, earlier), ignore_errors=True)
             try:
                 self.end.fetch_payload(message["cell"], message["sha256"], folder)
             except Exception as exc:  # noqa: BLE001 - every rank of the instance reports it
                 error = f"{type(exc).__name__}: {exc}"
         error = self.instance.bcast(error, root=0)
+        # every rank fails the cell if any instance could not fetch it: ranks that ran it alone would
+        # wait in its collectives for ranks that went back to waiting
+        if self.comm.allreduce(error is not None):
+            error = error or "another instance could not fetch it"
         if error is not None:
             from ..errors import PayloadError  # only when it is raised: see payload._refused
 

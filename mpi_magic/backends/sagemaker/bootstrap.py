@@ -226,12 +226,14 @@ def network_args(major, interface, user_args=()):
     EFA devices) Open MPI may otherwise pick one the other hosts cannot reach, and hang.
     Open MPI 5's daemons are PRRTE's, where the out-of-band setting is ``prte_if_include``
     (``oob_tcp_if_include`` survives there only as a deprecated synonym). A parameter the user's
-    --mpirun-args set is theirs: Open MPI refuses one given twice."""
+    --mpirun-args or the environment (``OMPI_MCA_*``, ``PRTE_MCA_*``) set is theirs, an exclude as much
+    as an include: Open MPI refuses one given twice, and an include beside an exclude."""
     daemons = ["--prtemca", "prte_if_include"] if major >= 5 else ["--mca", "oob_tcp_if_include"]
+    theirs = [*user_args, *(name.lower() for name in os.environ if name.startswith(("OMPI_MCA_", "PRTE_MCA_")))]
     args = []
-    for flag_and_name, theirs in ((["--mca", "btl_tcp_if_include"], ("btl_tcp_if_include",)),
-                                  (daemons, ("oob_tcp_if_include", "prte_if_include"))):
-        if not any(arg.endswith(theirs) for arg in user_args):
+    for flag_and_name, names in ((["--mca", "btl_tcp_if_include"], ("btl_tcp_if_",)),
+                                 (daemons, ("oob_tcp_if_", "prte_if_"))):
+        if not any(name in arg for arg in theirs for name in names):
             args += flag_and_name + [interface]
     return args
 

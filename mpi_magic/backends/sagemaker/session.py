@@ -25,7 +25,7 @@ from ...events import Event, RankReady
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE
 from .history import record_job
-from .job import SageMakerJob, billing_of, described_job
+from .job import ClientError, SageMakerJob, billing_of, described_job
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -214,6 +214,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
     if heartbeat_limit <= heartbeat_every:
         raise SageMakerSetupError(f"heartbeat_limit ({heartbeat_limit:g}s) must be longer than heartbeat "
                                   f"({heartbeat_every:g}s), or the session would end between two heartbeats")
+    _refuse_a_running_namesake(backend, name, cache_dir)
     signer = s3channel.Signer()
     uri = s3channel.session_uri(job_prefix(settings, name))
     token = wire.new_token()
@@ -229,7 +230,11 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
                                   options.world_size, heartbeat_every, key_path(cache_dir, name))
     save_key(cache_dir, name, signer)
     ranks.channel.beat()  # before the job exists: rank 0 finds it from its first look
-    job.create(request)
+    try:
+        job.create(request)
+    except ClientError as exc:
+        os.remove(key_path(cache_dir, name))
+        raise SageMakerSetupError(f"SageMaker did not create the session's training job {name}: {exc}") from None
     try:
         record_job(name, settings.region)
         ranks.start_heartbeat()
@@ -237,6 +242,20 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
         ranks.stop(wait=False)
         raise
     return ranks
+
+
+def _refuse_a_running_namesake(backend, name: str, cache_dir: str) -> None:
+    """A session of this name started here whose job still runs keeps its key and its S3 objects."""
+    if not os.path.exists(key_path(cache_dir, name)):
+        return
+    try:
+        status = backend.session.client("sagemaker").describe_training_job(TrainingJobName=name)["TrainingJobStatus"]
+    except ClientError:
+        status = "gone"
+    if status in ("InProgress", "Stopping"):
+        raise SageMakerSetupError(f"session {name} started from here still runs: %mpirun_session attach {name}, "
+                                  "or choose another --job-name")
+    os.remove(key_path(cache_dir, name))  # kept for a job that has ended
 
 
 def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: float) -> tuple[SageMakerSessionRanks, dict]:

@@ -59,7 +59,7 @@ def accelerators(instance_type: str) -> tuple[int, str] | None:
     if instance_type in GPUS:
         return GPUS[instance_type], "GPU"
     family = instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
-    if family.startswith(CPU_FAMILIES):
+    if family[:1] in CPU_FAMILIES and family[1:2].isdigit():  # m5, c7i, r6g, t3: not trn1
         return 0, "GPU"
     return None
 
