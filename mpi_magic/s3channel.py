@@ -210,11 +210,9 @@ class RankEnd:
 
     def __init__(self, uri: str, public_text: str, heartbeat_limit: float | None, job_name: str,
                  say=None, clock=time.monotonic):
-        import boto3
-
         self.uri, self.public_text, self.job_name = uri, public_text, job_name
         self.heartbeat_limit = heartbeat_limit
-        self.s3 = boto3.client("s3")
+        self._s3 = None
         self.bucket, _ = split_s3(uri)
         self.next_cell = 1
         self.clock = clock
@@ -224,6 +222,16 @@ class RankEnd:
         self._beat: tuple[str, float] | None = None  # (ETag, when this rank first saw it)
         self._beat_checked = 0.0
         self._complained_at = -60.0
+
+    @property
+    def s3(self):
+        """boto3's S3 client, made on first use: most ranks of an instance never need one, and
+        importing boto3 costs each rank a fraction of a second and tens of MB."""
+        if self._s3 is None:
+            import boto3
+
+            self._s3 = boto3.client("s3")
+        return self._s3
 
     def _get(self, uri: str) -> tuple[bytes, str] | None:
         """(the object's first bytes, its ETag), None when there is none."""
