@@ -70,11 +70,12 @@ class SageMakerJob:
     abort_grace = None
     linger = None
     pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces
+    attempts = 10  # of each call: botocore retries throttling and 5xx errors with backoff
 
     def __init__(self, session, name: str, results_uri: str, token: str):
         from botocore.config import Config
 
-        config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
+        config = Config(retries={"mode": "standard", "max_attempts": self.attempts})
         self.name, self.results_uri, self.host = name, results_uri, "algo-1"
         self.sagemaker = session.client("sagemaker", config=config)
         self.region: str = self.sagemaker.meta.region_name
@@ -123,18 +124,21 @@ class SageMakerJob:
         deadline = time.monotonic() + timeout
         events: list[Event] = []
         while not events and not self._finished:
-            now = time.monotonic()
+            now, read = time.monotonic(), False
             try:
                 if now >= self._next_describe:
                     events += self._describe()
                     self._next_describe = now + self._describe_wait()
+                    read = True
                 if now >= self._next_logs:
                     lines_before = self._lines
                     events += self._read_logs()
                     self._next_logs = now + self._logs_wait_after(self._lines > lines_before)
+                    read = True
                     if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
                         self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
-                self._failures = 0
+                if read:  # every read tried this time succeeded: an outage, if any, is over
+                    self._failures = 0
             except (BotoCoreError, ClientError) as exc:
                 # watching failed beyond botocore's own retries (throttling, permissions, network, expired
                 # credentials): say so once, keep the job, and read again later and later until it answers
