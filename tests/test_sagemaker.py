@@ -640,3 +640,17 @@ def test_status_unread_beyond_botocores_retries_is_one_note_and_the_job_still_en
     assert len(notes) == 1 and "ThrottlingException" in notes[0]
     assert injected["DescribeTrainingJob"] >= 2  # the loop tried again while it was throttled, and said nothing more
     assert ip.user_ns["me"] == [0, 1]
+
+
+def test_the_log_is_read_less_often_while_quiet_up_to_a_bound_and_soon_again_once_lines_arrive(aws):
+    from mpi_magic.backends.sagemaker.job import ADAPTIVE, SageMakerJob
+
+    job = SageMakerJob(aws.session.Session(), "quiet-job", "s3://bucket/results", "token")
+    quiet = [job._logs_wait_after(False) for _ in range(8)]
+    assert quiet == sorted(quiet) and quiet[0] > ADAPTIVE.logs_fast and quiet[-1] == ADAPTIVE.logs_slow
+    assert job._logs_wait_after(True) == ADAPTIVE.logs_fast
+    assert job._describe_wait() == ADAPTIVE.describe
+    job._secondary = "Training"  # from then on the leader's log tells how the job goes
+    assert job._describe_wait() == ADAPTIVE.describe_training > ADAPTIVE.describe
+    job.describe_every, job.logs_every = 2.0, 0.5  # a session's own pace wins
+    assert (job._describe_wait(), job._logs_wait_after(False)) == (2.0, 0.5)
