@@ -3,7 +3,8 @@
 While a 4 x 8 job runs, with every rank reporting progress twice a second:
 - latency from a rank's progress event (its own timestamp) to the dashboard's model having it,
   through the emulated CloudWatch Logs (the emulator pushes logs every 0.2 s; mpi_magic reads
-  the leader's stream every second and describes the job every 3 s);
+  the leader's stream at its adaptive pace, ``job.ADAPTIVE``; ``bench_sagemaker_watch.py``
+  compares it with the fixed pace used before);
 - AWS API calls per minute made by the notebook while the job runs.
 """
 

@@ -530,3 +530,116 @@ def test_dry_run_names_the_list_price_or_that_the_table_has_none(ip, cloud, caps
     _run(ip, "-i 2 --spot --dry-run", "x = 1\n")
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"Price: mpi_magic's table has none for {unpriced} in {region}; see the SageMaker pricing page")
+
+
+class ClientFaults:
+    """A fault injector for CloudWatch Logs and S3, standing for what cannot run here: moto cannot be
+    made to throttle. The first attempt of every ``every``-th call of each operation named is answered,
+    before it is sent, with the error a busy service sends (ThrottlingException, HTTP 400, from
+    CloudWatch Logs; SlowDown, HTTP 503, from S3), so that botocore handles it as it would the real one."""
+
+    ERRORS = {
+        "cloudwatch-logs": (400, b'{"__type": "ThrottlingException", "message": "Rate exceeded (injected)"}'),
+        "s3": (503, b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate (injected)</Message></Error>"),
+    }
+
+    def __init__(self, every: int):
+        from collections import Counter
+
+        self.every = every
+        self.sent: Counter[str] = Counter()
+        self.injected: Counter[str] = Counter()
+
+    def attach(self, client, operations: list[str]) -> None:
+        service = client.meta.service_model.service_id.hyphenize()
+        for operation in operations:
+            client.meta.events.register(f"before-send.{service}.{operation}", self._answer)
+
+    def _answer(self, request, event_name: str, **_):
+        from botocore.awsrequest import AWSResponse
+
+        _, service, operation = event_name.split(".")
+        self.sent[operation] += 1
+        if (self.sent[operation] - 1) % self.every:
+            return None  # sent as it is
+        self.injected[operation] += 1
+        status, body = self.ERRORS[service]
+        return AWSResponse(request.url, status, {}, _Body(body))
+
+
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_):
+        yield self.data
+
+
+def test_throttling_and_server_errors_neither_stop_a_job_nor_lose_a_result(ip, cloud, monkeypatch, local_aws_env):
+    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.testing.sagemaker_emulator import set_faults
+
+    faults, init = ClientFaults(every=2), SageMakerJob.__init__
+
+    def faulty(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        faults.attach(self.logs, ["GetLogEvents", "DescribeLogStreams"])
+        faults.attach(self.s3, ["GetObject"])
+
+    monkeypatch.setattr(SageMakerJob, "__init__", faulty)
+    endpoint = local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"]
+    before = set_faults(endpoint, "DescribeTrainingJob", throttle=0.3, server_error=0.2, seed=11)
+    try:
+        _run(ip, "-i 2 -g 2 --gather", "import mpi_magic\nme = mpi_magic.rank()\n")
+    finally:
+        after = set_faults(endpoint, "DescribeTrainingJob")
+    assert ip.user_ns["me"] == [0, 1, 2, 3]
+    assert after.get("DescribeTrainingJob", 0) > before.get("DescribeTrainingJob", 0)
+    assert faults.injected["GetLogEvents"] and faults.injected["DescribeLogStreams"] and faults.injected["GetObject"] >= 2
+
+
+def test_status_unread_beyond_botocores_retries_is_one_note_and_the_job_still_ends_with_its_results(
+        ip, cloud, monkeypatch, local_aws_env):
+    from mpi_magic.backends.sagemaker import job as sagemaker_job
+    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.events import Note
+    from mpi_magic.testing.sagemaker_emulator import set_faults
+
+    endpoint = local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"]
+    seen, poll, noted_at = [], SageMakerJob.poll, []
+
+    def watched(self, timeout):
+        found = poll(self, timeout)
+        seen.extend(found)
+        if not noted_at and any(isinstance(e, Note) for e in found):
+            noted_at.append(time.monotonic())
+        if len(noted_at) == 1 and time.monotonic() - noted_at[0] > 1.5 * sagemaker_job.RETRY_FIRST:
+            set_faults(endpoint, "DescribeTrainingJob")  # the outage ends after the loop's second try
+            noted_at.append(time.monotonic())
+        return found
+
+    monkeypatch.setattr(SageMakerJob, "poll", watched)
+    monkeypatch.setattr(SageMakerJob, "attempts", 1)  # each failed call reaches the watch loop
+    set_faults(endpoint, "DescribeTrainingJob", throttle=1.0)
+    try:
+        _run(ip, "-i 2 -g 1 --gather", "import mpi_magic\nme = mpi_magic.rank()\n")
+    finally:
+        injected = set_faults(endpoint, "DescribeTrainingJob")
+    notes = [e.text for e in seen if isinstance(e, Note) and "could not read" in e.text]
+    assert len(notes) == 1 and "ThrottlingException" in notes[0]
+    assert injected["DescribeTrainingJob"] >= 2  # the loop tried again while it was throttled, and said nothing more
+    assert ip.user_ns["me"] == [0, 1]
+
+
+def test_the_log_is_read_less_often_while_quiet_up_to_a_bound_and_soon_again_once_lines_arrive(aws):
+    from mpi_magic.backends.sagemaker.job import ADAPTIVE, SageMakerJob
+
+    job = SageMakerJob(aws.session.Session(), "quiet-job", "s3://bucket/results", "token")
+    quiet = [job._logs_wait_after(False) for _ in range(8)]
+    assert quiet == sorted(quiet) and quiet[0] > ADAPTIVE.logs_fast and quiet[-1] == ADAPTIVE.logs_slow
+    assert job._logs_wait_after(True) == ADAPTIVE.logs_fast
+    assert job._describe_wait() == ADAPTIVE.describe
+    job._secondary = "Training"  # from then on the leader's log tells how the job goes
+    assert job._describe_wait() == ADAPTIVE.describe_training > ADAPTIVE.describe
+    job.describe_every, job.logs_every = 2.0, 0.5  # a session's own pace wins
+    assert (job._describe_wait(), job._logs_wait_after(False)) == (2.0, 0.5)

@@ -13,6 +13,13 @@ instance's ``output/failure`` as FailureReason) or Stopping and Stopped.
 S3 and CloudWatch Logs are reached with boto3 as configured by the environment (a moto
 server in the tests). No container image is run: the entrypoint runs with this Python, and
 paths under ``/opt/ml`` in its arguments point at the instance's own folder.
+
+A test aid, no SageMaker operation: a request with ``X-Amz-Target: MpiMagicEmulator.SetFaults``
+and a body such as ``{"Operation": "DescribeTrainingJob", "Throttle": 0.2, "ServerError": 0.1,
+"Seed": 1}`` makes that share of the operation's calls fail from then on, with
+ThrottlingException (HTTP 400) or InternalFailure (HTTP 500), as a busy SageMaker answers
+(``{"Throttle": 0, "ServerError": 0}`` ends it); its reply counts the faults injected so far.
+``set_faults`` sends it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -40,6 +48,7 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
 ACCOUNT = "123456789012"
+FAULTS_TARGET = "MpiMagicEmulator.SetFaults"  # the test aid's request, not a SageMaker operation
 
 
 def network_interface() -> str:
@@ -312,8 +321,30 @@ class Emulator:
         self.session = boto3.session.Session(region_name=region)
         self.jobs: dict[str, Job] = {}
         self.lock = threading.Lock()
+        self.faults: dict[str, tuple[float, float]] = {}  # operation: (share throttled, share failing with 5xx)
+        self.injected: dict[str, int] = {}
+        self.chance = random.Random(0)
+
+    def set_faults(self, body: dict) -> dict:
+        """The test aid (see the module's docstring): inject faults into a share of an operation's calls."""
+        with self.lock:
+            operation = body["Operation"]
+            self.faults[operation] = (float(body.get("Throttle", 0)), float(body.get("ServerError", 0)))
+            if "Seed" in body:
+                self.chance.seed(body["Seed"])
+            return {"Injected": dict(self.injected)}
 
     def handle(self, action: str, body: dict) -> dict:
+        throttle, server_error = self.faults.get(action, (0.0, 0.0))
+        if throttle or server_error:
+            with self.lock:
+                draw = self.chance.random()
+                if draw < throttle + server_error:
+                    self.injected[action] = self.injected.get(action, 0) + 1
+            if draw < throttle:
+                raise ClientError("ThrottlingException", "Rate exceeded (injected by the emulator)", 400)
+            if draw < throttle + server_error:
+                raise ClientError("InternalFailure", "We encountered an internal error (injected by the emulator)", 500)
         handler = getattr(self, "_" + action, None)
         if handler is None:
             raise ClientError("UnknownOperationException", f"the emulator does not implement {action}")
@@ -367,7 +398,10 @@ def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
-                reply, status = emulator.handle(target.split(".")[-1], body), 200
+                if target == FAULTS_TARGET:
+                    reply, status = emulator.set_faults(body), 200
+                else:
+                    reply, status = emulator.handle(target.split(".")[-1], body), 200
             except ClientError as exc:
                 reply, status = {"__type": exc.code, "message": str(exc)}, exc.status
             except (KeyError, ValueError, TypeError) as exc:
@@ -383,6 +417,20 @@ def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer
             pass
 
     return ThreadingHTTPServer((host, port), Handler)
+
+
+def set_faults(endpoint: str, operation: str, throttle: float = 0.0, server_error: float = 0.0,
+               seed: int | None = None) -> dict[str, int]:
+    """Ask the emulator at ``endpoint`` to fail that share of ``operation``'s calls; the faults injected so far."""
+    import urllib.request
+
+    body = {"Operation": operation, "Throttle": throttle, "ServerError": server_error}
+    if seed is not None:
+        body["Seed"] = seed
+    request = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
+                                     headers={"X-Amz-Target": FAULTS_TARGET, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())["Injected"]
 
 
 def _json_default(value):

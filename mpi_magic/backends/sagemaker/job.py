@@ -3,11 +3,14 @@ CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name.""
 
 from __future__ import annotations
 
+import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import SageMakerSetupError
-from ... import wire
+from ... import jobdir, wire
 from ...events import Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
@@ -20,10 +23,36 @@ if TYPE_CHECKING:
     from ..base import BackendJob
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-DESCRIBE_EVERY = 3.0  # seconds between DescribeTrainingJob calls
-LOGS_EVERY = 1.0  # seconds between reads of the leader's log stream
-FULL_PAGE = 1000  # a GetLogEvents reply this long may have more behind it
+FULL_PAGE = 10000  # GetLogEvents' largest page: a reply this long may have more behind it
 LOG_LAG = 15.0  # seconds to keep reading an ended job's log for lines still arriving
+ENDING_DESCRIBE = 1.0  # seconds between DescribeTrainingJob calls once the leader said mpirun is gone
+FETCHES = 16  # results downloaded at a time
+RETRY_FIRST, RETRY_MOST = 2.0, 30.0  # seconds before reading again after a failed read, doubling up to the most
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How often the watch loop reads the leader's log and describes the job, in seconds.
+
+    The log is read every ``logs_fast`` seconds while lines arrive and half as often again after
+    each read that finds none, up to ``logs_slow``; DescribeTrainingJob is called every
+    ``describe`` seconds until the job trains, then every ``describe_training`` seconds: from
+    then on the leader's log says what happens (its ranks' lines, then that mpirun is gone).
+    One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
+    """
+
+    logs_fast: float
+    logs_slow: float
+    describe: float
+    describe_training: float
+
+
+# At most 60/2.2 = 27 log reads and 2 DescribeTrainingJob calls a minute while a job trains (29 <= 30),
+# whatever its size; a line waits 1.1 s for a read on average (plus CloudWatch's own delay).
+# While nothing arrives (instances starting, a quiet cell) the log is read every 5 s and the job
+# described every 5 s: 24 a minute, and no line waits more than 5 s for a read.
+ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0)
+FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # before: ~80-95 calls a minute
 
 try:
     from botocore.exceptions import BotoCoreError, ClientError
@@ -40,11 +69,13 @@ class SageMakerJob:
 
     abort_grace = None
     linger = None
+    pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces
+    attempts = 10  # of each call: botocore retries throttling and 5xx errors with backoff
 
     def __init__(self, session, name: str, results_uri: str, token: str):
         from botocore.config import Config
 
-        config = Config(retries={"mode": "standard", "max_attempts": 10})  # throttling: retried with backoff
+        config = Config(retries={"mode": "standard", "max_attempts": self.attempts})
         self.name, self.results_uri, self.host = name, results_uri, "algo-1"
         self.sagemaker = session.client("sagemaker", config=config)
         self.region: str = self.sagemaker.meta.region_name
@@ -59,7 +90,12 @@ class SageMakerJob:
         self._token: str | None = None
         self._status = "InProgress"
         self._secondary = ""
-        self.describe_every, self.logs_every = DESCRIBE_EVERY, LOGS_EVERY  # a session paces them as it goes
+        # None: paced by ``pace``; a session sets them as it goes
+        self.describe_every: float | None = None
+        self.logs_every: float | None = None
+        self._logs_wait = self.pace.logs_fast
+        self._failures = 0  # reads that failed in a row
+        self._lines = 0  # log lines read so far
         self._next_describe = 0.0
         self._next_logs = 0.0
         self._finished = False
@@ -68,7 +104,6 @@ class SageMakerJob:
         self._reported: set[int] = set()
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
-        self.described: dict = {}  # the last DescribeTrainingJob reply
 
     @property
     def _all_reported(self) -> bool:
@@ -88,20 +123,30 @@ class SageMakerJob:
         deadline = time.monotonic() + timeout
         events: list[Event] = []
         while not events and not self._finished:
-            now = time.monotonic()
+            now, read = time.monotonic(), False
             try:
                 if now >= self._next_describe:
-                    self._next_describe = now + self.describe_every
                     events += self._describe()
-                if now >= self._next_logs or self._ended_status:
-                    self._next_logs = now + self.logs_every
+                    self._next_describe = now + self._describe_wait()
+                    read = True
+                if now >= self._next_logs:
+                    lines_before = self._lines
                     events += self._read_logs()
+                    self._next_logs = now + self._logs_wait_after(self._lines > lines_before)
+                    read = True
                     if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
-                        self._next_describe = min(self._next_describe, now + 1.0)
+                        self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
+                if read:  # every read tried this time succeeded: an outage, if any, is over
+                    self._failures = 0
             except (BotoCoreError, ClientError) as exc:
-                # watching failed (permissions, network, expired credentials): say so, keep the job
-                events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); retrying"))
-                self._next_describe = self._next_logs = now + 10 * LOGS_EVERY
+                # watching failed beyond botocore's own retries (throttling, permissions, network, expired
+                # credentials): say so once, keep the job, and read again later and later until it answers
+                self._failures += 1
+                if self._failures == 1:
+                    events.append(Note(f"could not read the job's status or logs ({type(exc).__name__}: {exc}); "
+                                       f"the job goes on: reading again every {RETRY_MOST:g}s at most until AWS answers"))
+                wait = min(RETRY_MOST, RETRY_FIRST * 2 ** (self._failures - 1))
+                self._next_describe = self._next_logs = now + wait
             if self._ended_status and not events and self._drained(now):
                 events += self._end(self._ended_status)
             if events or time.monotonic() >= deadline:
@@ -109,22 +154,37 @@ class SageMakerJob:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         return events
 
+    def _describe_wait(self) -> float:
+        """Seconds to the next DescribeTrainingJob: rarer once the leader's log tells how the job goes."""
+        if self.describe_every is not None:
+            return self.describe_every
+        training = self._secondary == "Training" or self._stream is not None
+        return self.pace.describe_training if training else self.pace.describe
+
+    def _logs_wait_after(self, lines_arrived: bool) -> float:
+        """Seconds to the next read of the log: soon while lines arrive, later and later while none do."""
+        if self._ended_status:  # the last lines are on their way
+            return min(ENDING_DESCRIBE, self.logs_every or self.pace.logs_fast)
+        if self.logs_every is not None:
+            return self.logs_every
+        if lines_arrived:
+            self._logs_wait = self.pace.logs_fast
+        else:
+            self._logs_wait = min(self.pace.logs_slow, self._logs_wait * 1.5)
+        return self._logs_wait
+
     def _drained(self, now: float) -> bool:
         """After the job ended, its last log lines may still be on their way to CloudWatch."""
         if self._quiet_since is None:
             self._quiet_since = now
         return self._all_reported or self._all_relayed or now - self._quiet_since > LOG_LAG
 
-    def look_soon(self, logs: float, describe: float | None = None) -> None:
-        """Read the log within ``logs`` seconds (and describe the job within ``describe``), whatever the pace."""
-        now = time.monotonic()
-        self._next_logs = min(self._next_logs, now + logs)
-        if describe is not None:
-            self._next_describe = min(self._next_describe, now + describe)
+    def look_soon(self, logs: float) -> None:
+        """Read the log within ``logs`` seconds, whatever the pace."""
+        self._next_logs = min(self._next_logs, time.monotonic() + logs)
 
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
-        self.described = described
         self._status = described["TrainingJobStatus"]
         events: list[Event] = []
         if described.get("SecondaryStatus") != self._secondary:
@@ -166,9 +226,11 @@ class SageMakerJob:
         events: list[Event] = []
         while True:
             kwargs = {"nextToken": self._token} if self._token else {"startFromHead": True}
-            reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, **kwargs)
+            reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, limit=FULL_PAGE,
+                                             **kwargs)
             for item in reply.get("events", []):
                 line = item["message"]
+                self._lines += 1
                 self._decoder.style = announced_tag_style(line) or self._decoder.style
                 self._all_relayed = self._all_relayed or line == ALL_RELAYED
                 decoded = self._decoder.feed(line)
@@ -199,12 +261,29 @@ class SageMakerJob:
 
     def fetch_results(self, job_dir: str, ranks) -> None:
         """Copy each rank's results from its own S3 key into the job folder."""
-        for rank in ranks:
-            bucket, key = split_s3(result_uri(self.results_uri, rank))
-            try:
-                self.s3.download_file(bucket, key, result_path(job_dir, rank))
-            except Exception:  # noqa: BLE001 - a missing result is reported when it is read
-                pass
+        fetch_each(self.s3, ((result_uri(self.results_uri, rank), result_path(job_dir, rank)) for rank in ranks))
+
+
+def fetch_each(s3, copies: Iterable[tuple[str, str]]) -> None:
+    """Copy each ``(s3 uri, path)``, ``FETCHES`` at a time, one GetObject each (``download_file``
+    would add a HeadObject per rank); a missing object leaves no file, reported when it is read."""
+
+    def fetch(copy: tuple[str, str]) -> None:
+        uri, path = copy
+        bucket, key = split_s3(uri)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+        except ClientError:
+            return
+        jobdir.make_private_dirs(os.path.dirname(path))
+        partial = path + ".part"
+        with jobdir.open_private(partial, "wb") as f:
+            for chunk in body.iter_chunks(1 << 20):
+                f.write(chunk)
+        os.replace(partial, path)  # a result file is whole or absent
+
+    with ThreadPoolExecutor(FETCHES, thread_name_prefix="mpi_magic results") as pool:
+        list(pool.map(fetch, copies))
 
 
 def billing_of(described: dict, region: str, now: float | None = None) -> Billing | None:

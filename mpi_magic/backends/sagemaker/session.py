@@ -22,10 +22,10 @@ from ... import jobdir, s3channel, wire
 from ...cost import estimate
 from ...errors import SageMakerSetupError
 from ...events import Event, RankReady
-from ...layout import result_path, result_uri, split_s3
+from ...layout import result_path, result_uri
 from ...payload import PAYLOAD_FILE
 from .history import record_job
-from .job import ClientError, SageMakerJob, billing_of, described_job
+from .job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -152,15 +152,8 @@ class SageMakerSessionRanks:
         self._pace_running()
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
-        s3 = self.job.s3
-        for rank in ranks:
-            bucket, key = split_s3(result_uri(s3channel.results_uri(self.channel.uri, self._cell), rank))
-            path = result_path(job_dir, rank)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                s3.download_file(bucket, key, path)
-            except Exception:  # noqa: BLE001 - a missing result is reported when it is read
-                pass
+        results = s3channel.results_uri(self.channel.uri, self._cell)
+        fetch_each(self.job.s3, ((result_uri(results, rank), result_path(job_dir, rank)) for rank in ranks))
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""
