@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -19,6 +21,23 @@ def shell() -> InteractiveShell:
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mpi_magic")
     return ip
+
+
+@contextlib.contextmanager
+def rehearsal_shell() -> Iterator[InteractiveShell]:
+    """A shell whose cells run as SageMaker jobs on the rehearsal cloud (a moto server and the
+    SageMaker emulator on loopback), for as long as the block runs."""
+    from mpi_magic.testing.local_aws import local_aws
+
+    with local_aws() as env:
+        os.environ.update(env)
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
+        ip = shell()
+        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
+                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+        yield ip
 
 
 def bare_mpirun(world_size: int, code: str, tuned: bool) -> tuple[list[str], dict[str, str]]:

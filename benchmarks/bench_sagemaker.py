@@ -11,16 +11,14 @@ While a 4 x 8 job runs, with every rank reporting progress twice a second:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-from _common import shell
+from _common import rehearsal_shell
 
 from mpi_magic import job as jobs
 from mpi_magic.backends.sagemaker.job import SageMakerJob
 from mpi_magic.events import Progress
-from mpi_magic.testing.local_aws import local_aws
 
 
 def main() -> None:
@@ -43,14 +41,7 @@ def main() -> None:
         watched.append(self)
 
     jobs.Job.record, SageMakerJob.__init__ = timed_record, remembered_init
-    with local_aws() as env:
-        os.environ.update(env)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
-        ip = shell()
-        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
-                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+    with rehearsal_shell() as ip:
         steps = int(args.seconds * 2)
         started = time.monotonic()
         ip.run_cell_magic("mpirun_remote", f"-i {args.instances} -g {args.gpus} --quiet --out job", (

@@ -11,13 +11,11 @@ Measured in one run, 4 x 2 ranks by default:
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-from _common import shell
+from _common import rehearsal_shell
 
-from mpi_magic.testing.local_aws import local_aws
 
 
 def main() -> None:
@@ -29,14 +27,7 @@ def main() -> None:
     parser.add_argument("--running-seconds", type=float, default=60)
     args = parser.parse_args()
     shape = f"-i {args.instances} -g {args.gpus}"
-    with local_aws() as env:
-        os.environ.update(env)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
-        ip = shell()
-        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
-                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+    with rehearsal_shell() as ip:
         started = time.monotonic()
         ip.run_cell_magic("mpirun_remote", f"{shape} --quiet", "one_off = 1\n")
         cold = time.monotonic() - started

@@ -21,14 +21,13 @@ import tempfile
 import time
 from collections import Counter
 
-from _common import shell
+from _common import rehearsal_shell
 
 from mpi_magic import job as jobs
 from mpi_magic.backends.sagemaker import job as sagemaker_job
 from mpi_magic.backends.sagemaker.job import ADAPTIVE, FIXED, SageMakerJob
 from mpi_magic.events import Progress
 from mpi_magic.layout import result_path, result_uri, split_s3
-from mpi_magic.testing.local_aws import local_aws
 
 
 def download_each(job: SageMakerJob, job_dir: str, ranks) -> None:
@@ -64,14 +63,7 @@ def main() -> None:
             client.meta.events.register("before-call", lambda model, **_: operations.update([model.name]))
 
     jobs.Job.record, SageMakerJob.__init__ = timed_record, remembered_init
-    with local_aws() as env:
-        os.environ.update(env)
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="mpi-magic-bench")
-        ip = shell()
-        ip.run_line_magic("mpirun_config", "backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
-                                           "role=arn:aws:iam::123456789012:role/bench s3_root=s3://mpi-magic-bench/jobs")
+    with rehearsal_shell() as ip:
         cell = ("import time, mpi_magic\n"
                 f"for step in mpi_magic.progress(range({int(args.seconds * 2)})):\n"
                 "    time.sleep(0.5)\n"
