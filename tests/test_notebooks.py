@@ -135,9 +135,9 @@ def test_data_parallel_training_matches_a_single_process_run(tmp_path):
     nb = _execute("data_parallel_training.ipynb", tmp_path)
     training = _text(_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
     assert re.search(r"completed [\d.]+s: 2/2 ranks done", training), training
-    # a line every 2 s lists each rank's tqdm progress; on a loaded machine one rank's short loop can
-    # start and end between two lines, so the line must list both ranks and show rank 0's share
-    assert re.search(r"ranks 0:\d+% 1:(\d+%|-)", training), "each rank's tqdm loop was reported while it ran"
+    # a line every 2 s lists each rank's tqdm progress; on a loaded machine either rank's short loop can
+    # start and end between two lines, so a line must list both ranks with at least one rank's share
+    assert re.search(r"ranks 0:\d+% 1:(\d+%|-)|ranks 0:- 1:\d+%", training), "the ranks' tqdm loops were reported"
     shown = _text(_cell(nb, "def train_single_process").outputs)
     steps = int(re.search(r"^(\d+) steps; loss", shown, re.MULTILINE).group(1))
     assert steps == 4 * 2048 // (2 * 32), "epochs x batches of two ranks' samples"
