@@ -44,6 +44,17 @@ def ip(shell, cache_dir, monkeypatch):
     return shell
 
 
+@pytest.fixture
+def sessions(ip):
+    """The shell, with whatever session a test starts stopped at its end."""
+    magics = ip.magics_manager.registry["MpiMagics"]
+    magics.session = None
+    yield ip
+    if magics.session is not None:
+        magics.session.stop()
+        magics.session = None
+
+
 @pytest.fixture(scope="module")
 def local_aws_env(tmp_path_factory):
     """A moto server and the SageMaker emulator for one module's tests, which keep apart by

@@ -11,15 +11,13 @@ ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 
 
 @contextlib.contextmanager
-def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
-    """While the block runs a cell: wait until every rank of job `job` runs, then do each action."""
+def once(ready, *actions, pause: float = 0.3, limit: float = 60.0):
+    """While the block runs a cell: once ``ready()`` holds (or after ``limit`` seconds), do each
+    action, ``pause`` seconds apart (``_thread.interrupt_main`` is Ctrl-C)."""
     def act():
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            job = ip.user_ns.get("job")
-            if job is not None and all(r.status == "running" for r in job.ranks):
-                break
-            time.sleep(0.05)
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
         for action in actions:
             time.sleep(pause)
             action()
@@ -30,3 +28,12 @@ def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
         yield
     finally:
         thread.join()
+
+
+def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
+    """``once`` every rank of the job named ``job`` in the notebook runs."""
+    def running() -> bool:
+        job = ip.user_ns.get("job")
+        return job is not None and all(r.status == "running" for r in job.ranks)
+
+    return once(running, *actions, pause=pause, limit=limit)

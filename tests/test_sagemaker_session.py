@@ -11,12 +11,11 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
-from helpers import BUCKET, ROLE
+from helpers import BUCKET, ROLE, once
 from IPython.core.error import UsageError
 
 import mpi_magic
@@ -38,16 +37,11 @@ def settings(tmp_path) -> dict[str, str]:
 
 
 @pytest.fixture
-def sessions(ip, aws, settings, monkeypatch):
+def sessions(sessions, aws, settings, monkeypatch):
     """The shell on the rehearsal cloud, with whatever session a test starts stopped at its end."""
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
-    magics = ip.magics_manager.registry["MpiMagics"]
-    magics.session = None
-    yield ip
-    if magics.session is not None:
-        magics.session.stop()
-        magics.session = None
+    return sessions
 
 
 def start(ip, line: str):
@@ -161,20 +155,10 @@ def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(sessions, aws
     shown = s.said_between_cells() + ip.user_ns["job"].logs(0).splitlines()  # read before the cell, or with it
     assert any("not signed by the notebook's key; it was not run" in line for line in shown)
 
-    def interrupt_when_running():
-        wait_until(lambda: s.status == "running", 30)
-        time.sleep(2)
-        _thread.interrupt_main()
-
-    thread = threading.Thread(target=interrupt_when_running)
-    thread.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(ip, "--quiet", "import time\ncaught = True\nif mpi_magic.rank() == 1:  # rank 0 is back at once\n"
-                               "    caught = False\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n"
-                               "        caught = True\n        raise")
-    finally:
-        thread.join()
+    with once(lambda: s.status == "running", _thread.interrupt_main, pause=2), pytest.raises(KeyboardInterrupt):
+        run(ip, "--quiet", "import time\ncaught = True\nif mpi_magic.rank() == 1:  # rank 0 is back at once\n"
+                           "    caught = False\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n"
+                           "        caught = True\n        raise")
     assert s.status == "idle" and described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
     assert "interrupted on every rank; session" in capsys.readouterr().err
     run(ip, "--quiet --gather", "back = (kept, caught)")

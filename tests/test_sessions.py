@@ -17,21 +17,11 @@ import time
 import numpy as np
 import psutil
 import pytest
+from helpers import once
 from IPython.core.error import UsageError
 
 from mpi_magic.channel import RankEnd, SocketChannel
 from mpi_magic.errors import JobTimeoutError, RemoteRankError
-
-
-@pytest.fixture
-def sessions(ip):
-    """The shell, with whatever session a test starts stopped at its end."""
-    magics = ip.magics_manager.registry["MpiMagics"]
-    magics.session = None
-    yield ip
-    if magics.session is not None:
-        magics.session.stop()
-        magics.session = None
 
 
 def start(ip, line: str = "-i 2 -g 2"):
@@ -155,21 +145,9 @@ def test_interrupt_reaches_the_cell_on_every_rank_and_keeps_the_session(sessions
     s = start(ip)
     run(ip, "--quiet", "kept = 5")
 
-    def interrupt_when_running():
-        deadline = time.monotonic() + 30
-        while s.status != "running" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.5)
-        _thread.interrupt_main()
-
-    thread = threading.Thread(target=interrupt_when_running)
-    thread.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run(ip, "--quiet", "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-                               "    caught = True\n    raise")
-    finally:
-        thread.join()
+    with once(lambda: s.status == "running", _thread.interrupt_main, pause=0.5), pytest.raises(KeyboardInterrupt):
+        run(ip, "--quiet", "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+                           "    caught = True\n    raise")
     assert s.status == "idle"
     assert "interrupted on every rank; session" in capsys.readouterr().err
     run(ip, "--quiet --gather", "back = (kept, caught)")
