@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 _HOMES = {
     **dict.fromkeys(["CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound", "MpiMagicError", "PayloadError",
                      "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError"], "errors"),
-    **dict.fromkeys(["instance", "local_rank", "num_instances", "rank", "world_size"], "rankinfo"),
+    **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "rankinfo"),
     "progress": "reporting",
 }
 __all__ = sorted([*_HOMES, "load_ipython_extension"])
@@ -19,7 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .errors import (CaptureError, JobError, JobTimeoutError, LauncherNotFound, MpiMagicError, PayloadError,
                          RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError)
-    from .rankinfo import instance, local_rank, num_instances, rank, world_size
+    from .rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .reporting import progress
 
 

@@ -127,6 +127,15 @@ class Phase:
 
 
 @dataclass
+class Restarted:
+    """The job started again from the beginning (a spot interruption): every rank's state so far
+    belongs to the attempt that ended. ``attempt``: 2 for the first restart. Client-side."""
+
+    attempt: int
+    reason: str
+
+
+@dataclass
 class RankGone:
     """A rank's process is gone without having reported; how it ended is settled when the
     launcher exits (its output may still be on the way). Client-side."""
@@ -157,7 +166,8 @@ class CellEnded(LauncherExited):
 
 
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
-Event = WireEvent | Output | LauncherOutput | Note | Billing | Phase | RankGone | StopRequested | LauncherExited
+Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
+         | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
                            wire.READY: RankReady, wire.CLOSING: SessionClosing}

@@ -225,6 +225,9 @@ def launch_arguments(func):
         argument("--max-runtime", default=None, metavar="SECONDS", help="sagemaker: stop the job after this long."),
         argument("--spot", action="store_true", help="sagemaker: managed spot training."),
         argument("--max-wait", default=None, metavar="SECONDS", help="sagemaker: with --spot, longest wait for capacity."),
+        argument("--checkpoint-s3", default=None, metavar="S3URI",
+                 help="sagemaker: s3://bucket/prefix kept in step with each instance's mpi_magic.checkpoint_dir(), "
+                      "and copied back there when the job starts again (spot restarts)."),
         argument("--keep-alive", default=None, metavar="SECONDS", help="sagemaker: warm pool keep-alive period."),
         argument("--subnets", default=None, metavar="IDS", help="sagemaker: comma-separated VPC subnet ids."),
         argument("--security-groups", default=None, metavar="IDS", help="sagemaker: comma-separated security groups."),
@@ -339,7 +342,7 @@ def _attach_launcher_args(argv: list[str]) -> list[str]:
 
 
 _CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",
-               "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name",
+               "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name",
                "run_async"}
 _OPTION_OF = {"run_async": "--async"}
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
@@ -367,6 +370,7 @@ def _cloud_values(args, pick) -> dict:
         "volume_size": positive_int_or_none(args.volume_size, "--volume-size"),
         "max_runtime": positive_int_or_none(args.max_runtime, "--max-runtime"),
         "spot": args.spot, "max_wait": positive_int_or_none(args.max_wait, "--max-wait"),
+        "checkpoint_s3": args.checkpoint_s3,
         "keep_alive": positive_int_or_none(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
         "security_groups": ids(args.security_groups), "kms_key": args.kms_key, "tags": tags,
     }

@@ -9,6 +9,11 @@ from __future__ import annotations
 import os
 
 
+CHECKPOINT_VARIABLE = "MPI_MAGIC_CHECKPOINT_S3"  # on a SageMaker job: its --checkpoint-s3, or NO_CHECKPOINTS
+NO_CHECKPOINTS = "none"
+CHECKPOINT_DIR_VARIABLE = "MPI_MAGIC_CHECKPOINT_DIR"  # set (with --env) to choose the folder yourself
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else default
@@ -37,3 +42,24 @@ def instance() -> int:
 def num_instances() -> int:
     """How many instances the job spans."""
     return _env_int("MPI_MAGIC_INSTANCES", 1)
+
+
+def checkpoint_dir() -> str:
+    """The folder this rank saves checkpoints in, so that a job started again resumes from them.
+
+    On SageMaker it is ``/opt/ml/checkpoints``, which SageMaker keeps in step with the cell's
+    ``--checkpoint-s3`` prefix and fills from it when a spot job starts again on new instances
+    (every instance syncs to the same prefix: give each rank's files their own names). Locally it
+    is ``checkpoints`` in the notebook's folder, so a cell run again finds what the last run saved.
+    ``MPI_MAGIC_CHECKPOINT_DIR`` chooses another folder. The folder exists when this returns.
+    """
+    path = os.environ.get(CHECKPOINT_DIR_VARIABLE)
+    sagemaker = os.environ.get(CHECKPOINT_VARIABLE)
+    if not path and sagemaker == NO_CHECKPOINTS:
+        raise RuntimeError("this SageMaker job keeps no checkpoints: add --checkpoint-s3 s3://bucket/prefix to the "
+                           "cell (or to %mpirun_session start) so that what a rank saves there outlives its instance")
+    if not path:
+        base = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml") if sagemaker else os.getcwd()
+        path = os.path.join(base, "checkpoints")
+    os.makedirs(path, exist_ok=True)
+    return path

@@ -30,7 +30,7 @@ STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are 
 QUEUE_SIZE = 10_000
 # the SageMaker options a cell may not change on a session: its training job was made with them
 JOB_SHAPING = frozenset({"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime",
-                         "spot", "max_wait", "keep_alive", "subnets", "security_groups", "kms_key", "tags",
+                         "spot", "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key", "tags",
                          "requirements", "job_name"})
 MAX_BATCH = 2_000
 

@@ -643,3 +643,44 @@ def test_the_log_is_read_less_often_while_quiet_up_to_a_bound_and_soon_again_onc
     assert job._describe_wait() == ADAPTIVE.describe_training > ADAPTIVE.describe
     job.describe_every, job.logs_every = 2.0, 0.5  # a session's own pace wins
     assert (job._describe_wait(), job._logs_wait_after(False)) == (2.0, 0.5)
+
+
+def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_checkpoint(
+        ip, cloud, prefix, local_aws_env, capsys):
+    from helpers import once
+    from mpi_magic.testing.sagemaker_emulator import interrupt
+
+    checkpoints = f"{prefix}/checkpoints"
+    s3 = cloud.client("s3")
+
+    def saved_steps() -> list[int]:
+        listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=checkpoints + "/").get("Contents", [])
+        return [int(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()) for o in listed]
+
+    def interrupted() -> None:
+        interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], ip.user_ns["job"].name)
+
+    # every rank saves its step; once each has saved three of twelve in S3, spot capacity is reclaimed
+    with once(lambda: len(steps := saved_steps()) == 4 and min(steps) >= 3, interrupted, pause=0, limit=90):
+        _run(ip, f"-i 2 -g 2 --spot --checkpoint-s3 s3://{BUCKET}/{checkpoints} --gather --out job", (
+            "import os, time, mpi_magic\n"
+            "path = os.path.join(mpi_magic.checkpoint_dir(), f'rank-{mpi_magic.rank()}')\n"
+            "resumed_from = int(open(path).read()) if os.path.exists(path) else 0\n"
+            "for step in mpi_magic.progress(range(resumed_from, 12)):\n"
+            "    time.sleep(0.4)\n"
+            "    with open(path + '.part', 'w') as f:\n"
+            "        f.write(str(step + 1))\n"
+            "    os.replace(path + '.part', path)\n"
+        ))
+    job = ip.user_ns["job"]
+    resumed_from = ip.user_ns["resumed_from"]
+    assert all(3 <= start < 12 for start in resumed_from), f"every rank resumed from its checkpoint: {resumed_from}"
+    assert saved_steps() == [12] * 4
+    assert job.status == "completed" and job.model.attempt == 2
+    assert [(s.status, s.n, s.total) for s in job.ranks] == [("completed", 12 - r, 12 - r) for r in resumed_from]
+    assert "spot interruption: restarting, attempt 2" in capsys.readouterr().err
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    assert [t["Status"] for t in described["SecondaryStatusTransitions"]].count("Interrupted") == 1
+    streams = cloud.client("logs").describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs",
+                                                       logStreamNamePrefix=f"{job.name}/algo-1-")["logStreams"]
+    assert len(streams) == 2, "the leader's log of each attempt"

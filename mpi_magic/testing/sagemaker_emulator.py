@@ -14,12 +14,21 @@ S3 and CloudWatch Logs are reached with boto3 as configured by the environment (
 server in the tests). No container image is run: the entrypoint runs with this Python, and
 paths under ``/opt/ml`` in its arguments point at the instance's own folder.
 
-A test aid, no SageMaker operation: a request with ``X-Amz-Target: MpiMagicEmulator.SetFaults``
-and a body such as ``{"Operation": "DescribeTrainingJob", "Throttle": 0.2, "ServerError": 0.1,
-"Seed": 1}`` makes that share of the operation's calls fail from then on, with
-ThrottlingException (HTTP 400) or InternalFailure (HTTP 500), as a busy SageMaker answers
-(``{"Throttle": 0, "ServerError": 0}`` ends it); its reply counts the faults injected so far.
-``set_faults`` sends it.
+A job's ``CheckpointConfig`` works as SageMaker's does: the S3 prefix is copied into the
+instance's ``LocalPath`` (``/opt/ml/checkpoints``) before training starts, and what the job
+writes there is copied back to S3 while it trains.
+
+Test aids, no SageMaker operations (``X-Amz-Target: MpiMagicEmulator.<aid>``):
+
+- ``SetFaults`` with a body such as ``{"Operation": "DescribeTrainingJob", "Throttle": 0.2,
+  "ServerError": 0.1, "Seed": 1}`` makes that share of the operation's calls fail from then on,
+  with ThrottlingException (HTTP 400) or InternalFailure (HTTP 500), as a busy SageMaker answers
+  (``{"Throttle": 0, "ServerError": 0}`` ends it); its reply counts the faults injected so far.
+  ``set_faults`` sends it.
+- ``InterruptTrainingJob`` with ``{"TrainingJobName": ...}`` interrupts a training managed spot
+  job as a reclaimed spot capacity does: the instances are stopped (SIGTERM, then SIGKILL), the
+  job shows ``Interrupted``, then starts again on fresh instances (empty disks, the checkpoints
+  copied back from S3, new log streams), and runs to its end. ``interrupt`` sends it.
 """
 
 from __future__ import annotations
@@ -48,7 +57,8 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
 ACCOUNT = "123456789012"
-FAULTS_TARGET = "MpiMagicEmulator.SetFaults"  # the test aid's request, not a SageMaker operation
+AIDS = "MpiMagicEmulator."  # the test aids' target prefix: no SageMaker operation
+CHECKPOINT_SYNC = 0.5  # seconds between copies of a training job's checkpoints to S3
 
 
 def network_interface() -> str:
@@ -87,6 +97,12 @@ class Job:
         self.root = os.path.join(root, self.name)
         self.processes: list[subprocess.Popen] = []
         self.stop_requested = threading.Event()
+        self.interrupt_requested = threading.Event()
+        self.attempts = 1  # a managed spot job starts again after each interruption
+        self.trained = 0.0  # seconds of training in attempts that ended (spot bills none between them)
+        self.attempt_started: float | None = None
+        self._stream_second = 0
+        self._synced: dict[str, int] = {}  # {path: mtime} of checkpoint files as S3 has them
         self.lock = threading.Lock()
         self._move("Starting", "Preparing the instances for training")
 
@@ -99,7 +115,9 @@ class Job:
 
     def describe(self) -> dict:
         config = self.request["ResourceConfig"]
-        training = (self.ended or time.time()) - self.training_started if self.training_started else 0
+        training = self.trained
+        if self.attempt_started is not None:
+            training += (self.ended or time.time()) - self.attempt_started
         body = {
             "TrainingJobName": self.name,
             "TrainingJobArn": self.arn,
@@ -139,16 +157,22 @@ class Job:
     def run(self, session) -> None:
         try:
             hosts = [f"algo-{i + 1}" for i in range(self.request["ResourceConfig"]["InstanceCount"])]
-            self._move("Downloading", "Downloading the input data")
-            for host in hosts:
-                self._prepare(session, host, hosts)
-            if self.stop_requested.is_set():
-                return self._end("Stopped", "Stopped", "")
-            self._move("Training", "Training image download completed. Training in progress.")
-            self.training_started = time.time()
-            codes = self._train(session, hosts)
-            if self.stop_requested.is_set():
-                return self._end("Stopped", "Stopped", "")
+            while True:
+                self._move("Downloading", "Downloading the input data")
+                for host in hosts:
+                    self._prepare(session, host, hosts)
+                if self.stop_requested.is_set():
+                    return self._end("Stopped", "Stopped", "")
+                self._move("Training", "Training image download completed. Training in progress.")
+                self.training_started = self.training_started or time.time()
+                self.attempt_started = time.time()
+                codes = self._train(session, hosts)
+                self._save_checkpoints(session, hosts)
+                if self.stop_requested.is_set():
+                    return self._end("Stopped", "Stopped", "")
+                if not self.interrupt_requested.is_set():
+                    break
+                self._restart(hosts)
             failed = [(host, code) for host, code in zip(hosts, codes) if code != 0]
             if failed:
                 host, code = failed[0]
@@ -164,6 +188,72 @@ class Job:
             self._move(secondary, reason or f"Training job {status.lower()}")
             self.status, self.failure_reason = status, reason
             self.ended = time.time()
+
+    def interrupt(self) -> None:
+        """Spot capacity is reclaimed: the instances stop now and the job starts again (see ``run``)."""
+        with self.lock:
+            if not self.request.get("EnableManagedSpotTraining"):
+                raise ClientError("ValidationException", f"training job {self.name} is not a managed spot job")
+            if self.status != "InProgress" or self.secondary != "Training" or self.interrupt_requested.is_set():
+                raise ClientError("ValidationException", f"training job {self.name} is not training")
+            self._move("Interrupted", "Training job interrupted: the spot capacity was reclaimed. Restarting.")
+            self.interrupt_requested.set()
+
+    def _restart(self, hosts: list[str]) -> None:
+        """After an interruption: fresh instances (nothing left on their disks), another attempt."""
+        with self.lock:
+            self.trained += time.time() - (self.attempt_started or time.time())
+            self.attempt_started = None
+            self.attempts += 1
+            self.processes, self._synced = [], {}
+            self.interrupt_requested.clear()
+            self._move("Starting", "Restarting the training job after the spot interruption")
+        for host in hosts:
+            shutil.rmtree(self._base(host), ignore_errors=True)
+
+    def _checkpoints(self, host: str) -> tuple[str, str, str] | None:
+        """(bucket, prefix, local folder) of the job's CheckpointConfig on ``host``; None without one."""
+        config = self.request.get("CheckpointConfig")
+        if not config:
+            return None
+        bucket, prefix = split_s3(config["S3Uri"])
+        local = config.get("LocalPath") or "/opt/ml/checkpoints"
+        return bucket, prefix.rstrip("/"), local.replace("/opt/ml", self._base(host), 1)
+
+    def _restore_checkpoints(self, s3, host: str) -> None:
+        """Before training, as SageMaker does: the checkpoint prefix's objects into the local path
+        (every instance gets them all; a restored file goes back to S3 only once it changes)."""
+        where = self._checkpoints(host)
+        if where is None:
+            return
+        bucket, prefix, local = where
+        os.makedirs(local, exist_ok=True)
+        for path in self._download(s3, bucket, prefix, local):
+            self._synced[path] = os.stat(path).st_mtime_ns
+
+    def _save_checkpoints(self, session, hosts: list[str]) -> None:
+        """Copy to S3 what each instance wrote or changed under the checkpoint path since the last copy."""
+        saved = self._synced
+        s3 = session.client("s3")
+        for host in hosts:
+            where = self._checkpoints(host)
+            if where is None:
+                return
+            bucket, prefix, local = where
+            for folder, _, files in os.walk(local):
+                for name in files:
+                    path = os.path.join(folder, name)
+                    try:
+                        stamp = os.stat(path).st_mtime_ns
+                    except OSError:
+                        continue
+                    if saved.get(path) != stamp:
+                        key = f"{prefix}/{os.path.relpath(path, local)}"
+                        try:
+                            s3.upload_file(path, bucket, key)
+                        except (OSError, ValueError):  # removed or rewritten meanwhile: the next sync copies it
+                            continue
+                        saved[path] = stamp
 
     def _base(self, host: str) -> str:
         return os.path.join(self.root, host)
@@ -187,12 +277,21 @@ class Job:
             bucket, prefix = split_s3(uri)
             target = os.path.join(base, "input", "data", channel["ChannelName"])
             os.makedirs(target, exist_ok=True)
-            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-                for item in page.get("Contents", []):
-                    relative = item["Key"][len(prefix):].lstrip("/") or os.path.basename(item["Key"])
-                    path = os.path.join(target, relative)
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    s3.download_file(bucket, item["Key"], path)
+            self._download(s3, bucket, prefix, target)
+        self._restore_checkpoints(s3, host)
+
+    @staticmethod
+    def _download(s3, bucket: str, prefix: str, target: str) -> list[str]:
+        """Every object under ``prefix`` into ``target``; the paths written."""
+        paths = []
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                relative = item["Key"][len(prefix):].lstrip("/") or os.path.basename(item["Key"])
+                path = os.path.join(target, relative)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                s3.download_file(bucket, item["Key"], path)
+                paths.append(path)
+        return paths
 
     def _argv(self, base: str) -> list[str]:
         spec = self.request["AlgorithmSpecification"]
@@ -214,6 +313,8 @@ class Job:
         except logs.exceptions.ResourceAlreadyExistsException:
             pass
         pumps = []
+        # each attempt's streams are new, named by the second it started, as SageMaker names them
+        self._stream_second = max(int(time.time()), self._stream_second + 1)
         for host in hosts:
             base = self._base(host)
             env = dict(os.environ)
@@ -231,18 +332,25 @@ class Job:
             process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)
             self.processes.append(process)
-            stream = f"{self.name}/{host}-{int(time.time())}"
+            stream = f"{self.name}/{host}-{self._stream_second}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
             pump = threading.Thread(target=_pump, args=(process.stdout, logs, stream), daemon=True)
             pump.start()
             pumps.append(pump)
         limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds", 86400)
         deadline = time.monotonic() + limit
+        next_sync = time.monotonic() + CHECKPOINT_SYNC
         while any(p.poll() is None for p in self.processes):
             if self.stop_requested.wait(0.2) or time.monotonic() > deadline:
                 self.stop_requested.set()
                 self.kill()
                 break
+            if self.interrupt_requested.is_set():
+                self.kill()
+                break
+            if time.monotonic() >= next_sync:
+                self._save_checkpoints(session, hosts)
+                next_sync = time.monotonic() + CHECKPOINT_SYNC
         for pump in pumps:
             pump.join(timeout=10)
         return [p.wait() for p in self.processes]
@@ -367,6 +475,12 @@ class Emulator:
     def _DescribeTrainingJob(self, body: dict) -> dict:
         return self._job(body["TrainingJobName"]).describe()
 
+    def interrupt(self, body: dict) -> dict:
+        """The test aid (see the module's docstring): a spot interruption of a training job."""
+        job = self._job(body["TrainingJobName"])
+        job.interrupt()
+        return {"Attempt": job.attempts + 1}
+
     def _StopTrainingJob(self, body: dict) -> dict:
         self._job(body["TrainingJobName"]).stop()
         return {}
@@ -398,8 +512,10 @@ def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
-                if target == FAULTS_TARGET:
+                if target == AIDS + "SetFaults":
                     reply, status = emulator.set_faults(body), 200
+                elif target == AIDS + "InterruptTrainingJob":
+                    reply, status = emulator.interrupt(body), 200
                 else:
                     reply, status = emulator.handle(target.split(".")[-1], body), 200
             except ClientError as exc:
@@ -422,15 +538,29 @@ def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer
 def set_faults(endpoint: str, operation: str, throttle: float = 0.0, server_error: float = 0.0,
                seed: int | None = None) -> dict[str, int]:
     """Ask the emulator at ``endpoint`` to fail that share of ``operation``'s calls; the faults injected so far."""
-    import urllib.request
-
     body = {"Operation": operation, "Throttle": throttle, "ServerError": server_error}
     if seed is not None:
         body["Seed"] = seed
+    return _aid(endpoint, "SetFaults", body)["Injected"]
+
+
+def interrupt(endpoint: str, job_name: str) -> int:
+    """Interrupt the managed spot job ``job_name`` at ``endpoint`` now; the attempt it starts next (2, 3, ...)."""
+    return _aid(endpoint, "InterruptTrainingJob", {"TrainingJobName": job_name})["Attempt"]
+
+
+def _aid(endpoint: str, aid: str, body: dict) -> dict:
+    """Send a test aid's request; its reply, or RuntimeError with the emulator's reason."""
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(endpoint, data=json.dumps(body).encode(), method="POST",
-                                     headers={"X-Amz-Target": FAULTS_TARGET, "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        return json.loads(reply.read())["Injected"]
+                                     headers={"X-Amz-Target": AIDS + aid, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{aid}: {json.loads(exc.read()).get('message')}") from None
 
 
 def _json_default(value):

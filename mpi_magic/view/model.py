@@ -59,6 +59,13 @@ class RankState:
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
 
+    def restart(self) -> None:
+        """The job started again: what this rank did belongs to the attempt that ended (its
+        output stays in the tail, as in the log)."""
+        self.host, self.pid, self.status, self.failure, self.gone = "", 0, "starting", None, False
+        self.bars, self.last_line = {}, ""
+        self.started_at = self.ended_at = self.failed_at = None
+
     @property
     def bar(self) -> Bar | None:
         """The bar that stands for the rank: its outermost open one, else the one that closed last
@@ -129,6 +136,8 @@ class JobModel:
         self.exit: events.LauncherExited | None = None
         self.result_digests: dict[int, str] = {}  # as each rank reported them
         self.unreturned: dict[str, str] = {}
+        self.attempt = 1  # 2 and on after the job started again (a spot interruption)
+        self.restart_reason = ""  # why it last did ("spot interruption: restarting, attempt 2")
 
     @property
     def num_instances(self) -> int:
@@ -188,7 +197,7 @@ class JobModel:
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
             if state.status == "starting":
                 state.status = "running"
-            if self.phase in ("packaging", "submitting", "starting"):
+            if self.phase in ("packaging", "submitting", "starting", "restarting"):
                 self.phase = "running"
             self.last_activity = self.clock()
         elif isinstance(event, events.RankFinished):
@@ -210,6 +219,14 @@ class JobModel:
             if event.name in ENDED:
                 self.ended_at = self.ended_at or self.clock()
                 self._stop_active()
+        elif isinstance(event, events.Restarted):
+            self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
+            self.notes.append(event.reason)
+            self.result_digests.clear()
+            self.unreturned.clear()
+            for state in self.ranks:
+                state.restart()
+            self.last_activity = self.clock()
         elif isinstance(event, events.StopRequested):
             if self.stop_reason is None:
                 self.stop_reason = event.reason

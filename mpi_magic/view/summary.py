@@ -48,8 +48,9 @@ def headline(model: JobModel) -> str:
     billing = billing_phrase(model)
     if billing:
         parts.append(billing)
+    phase = model.phase if model.attempt == 1 else f"{model.phase} (attempt {model.attempt})"
     return f"job {model.name} ({model.backend}, {model.num_instances} x {model.procs_per_instance}) " \
-           f"{model.phase} {duration(model.elapsed())}: " + ", ".join(parts)
+           f"{phase} {duration(model.elapsed())}: " + ", ".join(parts)
 
 
 def billing_phrase(model: JobModel) -> str:

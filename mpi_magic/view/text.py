@@ -30,6 +30,7 @@ class TextView:
         self._seen_version = -1
         self._reported_failures: set[int] = set()
         self._waiting_said_at: float | None = None
+        self._attempt_said = 1
         self.widget = None
 
     @property
@@ -45,6 +46,9 @@ class TextView:
     def update(self) -> None:
         model = self.model
         elapsed = model.elapsed()
+        if model.attempt != self._attempt_said:  # said at once, as a failure is
+            self._attempt_said, self._reported_failures = model.attempt, set()
+            self._write(model.restart_reason)
         self._report_failures()
         waiting = model.waiting()
         if waiting and (self._waiting_said_at is None or elapsed - self._waiting_said_at >= WAITING_EVERY):

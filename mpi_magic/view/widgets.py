@@ -156,6 +156,7 @@ class WidgetView:
         self._quiet_start = quiet_start
         self._redraw_every = redraw_every
         self._drawn_version = -1
+        self._drawn_attempt = 1
         self._drawn_at: float | None = None
         self._pane_versions: dict[int, object] = {}
         self.widget: Dashboard | None = None
@@ -218,8 +219,9 @@ class WidgetView:
         self._drawn_version, self._drawn_at = model.version, model.elapsed()
         self.redraws += 1
         waiting = model.waiting()
-        self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + (
-            f" <b>· ⚠ {html.escape(waiting)}</b>" if waiting else "")  # the theme's text colour: readable in any
+        restarting = model.restart_reason if model.phase == "restarting" else ""
+        self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + "".join(
+            f" <b>· ⚠ {html.escape(text)}</b>" for text in (restarting, waiting) if text)  # the theme's text colour
         self._draw_total()
         if self.compact:
             self.grid.value = self._grid_html()
@@ -236,7 +238,7 @@ class WidgetView:
         active = counts["running"] + counts["starting"]
         if counts["failed"] or counts["stopped"]:
             self.total_bar.bar_style = "danger"
-        elif self.total_bar.bar_style != "danger":
+        elif self.total_bar.bar_style != "danger" or self._drawn_attempt != model.attempt:  # red stays in an attempt
             done = counts["completed"] == model.world_size or progress == 1.0
             self.total_bar.bar_style = "success" if done else "info" if progress is None else ""
         moving = self.total_bar.bar_style == "info" and bool(active)  # no rank says how far it is
@@ -247,6 +249,7 @@ class WidgetView:
         if counts["failed"]:
             parts.append(f"{counts['failed']} failed")
         self.total_numbers.value = " · ".join(parts)
+        self._drawn_attempt = model.attempt
 
     def _grid_html(self) -> str:
         blocks = []

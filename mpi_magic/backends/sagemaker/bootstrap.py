@@ -32,6 +32,7 @@ REQUIREMENTS = "requirements.txt"  # installed on every instance before the rank
 SAID = "mpi_magic bootstrap: "
 ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
 ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook need not wait for more
+TOLD_TO_STOP = SAID + "told to stop (SIGTERM): stopping the ranks"  # a stop, or a spot interruption
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -136,7 +137,7 @@ def lead(hosts, interface=None):
             os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         say("running " + " ".join(shlex.quote(a) for a in argv))
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        signal.signal(signal.SIGTERM, lambda *_: mpirun.send_signal(signal.SIGTERM))
+        signal.signal(signal.SIGTERM, lambda *_: stop(mpirun))
         failures: list[str] = []
         relayed = {"at": time.monotonic(), "whole_lines": True}
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
@@ -158,6 +159,12 @@ def lead(hosts, interface=None):
     if status != 0:
         return fail(failure or "mpirun exited with status %d" % status)
     return 0
+
+
+def stop(mpirun):
+    """SageMaker stops the container (StopTrainingJob, or a spot interruption): say so, then stop mpirun."""
+    print(TOLD_TO_STOP, flush=True)
+    mpirun.send_signal(signal.SIGTERM)
 
 
 def wait_for(workers, agent, limit=600.0):

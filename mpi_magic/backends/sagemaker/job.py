@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import SageMakerSetupError
 from ... import jobdir, wire
-from ...events import Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, StreamDecoder
+from ...events import (Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, Restarted,
+                       StreamDecoder)
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
-from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, announced_tag_style
+from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
 from .pricing import hourly_price
 from .settings import import_boto3
 
@@ -36,9 +37,10 @@ class Pace:
 
     The log is read every ``logs_fast`` seconds while lines arrive and half as often again after
     each read that finds none, up to ``logs_slow``; DescribeTrainingJob is called every
-    ``describe`` seconds until the job trains, then every ``describe_training`` seconds: from
-    then on the leader's log says what happens (its ranks' lines, then that mpirun is gone).
-    One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
+    ``describe_training`` seconds while the job trains and its log flows: then the leader's log
+    says what happens (its ranks' lines, then that mpirun is gone). Otherwise (starting, a quiet
+    log, an instance told to stop: a spot interruption may follow) it is called every ``describe``
+    seconds. One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
     """
 
     logs_fast: float
@@ -50,7 +52,8 @@ class Pace:
 # At most 60/2.2 = 27 log reads and 2 DescribeTrainingJob calls a minute while a job trains (29 <= 30),
 # whatever its size; a line waits 1.1 s for a read on average (plus CloudWatch's own delay).
 # While nothing arrives (instances starting, a quiet cell) the log is read every 5 s and the job
-# described every 5 s: 24 a minute, and no line waits more than 5 s for a read.
+# described every 5 s: 24 a minute, and no line waits more than 5 s for a read. Between the two,
+# the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 5 s.
 ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0)
 FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # before: ~80-95 calls a minute
 
@@ -84,10 +87,14 @@ class SageMakerJob:
         self.api_calls = 0
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
+        self._event_token = token
         self._decoder = StreamDecoder(token, "openmpi5")
         self._launcher_log = LauncherLog()
         self._stream: str | None = None
         self._token: str | None = None
+        self._attempt = 1  # SageMaker starts a managed spot job again after each interruption
+        self._restart_to = 1  # the attempt DescribeTrainingJob says is under way
+        self._ended_streams: set[str] = set()  # the leader's streams of attempts that ended
         self._status = "InProgress"
         self._secondary = ""
         # None: paced by ``pace``; a session sets them as it goes
@@ -97,6 +104,8 @@ class SageMakerJob:
         self._failures = 0  # reads that failed in a row
         self._lines = 0  # log lines read so far
         self._next_describe = 0.0
+        self._described_at = 0.0
+        self._told_to_stop = False  # the leader's log said it was told to stop: describe soon and often
         self._next_logs = 0.0
         self._finished = False
         self._ended_status: str | None = None
@@ -127,6 +136,7 @@ class SageMakerJob:
             try:
                 if now >= self._next_describe:
                     events += self._describe()
+                    self._described_at = now
                     self._next_describe = now + self._describe_wait()
                     read = True
                 if now >= self._next_logs:
@@ -136,6 +146,8 @@ class SageMakerJob:
                     read = True
                     if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
                         self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
+                    else:  # the log went quiet or the leader was told to stop: describe sooner
+                        self._next_describe = min(self._next_describe, self._described_at + self._describe_wait())
                 if read:  # every read tried this time succeeded: an outage, if any, is over
                     self._failures = 0
             except (BotoCoreError, ClientError) as exc:
@@ -159,7 +171,8 @@ class SageMakerJob:
         if self.describe_every is not None:
             return self.describe_every
         training = self._secondary == "Training" or self._stream is not None
-        return self.pace.describe_training if training else self.pace.describe
+        flowing = self._logs_wait < self.pace.logs_slow and not self._told_to_stop
+        return self.pace.describe_training if training and flowing else self.pace.describe
 
     def _logs_wait_after(self, lines_arrived: bool) -> float:
         """Seconds to the next read of the log: soon while lines arrive, later and later while none do."""
@@ -191,6 +204,10 @@ class SageMakerJob:
             self._secondary = described["SecondaryStatus"]
             # SageMaker's own words ("Training", "Completed"): the job's outcome is settled from the ranks
             events.append(Phase(self._secondary, f"SageMaker: {self._secondary}"))
+        interruptions = sum(t.get("Status") == "Interrupted" for t in described.get("SecondaryStatusTransitions", ()))
+        if interruptions >= self._restart_to:  # another attempt: read the last lines of this one, then follow it
+            self._restart_to = interruptions + 1
+            self._next_logs = 0.0
         if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
             self._ended_status = self._status
             self._described = described
@@ -213,16 +230,37 @@ class SageMakerJob:
         return events
 
     def _read_logs(self) -> list[Event]:
+        if self._restart_to > self._attempt:
+            events = self._read_stream() if self._stream is not None else []
+            return events + [self._begin_attempt(self._restart_to)]
         if self._stream is None:
             paginator = self.logs.get_paginator("describe_log_streams")
-            try:
+            try:  # in name order, and a stream's name ends in the second its instance started: the newest last
                 for page in paginator.paginate(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/algo-1-"):
                     for stream in page.get("logStreams", []):
-                        self._stream = stream["logStreamName"]
+                        if stream["logStreamName"] not in self._ended_streams:
+                            self._stream = stream["logStreamName"]
             except self.logs.exceptions.ResourceNotFoundException:
                 return []
             if self._stream is None:
                 return []
+        return self._read_stream()
+
+    def _begin_attempt(self, attempt: int) -> Restarted:
+        """SageMaker started the job again (a spot interruption): its instances start over, with
+        new log streams whose events count from the start again; the ranks' state so far is void."""
+        if self._stream is not None:
+            self._ended_streams.add(self._stream)
+        self._attempt, self._stream, self._token = attempt, None, None
+        self._decoder = StreamDecoder(self._event_token, self._decoder.style)
+        self._launcher_log = LauncherLog()
+        self._reported, self._world_size = set(), None
+        self._all_relayed = self._told_to_stop = False
+        self._quiet_since = None
+        self._logs_wait = self.pace.logs_fast
+        return Restarted(attempt, f"spot interruption: restarting, attempt {attempt}")
+
+    def _read_stream(self) -> list[Event]:
         events: list[Event] = []
         while True:
             kwargs = {"nextToken": self._token} if self._token else {"startFromHead": True}
@@ -233,6 +271,8 @@ class SageMakerJob:
                 self._lines += 1
                 self._decoder.style = announced_tag_style(line) or self._decoder.style
                 self._all_relayed = self._all_relayed or line == ALL_RELAYED
+                if line == TOLD_TO_STOP:
+                    self._told_to_stop = True
                 decoded = self._decoder.feed(line)
                 self._quiet_since = None
                 for event in decoded:

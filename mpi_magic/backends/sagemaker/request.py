@@ -6,9 +6,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ...rankinfo import CHECKPOINT_VARIABLE, NO_CHECKPOINTS
 from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 
 BOOTSTRAP = "bootstrap.py"
+CHECKPOINT_PATH = "/opt/ml/checkpoints"  # SageMaker's default LocalPath, where rankinfo.checkpoint_dir() points
 # The entrypoint checks the code it is about to run against digests pinned in the job definition:
 # whoever can write to the job's S3 prefix cannot change what the instances run.
 PINNED_START = (
@@ -65,6 +67,7 @@ class CloudSettings:
     max_runtime: int = 86400
     spot: bool = False
     max_wait: int | None = None
+    checkpoint_s3: str | None = None  # s3://bucket/prefix of SageMaker's checkpoint channel
     keep_alive: int | None = None
     subnets: tuple[str, ...] = ()
     security_groups: tuple[str, ...] = ()
@@ -120,6 +123,7 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         "MPI_MAGIC_MASTER_ADDR": "algo-1",
         "MPI_MAGIC_MASTER_PORT": "29500",
         "MPI_MAGIC_MAX_WAIT": str(settings.max_runtime),
+        CHECKPOINT_VARIABLE: settings.checkpoint_s3 or NO_CHECKPOINTS,  # where rankinfo.checkpoint_dir() points
         **(session or {}),
     }
     request: dict[str, Any] = {
@@ -141,6 +145,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
     }
     if settings.spot:
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = settings.max_wait or settings.max_runtime
+    if settings.checkpoint_s3:  # SageMaker keeps /opt/ml/checkpoints and this prefix in step
+        request["CheckpointConfig"] = {"S3Uri": settings.checkpoint_s3, "LocalPath": CHECKPOINT_PATH}
     if settings.keep_alive:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive
     if settings.kms_key:

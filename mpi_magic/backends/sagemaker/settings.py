@@ -121,6 +121,14 @@ def _from_sdk(find, *args):
                                   f"pass {option}") from None
 
 
+def _check_bucket(s3, bucket: str, option: str) -> None:
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001 - botocore raises several kinds here
+        raise SageMakerSetupError(f"the bucket {bucket!r} of {option} cannot be used ({exc}); "
+                                  f"create it or pass another {option}") from None
+
+
 def resolve(values: dict) -> tuple[CloudSettings, object]:
     """Settings from the cell's options and defaults, checked; (settings, boto3 session)."""
     boto3 = import_boto3()
@@ -157,15 +165,19 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
     except ValueError as exc:
         raise SageMakerSetupError(f"--s3-root: {exc}") from None
     s3 = session.client("s3")
-    try:
-        s3.head_bucket(Bucket=bucket)
-    except Exception as exc:  # noqa: BLE001 - botocore raises several kinds here
-        raise SageMakerSetupError(f"the bucket {bucket!r} of --s3-root cannot be used ({exc}); "
-                                  "create it or pass another --s3-root") from None
+    _check_bucket(s3, bucket, "--s3-root")
+    checkpoint_s3 = (values.get("checkpoint_s3") or "").rstrip("/") or None
+    if checkpoint_s3:
+        try:
+            checkpoint_bucket, _ = split_s3(checkpoint_s3)
+        except ValueError as exc:
+            raise SageMakerSetupError(f"--checkpoint-s3: {exc}") from None
+        if checkpoint_bucket != bucket:
+            _check_bucket(s3, checkpoint_bucket, "--checkpoint-s3")
     settings = CloudSettings(
         region=region, role=role, image_uri=image_uri, instance_type=instance_type, s3_root=s3_root,
         volume_size=int(values.get("volume_size") or 100), max_runtime=int(values.get("max_runtime") or 86400),
-        spot=bool(values.get("spot")), max_wait=values.get("max_wait"), keep_alive=values.get("keep_alive"),
+        spot=bool(values.get("spot")), max_wait=values.get("max_wait"), checkpoint_s3=checkpoint_s3, keep_alive=values.get("keep_alive"),
         subnets=tuple(values.get("subnets") or ()), security_groups=tuple(values.get("security_groups") or ()),
         kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}),
     )
