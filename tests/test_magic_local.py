@@ -118,6 +118,18 @@ def test_torch_style_rendezvous_variables_are_set(ip):
     assert addr0 == addr1 == "127.0.0.1" and port0 == port1 > 0
 
 
+def test_checkpoint_dir_is_one_folder_beside_the_notebook_that_every_rank_and_a_rerun_find(ip, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cell = ("import os, mpi_magic\n"
+            "folder = mpi_magic.checkpoint_dir()\n"
+            "path = os.path.join(folder, f'rank-{mpi_magic.rank()}')\n"
+            "runs = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
+            "open(path, 'w').write(str(runs))\n")
+    run(ip, "-g 2 --gather", cell)
+    run(ip, "-g 2 --gather", cell)
+    assert ip.user_ns["folder"] == [str(tmp_path / "checkpoints")] * 2 and ip.user_ns["runs"] == [2, 2]
+
+
 def test_output_shows_rank_0_stdout_and_every_ranks_stderr_with_its_rank(ip, capsys):
     run(ip, "-g 3 --out job", (
         "import sys, mpi_magic\n"

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import mpi_magic
 
 HEAVY = ["boto3", "botocore", "sagemaker", "pandas", "ipywidgets"]
@@ -64,3 +66,15 @@ def test_a_rank_starts_without_modules_it_does_not_need(ip):
 def test_rank_info_outside_a_job():
     assert (mpi_magic.rank(), mpi_magic.world_size(), mpi_magic.local_rank(), mpi_magic.instance(),
             mpi_magic.num_instances()) == (0, 1, 0, 0, 1)
+
+
+def test_checkpoint_dir_on_a_sagemaker_job_is_its_checkpoint_channel_or_a_sentence_saying_how_to_get_one(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
+    monkeypatch.setenv("MPI_MAGIC_CHECKPOINT_S3", "s3://bucket/checkpoints")
+    assert mpi_magic.checkpoint_dir() == str(tmp_path / "checkpoints") and (tmp_path / "checkpoints").is_dir()
+    monkeypatch.setenv("MPI_MAGIC_CHECKPOINT_S3", "none")  # a job started without --checkpoint-s3
+    with pytest.raises(RuntimeError, match=r"^this SageMaker job keeps no checkpoints: add --checkpoint-s3 s3://"):
+        mpi_magic.checkpoint_dir()
+    monkeypatch.setenv("MPI_MAGIC_CHECKPOINT_DIR", str(tmp_path / "mine"))  # the user's choice wins
+    assert mpi_magic.checkpoint_dir() == str(tmp_path / "mine")

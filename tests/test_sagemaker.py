@@ -136,6 +136,20 @@ def test_bad_cloud_settings_are_one_sentence_before_anything_is_uploaded(ip, clo
     assert _uploaded(cloud, prefix) == []
 
 
+def test_checkpoint_s3_maps_sagemakers_checkpoint_channel_and_a_bad_one_is_one_sentence(ip, cloud, prefix, capsys):
+    _run(ip, f"-i 2 -g 1 --spot --checkpoint-s3 s3://{BUCKET}/{prefix}/ck/ --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["CheckpointConfig"] == {"S3Uri": f"s3://{BUCKET}/{prefix}/ck", "LocalPath": "/opt/ml/checkpoints"}
+    assert request["Environment"]["MPI_MAGIC_CHECKPOINT_S3"] == f"s3://{BUCKET}/{prefix}/ck"
+    for uri, message in (("ck/x", "--checkpoint-s3: 'ck/x' is not an s3:// address"),
+                         ("s3://no-such-bucket/ck", "the bucket 'no-such-bucket' of --checkpoint-s3 cannot be used")):
+        with pytest.raises(mpi_magic.MpiMagicError, match=message) as caught:
+            _run(ip, f"-i 2 -g 1 --checkpoint-s3 {uri}", "x = 1\n")
+        assert "\n" not in str(caught.value)
+    assert _uploaded(cloud, prefix) == []
+
+
 def test_the_default_image_is_the_sdks_pytorch_training_image_for_this_python(ip, cloud, capsys):
     import sys
 

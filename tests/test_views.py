@@ -374,3 +374,34 @@ def test_a_running_jobs_billing_reports_cause_no_redraw_of_their_own():
     assert model.billable_seconds() == 5.0 + 2 * 1
     model.fold(Billing(instances=2, instance_seconds=8.0, running=False, hourly_price=1.0))
     assert model.version == version + 1 and model.billable_seconds() == 8.0
+
+
+def test_a_job_started_again_resets_every_rank_and_both_views_say_so(world):
+    from mpi_magic.events import Restarted
+
+    clock, model, view, slot, decoder = world
+    clock.now += 2
+    wire(model, decoder, *[started(r) for r in range(4)], Progress(rank=0, n=3, total=10, seq=1, time=11.0),
+         RankFinished(rank=1, ok=True, results_digest="ab", seq=1, time=11.0),
+         RankFinished(rank=2, ok=False, error_type="KeyboardInterrupt", seq=1, time=11.0))
+    model.fold(Output(0, "stdout", "epoch 3"))
+    view.update()
+    assert view.rows[2].bar.bar_style == "danger" and model.result_digests == {1: "ab"}
+    text = io.StringIO()
+    text_view = TextView(model, text)
+    model.fold(Restarted(2, "spot interruption: restarting, attempt 2"))
+    assert [(s.status, s.bar, s.failure, s.started_at) for s in model.ranks] == [("starting", None, None, None)] * 4
+    assert model.result_digests == {} and model.ranks[0].tail[-1] == ("stdout", "epoch 3"), "the output stays"
+    clock.now += 2
+    view.update()
+    text_view.update()
+    assert "restarting (attempt 2)" in view.header.value and "spot interruption" in view.header.value
+    assert text.getvalue().startswith("mpi_magic: spot interruption: restarting, attempt 2\n")
+    # the new attempt's events count from the start again, through a decoder of its own
+    wire(model, StreamDecoder(TOKEN), *[started(r) for r in range(4)],
+         *[RankFinished(rank=r, ok=True, seq=1, time=20.0) for r in range(4)])
+    clock.now += 2
+    view.update()
+    assert [row.bar.bar_style for row in view.rows] == ["success"] * 4, "red was the attempt that ended"
+    assert model.counts()["completed"] == 4 and view.total_bar.bar_style == "success"
+    assert "running (attempt 2)" in view.header.value

@@ -58,13 +58,15 @@ class RankState:
     gone: bool = False  # its process vanished without reporting; settled when the launcher exits
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
+    attempt: int = 1  # of the job (2 and on after it started again)
 
-    def restart(self) -> None:
+    def restart(self, attempt: int) -> None:
         """The job started again: what this rank did belongs to the attempt that ended (its
         output stays in the tail, as in the log)."""
         self.host, self.pid, self.status, self.failure, self.gone = "", 0, "starting", None, False
         self.bars, self.last_line = {}, ""
         self.started_at = self.ended_at = self.failed_at = None
+        self.attempt = attempt
 
     @property
     def bar(self) -> Bar | None:
@@ -225,7 +227,7 @@ class JobModel:
             self.result_digests.clear()
             self.unreturned.clear()
             for state in self.ranks:
-                state.restart()
+                state.restart(event.attempt)
             self.last_activity = self.clock()
         elif isinstance(event, events.StopRequested):
             if self.stop_reason is None:

@@ -127,6 +127,7 @@ class Dashboard(w.VBox):
 class RankRow:
     def __init__(self, state: RankState):
         self.box, self.bar, self.numbers, self.last_line = _row(f"rank {state.rank}")
+        self._attempt = state.attempt
 
     def draw(self, state: RankState) -> None:
         bar = state.bar
@@ -135,7 +136,9 @@ class RankRow:
             self.bar.value = float(bar.total if state.status == "completed" else min(bar.n, bar.total))
         else:  # unknown total: a full, moving bar; the count and rate are in the numbers
             self.bar.max, self.bar.value = 1.0, 1.0 if state.status in ("running", "completed") else 0.0
-        self.bar.bar_style = bar_style(state, self.bar.bar_style)
+        # red is final within an attempt; a job started again starts its bars afresh
+        self.bar.bar_style = bar_style(state, self.bar.bar_style if state.attempt == self._attempt else "")
+        self._attempt = state.attempt
         _indeterminate(self.bar, self.bar.bar_style == "info" and bar is not None)
         self.numbers.value = numbers(state)
         if state.failure is not None:
