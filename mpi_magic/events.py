@@ -158,6 +158,7 @@ class LauncherExited:
     returncode: int | None  # None: unknown (the job was still stopping when the notebook gave up waiting)
     reports: dict[int, str] = field(default_factory=dict)
     refused: str = ""  # the launcher's own reason when it refused to start any rank
+    reason: str = ""  # why the job ended, where more is known than the launcher's status (a session ended)
 
 
 class CellEnded(LauncherExited):

@@ -181,21 +181,26 @@ class NotebookEnd:
         self._put(heartbeat_uri(self.uri), str(time.time()).encode())
 
     def last_cell(self) -> int:
-        """The number of the last cell this key sent (0: none), from the messages in S3; an object
-        not signed by this key (someone else's) does not count."""
-        bucket, prefix = split_s3(f"{self.uri}/messages/")
-        numbers = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            numbers += [n for n in (cell_of(item["Key"]) for item in page.get("Contents", [])) if n is not None]
-        for number in sorted(numbers, reverse=True):
-            data = self.s3.get_object(Bucket=bucket, Key=f"{prefix}{number:08d}.json")["Body"].read(MAX_MESSAGE)
-            try:
-                body = open_signed(data, self.signer.public_text)
-            except Refused:
-                continue
-            if body.get("cell") == number and body.get("job") == self.job_name:
-                return number
-        return 0
+        """The number of the last cell this key sent (0: none)."""
+        return last_cell(self.s3, self.uri, self.signer.public_text, self.job_name)
+
+
+def last_cell(s3, uri: str, public_text: str, job_name: str) -> int:
+    """The number of the last cell the notebook sent (0: none), from the messages in S3; an object
+    not signed by the key whose public half is ``public_text`` (someone else's) does not count."""
+    bucket, prefix = split_s3(f"{uri}/messages/")
+    numbers = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        numbers += [n for n in (cell_of(item["Key"]) for item in page.get("Contents", [])) if n is not None]
+    for number in sorted(numbers, reverse=True):
+        data = s3.get_object(Bucket=bucket, Key=f"{prefix}{number:08d}.json")["Body"].read(MAX_MESSAGE)
+        try:
+            body = open_signed(data, public_text)
+        except Refused:
+            continue
+        if body.get("cell") == number and body.get("job") == job_name:
+            return number
+    return 0
 
 
 # -- rank 0's end -----------------------------------------------------------------------------------
@@ -287,6 +292,13 @@ class RankEnd:
             time.sleep(nap if deadline is None else max(0.0, min(nap, deadline - now)))
             if deadline is not None and self.clock() >= deadline:
                 return None
+
+    def skip_cells_sent(self) -> None:
+        """Wait for the cell after the last one already in S3. Called before the ranks say they are
+        up: the notebook sends its first cell only then, so a cell already here was sent to ranks
+        that ended (SageMaker started the job again after a spot interruption, and the notebook ends
+        the session); it ran, or failed, on the ranks gone, and never runs again."""
+        self.next_cell = last_cell(self.s3, self.uri, self.public_text, self.job_name) + 1
 
     def _complain(self, text: str) -> None:
         """Say a trouble once a minute at most: the job's log should not fill with one failure."""

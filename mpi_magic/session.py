@@ -259,6 +259,8 @@ class Session:
         atexit.unregister(self._at_exit)
 
     def _route(self, event: events.Event) -> None:
+        if isinstance(event, events.Restarted):
+            self._replaced(event)
         with self._lock:
             if isinstance(event, events.RankStarted):
                 self._pids[event.rank], self._hosts[event.rank] = event.pid, event.host
@@ -279,6 +281,16 @@ class Session:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
             return
         self._model.fold(event)  # its tail keeps what the ranks printed between cells
+
+    def _replaced(self, event: events.Restarted) -> None:
+        """SageMaker started the session's job again (a spot interruption) on new instances: what
+        the ranks held is gone and a cell that ran is lost, so the session ends instead of going on
+        as if nothing happened (its ranks never run an earlier cell again: ``s3channel.RankEnd``)."""
+        with self._lock:
+            self.ended_reason = self.ended_reason or (
+                f"{event.reason.split(':')[0]}: SageMaker replaced its instances, and what the ranks held with them")
+        assert self._ranks is not None
+        self._ranks.stop(wait=False)  # the pump goes on reading until the job has stopped
 
     def _closing_reason(self) -> str:
         if self._closing:
@@ -411,11 +423,12 @@ class SessionCell:
                 self.reported.add(event.rank)
                 if not event.ok and self._interrupted_at is None:
                     self._why_interrupted = f"rank {event.rank} failed"
-            shown.append(event)
             if isinstance(event, events.LauncherExited):  # the session ended under the cell
                 self._end()
-                shown.append(events.Note(self.session.ended_under_a_cell()))
+                ended = self.session.ended_under_a_cell()
+                shown += [dataclasses.replace(event, reason=ended), events.Note(ended)]
                 return shown
+            shown.append(event)
         world = self.session.world_size
         if not self._done and len(self.back) == world and len(self.reported) == world:
             self._end()

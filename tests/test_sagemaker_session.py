@@ -233,3 +233,31 @@ def test_what_cannot_start_or_be_taken_over_is_one_sentence(sessions, aws, monke
     with pytest.raises(mpi_magic.MpiMagicError, match="no training job 'no-such-session'") as refused:
         ip.run_line_magic("mpirun_session", "attach no-such-session")
     assert "\n" not in str(refused.value)
+
+
+def test_a_spot_interruption_ends_the_session_and_says_why(sessions, aws, local_aws_env):
+    from mpi_magic.testing.sagemaker_emulator import interrupt
+
+    ip = sessions
+    s = start(ip, "-i 2 -g 1 --spot")
+    run(ip, "--quiet", "kept = 1")
+    reclaim = lambda: interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], s.job_name)  # noqa: E731
+    with once(lambda: s.status == "running", reclaim, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
+        run(ip, "--quiet", "import time\ntime.sleep(60)")
+    assert f"session {s.name} ended: spot interruption: SageMaker replaced its instances" in str(raised.value)
+    assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
+
+
+def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
+    """After a restart, rank 0 waits for the cell after the last one the notebook sent."""
+    uri, job = f"s3://{BUCKET}/jobs/{tmp_path.name}/session", "spot-job"
+    (tmp_path / payload.PAYLOAD_FILE).write_bytes(b"payload")
+    signer = s3channel.Signer()
+    notebook = s3channel.NotebookEnd(aws.client("s3"), uri, job, signer)
+    for cell in (1, 2):
+        notebook.send_cell(cell, str(tmp_path / payload.PAYLOAD_FILE))
+    rank0 = s3channel.RankEnd(uri, signer.public_text, None, job)
+    rank0.skip_cells_sent()
+    assert rank0.receive(timeout=0.5) is None
+    notebook.send_cell(3, str(tmp_path / payload.PAYLOAD_FILE))
+    assert rank0.receive(timeout=5)["cell"] == 3

@@ -108,6 +108,8 @@ class S3Cells:
         self.end = s3channel.RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
                                      env.get("MPI_MAGIC_JOB", ""), say=_say)
         self.source = self.end if place.rank == 0 else None
+        if self.source is not None:
+            self.source.skip_cells_sent()
         self.instance = comm.Split(place.instance, place.local_rank)
         self.control = comm.Dup()
         self._cell = 0  # the cell running on this rank (0: none)

@@ -288,6 +288,8 @@ class JobModel:
             return RankExitError([], f"the launcher refused to start the job: {self.exit.refused}")
         tail = "\n".join(self.launcher_tail)
         unfinished = [s.rank for s in self.ranks if s.status != "completed"]
+        if self.exit.reason:
+            return RankExitError([], f"ranks {unfinished} stopped before the cell finished: {self.exit.reason}")
         return RankExitError([], f"ranks {unfinished} stopped before the cell finished; the launcher exited with "
                                  f"status {self.exit.returncode}" + (f":\n{tail}" if tail else ""))
 

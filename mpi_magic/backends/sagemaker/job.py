@@ -168,10 +168,12 @@ class SageMakerJob:
 
     def _describe_wait(self) -> float:
         """Seconds to the next DescribeTrainingJob: rarer once the leader's log tells how the job goes."""
+        if self._told_to_stop:  # a stop, or capacity reclaimed: SageMaker's status says which, and what next
+            return min(self.pace.describe, self.describe_every or self.pace.describe)
         if self.describe_every is not None:
             return self.describe_every
         training = self._secondary == "Training" or self._stream is not None
-        flowing = self._logs_wait < self.pace.logs_slow and not self._told_to_stop
+        flowing = self._logs_wait < self.pace.logs_slow
         return self.pace.describe_training if training and flowing else self.pace.describe
 
     def _logs_wait_after(self, lines_arrived: bool) -> float:
