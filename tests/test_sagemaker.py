@@ -698,3 +698,8 @@ def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_chec
     streams = cloud.client("logs").describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs",
                                                        logStreamNamePrefix=f"{job.name}/algo-1-")["logStreams"]
     assert len(streams) == 2, "the leader's log of each attempt"
+    del ip.user_ns["resumed_from"]
+    ip.run_line_magic("mpirun_attach", f"{job.name} --out attached")  # a new handle, from SageMaker and S3 alone
+    attached = ip.user_ns["attached"]
+    assert attached.model.attempt == 2 and [s.status for s in attached.ranks] == ["completed"] * 4
+    assert ip.user_ns["resumed_from"] == resumed_from

@@ -94,7 +94,7 @@ class SageMakerJob:
         self._token: str | None = None
         self._attempt = 1  # SageMaker starts a managed spot job again after each interruption
         self._restart_to = 1  # the attempt DescribeTrainingJob says is under way
-        self._ended_streams: set[str] = set()  # the leader's streams of attempts that ended
+        self._attempt_since = 0.0  # when the last interruption came (epoch): the attempt's streams are newer
         self._status = "InProgress"
         self._secondary = ""
         # None: paced by ``pace``; a session sets them as it goes
@@ -206,9 +206,10 @@ class SageMakerJob:
             self._secondary = described["SecondaryStatus"]
             # SageMaker's own words ("Training", "Completed"): the job's outcome is settled from the ranks
             events.append(Phase(self._secondary, f"SageMaker: {self._secondary}"))
-        interruptions = sum(t.get("Status") == "Interrupted" for t in described.get("SecondaryStatusTransitions", ()))
-        if interruptions >= self._restart_to:  # another attempt: read the last lines of this one, then follow it
-            self._restart_to = interruptions + 1
+        interrupted = [t for t in described.get("SecondaryStatusTransitions", ()) if t.get("Status") == "Interrupted"]
+        if len(interrupted) >= self._restart_to:  # another attempt: read the last lines of this one, then follow it
+            self._restart_to = len(interrupted) + 1
+            self._attempt_since = _epoch(interrupted[-1]["StartTime"])
             self._next_logs = 0.0
         if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
             self._ended_status = self._status
@@ -240,7 +241,7 @@ class SageMakerJob:
             try:  # in name order, and a stream's name ends in the second its instance started: the newest last
                 for page in paginator.paginate(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/algo-1-"):
                     for stream in page.get("logStreams", []):
-                        if stream["logStreamName"] not in self._ended_streams:
+                        if stream.get("creationTime", 0) / 1000 >= self._attempt_since:  # not an earlier attempt's
                             self._stream = stream["logStreamName"]
             except self.logs.exceptions.ResourceNotFoundException:
                 return []
@@ -251,8 +252,6 @@ class SageMakerJob:
     def _begin_attempt(self, attempt: int) -> Restarted:
         """SageMaker started the job again (a spot interruption): its instances start over, with
         new log streams whose events count from the start again; the ranks' state so far is void."""
-        if self._stream is not None:
-            self._ended_streams.add(self._stream)
         self._attempt, self._stream, self._token = attempt, None, None
         self._decoder = StreamDecoder(self._event_token, self._decoder.style)
         self._launcher_log = LauncherLog()
