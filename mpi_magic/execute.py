@@ -295,10 +295,14 @@ def attach_session(job_name: str, config: Config, detach: bool = False, quiet: b
     cache_dir = config.get("cache_dir")
     _prepare(cache_dir)
     ranks, info = attach(job_name, config.get("region"), cache_dir, config.get("heartbeat"))
-    options = LaunchOptions(instances=info["instances"], gpus=info["procs_per_instance"], backend="sagemaker",
-                            env=info["env"], detach=detach)
-    session = Session(job_name, "sagemaker", options, config.get("session_grace"), cache_dir, clock)
-    session.cells = info["cells"]
+    try:
+        options = LaunchOptions(instances=info["instances"], gpus=info["procs_per_instance"], backend="sagemaker",
+                                env=info["env"], detach=detach)
+        session = Session(job_name, "sagemaker", options, config.get("session_grace"), cache_dir, clock)
+        session.cells = info["cells"]
+    except BaseException:  # the job ran before this notebook came: it runs on
+        ranks.let_go("the attach failed")
+        raise
     session.start(ranks, None if quiet else echo.say, detach=detach, attached=True)
     return session
 

@@ -75,8 +75,10 @@ class MpiMagics(Magics):
         if session.status == "stopped":
             if not session.told_ended:
                 session.told_ended = True
-                ConsoleEcho().say(f"session {session.name} ended ({session.ended_reason}); this cell runs as a "
-                                  "one-off job (%mpirun_session start starts a new session)")
+                ended = (session.ended_sentence() if session.released
+                         else f"session {session.name} ended ({session.ended_reason})")
+                ConsoleEcho().say(f"{ended}; this cell runs as a one-off job (%mpirun_session start starts a "
+                                  "new session)")
             return None
         if session.status != "idle":
             raise UsageError(f"session {session.name} is {session.status} (a cell still runs on it): wait for it, "

@@ -12,8 +12,10 @@ when its SHA-256 is the one the signed message names: whoever can write to the b
 rank 0 refuse objects, never run code.
 
 The notebook also refreshes ``heartbeat``; rank 0 ends the session when it has not changed for
-the heartbeat limit. It is not signed: forging it can only keep an idle session up until
-``--idle-timeout`` or ``--max-runtime`` ends it.
+the heartbeat limit. It names when the notebook refreshing it took the session (started or
+attached): a notebook that finds a later claim there has been taken over and lets go, so that two
+notebooks never send cells to one session. It is not signed: forging it can only keep an idle
+session up until ``--idle-timeout`` or ``--max-runtime`` ends it, or make a notebook let go.
 
 Standard library when imported (the rank runtime imports it); boto3 and ``cryptography`` when
 used. ``cryptography`` is in the ``sagemaker`` extra for the notebook; on the job only rank 0
@@ -153,12 +155,17 @@ def open_signed(data: bytes, public_text: str) -> dict:
 
 # -- the notebook's end ---------------------------------------------------------------------------
 
+class TakenOver(ChannelError):
+    """Another notebook took the session over (``%mpirun_session attach``) after this one took it."""
+
+
 class NotebookEnd:
     """Writes the notebook's messages, payloads and heartbeat with ``s3`` (the job's client, so
     that every call is counted with the job's)."""
 
     def __init__(self, s3, uri: str, job_name: str, signer: Signer):
         self.s3, self.uri, self.job_name, self.signer = s3, uri, job_name, signer
+        self.claimed_at = time.time()  # when this notebook took the session (the same clock: one machine)
 
     def _put(self, uri: str, body: bytes) -> None:
         bucket, key = split_s3(uri)
@@ -178,7 +185,27 @@ class NotebookEnd:
         self._put(interrupt_uri(self.uri, cell), self.signer.sign(body))
 
     def beat(self) -> None:
-        self._put(heartbeat_uri(self.uri), str(time.time()).encode())
+        """Refresh the heartbeat; ``TakenOver`` instead when a later notebook holds the session."""
+        self.check_held()
+        self._put(heartbeat_uri(self.uri), json.dumps({"claimed_at": self.claimed_at, "at": time.time()}).encode())
+
+    def check_held(self) -> None:
+        """``TakenOver`` when the heartbeat names a claim later than this notebook's."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(heartbeat_uri(self.uri))
+        try:
+            data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_MESSAGE)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return  # no heartbeat yet: the session is starting
+            raise
+        try:
+            claimed = float(json.loads(data)["claimed_at"])
+        except (ValueError, KeyError, TypeError):
+            return  # not a claim
+        if claimed > self.claimed_at:
+            raise TakenOver(f"another notebook took session {self.job_name} over (%mpirun_session attach) after this one")
 
     def last_cell(self) -> int:
         """The number of the last cell this key sent (0: none)."""

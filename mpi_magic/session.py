@@ -197,7 +197,7 @@ class Session:
                           session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
                           launcher_started=getattr(ranks, "started", None))
         except BaseException:  # the ranks (a training job) are up already: nothing may keep running unowned
-            ranks.stop(wait=False)
+            ranks.let_go("the attach failed") if attached else ranks.stop(wait=False)
             raise
         self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
         self._pump_thread.start()
@@ -225,7 +225,10 @@ class Session:
                     raise SessionStartError(f"session {self.name}: only {ready} of {self.world_size} ranks were up "
                                             f"after {limit:g}s, so it was stopped")
         except BaseException:
-            self._end("its start was interrupted")
+            if attached:  # the job was running before: giving up watching it must not stop it
+                self._let_go("taking it over was interrupted")
+            else:
+                self._end("its start was interrupted")
             raise
         if self._status != "idle":
             self._end("its ranks ended while starting")
@@ -253,7 +256,7 @@ class Session:
         with self._lock:
             if self._status != "stopped":
                 self._status = "stopped"
-                self.ended_reason = self.ended_reason or self._closing_reason()
+                self.ended_reason = self.ended_reason or ranks.released or self._closing_reason()
             self._lock.notify_all()
         ranks.stop(wait=False)  # what the backend keeps for the ranks (a channel, a heartbeat) ends with them
         atexit.unregister(self._at_exit)
@@ -299,6 +302,17 @@ class Session:
             return "; ".join(f"rank {r} {why}" for r, why in sorted(self._exit.reports.items()))
         return "its launcher exited"
 
+    def _let_go(self, reason: str) -> None:
+        """This notebook holds the session no more; its ranks run on (another notebook may take them over)."""
+        assert self._ranks is not None
+        self._ranks.let_go(reason)
+        if self._pump_thread is not None and self._pump_thread is not threading.current_thread():
+            self._pump_thread.join(timeout=STOP_WAIT)
+        with self._lock:
+            self.ended_reason = self.ended_reason or self._ranks.released or reason
+            self._status = "stopped"
+        atexit.unregister(self._at_exit)
+
     def _end(self, reason: str, wait: bool = True) -> None:
         """Stop everything of the session now; idempotent."""
         with self._lock:
@@ -335,9 +349,8 @@ class Session:
             ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
         except OSError as exc:
             self._cell_over(cell)
-            self._end(f"rank 0 could not be reached ({exc})")
-            raise JobError(f"session {self.name} ended: {self.ended_reason}; run the cell again "
-                           "(as a one-off job) or %mpirun_session start") from None
+            self._end(str(exc) if ranks.released else f"rank 0 could not be reached ({exc})")
+            raise JobError(self.ended_sentence()) from None
         return cell
 
     def _cell_over(self, cell: SessionCell) -> None:
@@ -377,7 +390,15 @@ class Session:
             self.ended_reason = self.ended_reason or self._closing_reason()
         return self.ended_sentence()
 
+    @property
+    def released(self) -> bool:
+        """Another notebook took the session over: its ranks run on, held from there."""
+        return self._ranks is not None and self._ranks.released is not None
+
     def ended_sentence(self) -> str:
+        if self.released:
+            return (f"session {self.name} is not this notebook's any more: {self.ended_reason}; its ranks run on "
+                    f"(%mpirun_session attach {self.job_name} takes it back here)")
         return (f"session {self.name} ended: {self.ended_reason}; every rank was stopped and the session's state "
                 "is gone (the next cell runs as a one-off job, or start a new session with %mpirun_session start)")
 

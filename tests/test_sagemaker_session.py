@@ -248,6 +248,23 @@ def test_a_spot_interruption_ends_the_session_and_says_why(sessions, aws, local_
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
+def test_two_notebooks_never_both_hold_a_session_the_later_claim_wins(aws, tmp_path):
+    uri, job = f"s3://{BUCKET}/jobs/{tmp_path.name}/session", "held-job"
+    signer = s3channel.Signer()
+    first = s3channel.NotebookEnd(aws.client("s3"), uri, job, signer)
+    first.beat()
+    time.sleep(0.01)
+    later = s3channel.NotebookEnd(aws.client("s3"), uri, job, signer)  # %mpirun_session attach
+    first.beat()  # the first one may beat once more before the later one's first beat
+    later.beat()
+    with pytest.raises(s3channel.TakenOver, match=f"another notebook took session {job} over"):
+        first.beat()
+    with pytest.raises(s3channel.TakenOver):
+        first.check_held()  # as before sending a cell
+    later.beat()
+    later.check_held()
+
+
 def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
     """After a restart, rank 0 waits for the cell after the last one the notebook sent."""
     uri, job = f"s3://{BUCKET}/jobs/{tmp_path.name}/session", "spot-job"
@@ -261,3 +278,29 @@ def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
     assert rank0.receive(timeout=0.5) is None
     notebook.send_cell(3, str(tmp_path / payload.PAYLOAD_FILE))
     assert rank0.receive(timeout=5)["cell"] == 3
+
+
+def test_a_notebook_another_took_the_session_from_lets_go_and_an_interrupted_attach_stops_nothing(
+        sessions, aws, settings, local_aws_env, cache_dir):
+    ip = sessions
+    s = start(ip, "-i 1 -g 2")
+    run(ip, "--quiet", "kept = 1")
+    other = ("from IPython.core.interactiveshell import InteractiveShell\n"
+             "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
+             f"ip.run_line_magic('mpirun_session', 'attach {s.job_name} --detach --quiet')\n"
+             "ip.run_cell_magic('mpirun_remote', '--quiet --gather', 'seen = kept + 1')\n"
+             "print('RESULT', ip.user_ns['seen'], flush=True)\n")
+    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": cache_dir}
+    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=120)
+    assert "RESULT [2, 2]" in out.stdout, out.stdout + out.stderr
+    assert wait_until(lambda: s.status == "stopped", 10), "the next heartbeat finds the later claim"
+    assert s.ended_sentence().startswith(f"session {s.name} is not this notebook's any more: another notebook took "
+                                         f"session {s.job_name} over")
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
+
+    with once(lambda: True, _thread.interrupt_main, pause=0.5), pytest.raises(KeyboardInterrupt):
+        ip.run_line_magic("mpirun_session", f"attach {s.job_name} --quiet")
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress", "giving up an attach stops nothing"
+    ip.run_line_magic("mpirun_session", f"attach {s.job_name} --out s --quiet")
+    run(ip, "--quiet --gather", "again = kept")
+    assert ip.user_ns["again"] == [1, 1]

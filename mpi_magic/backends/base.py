@@ -115,3 +115,12 @@ class SessionRanks(Protocol):
 
     def stop(self, wait: bool = True) -> None:
         """Stop every rank now, leaving nothing running (``wait=False``: return once the stop is under way)."""
+
+    @property
+    def released(self) -> str | None:
+        """Why this notebook no longer holds ranks that run on (another notebook took them over);
+        None while it holds them."""
+
+    def let_go(self, reason: str) -> None:
+        """Hold the ranks no more and leave them running where they can outlive the notebook (a
+        cloud job another notebook may take over); elsewhere, stop them."""

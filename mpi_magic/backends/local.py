@@ -264,6 +264,7 @@ class LocalSessionRanks:
     stop_description = "SIGINT to every rank"
     job_name = None
     latency = 0.0
+    released = None  # local ranks end with the notebook: no other notebook takes them over
     start_limit = 300.0
 
     def __init__(self, job: LocalJob, cells, folder: str):
@@ -306,6 +307,10 @@ class LocalSessionRanks:
 
     def facts(self) -> list[str]:
         return []
+
+    def let_go(self, reason: str) -> None:
+        """Local ranks cannot outlive the notebook's hold on them: they are stopped."""
+        self.stop(wait=False)
 
     def stop(self, wait: bool = True) -> None:
         """Every rank, mpirun and what they started, stopped; the channel closed (at once: ``wait`` changes nothing)."""

@@ -284,12 +284,12 @@ class JobModel:
             return RemoteRankError(raised, self.world_size)
         if failed:
             return RankExitError(failed)
+        unfinished = [s.rank for s in self.ranks if s.status != "completed"]
+        if self.exit.reason:  # the backend knows better than the launcher's words
+            return RankExitError([], f"ranks {unfinished} stopped before the cell finished: {self.exit.reason}")
         if self.exit.refused:
             return RankExitError([], f"the launcher refused to start the job: {self.exit.refused}")
         tail = "\n".join(self.launcher_tail)
-        unfinished = [s.rank for s in self.ranks if s.status != "completed"]
-        if self.exit.reason:
-            return RankExitError([], f"ranks {unfinished} stopped before the cell finished: {self.exit.reason}")
         return RankExitError([], f"ranks {unfinished} stopped before the cell finished; the launcher exited with "
                                  f"status {self.exit.returncode}" + (f":\n{tail}" if tail else ""))
 

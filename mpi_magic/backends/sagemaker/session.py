@@ -83,6 +83,7 @@ class SageMakerSessionRanks:
         self._back: set[int] = set()
         self._stop_beating = threading.Event()
         self._beater: threading.Thread | None = None
+        self.released: str | None = None  # why this notebook no longer holds the session, which runs on
         self._sent_at = self.clock()  # starting counts as running: every rank reports ready to cell 0
         self.job.describe_every, self.job.logs_every = STARTING_DESCRIBE, STARTING_LOGS
         self._starting = True
@@ -112,14 +113,28 @@ class SageMakerSessionRanks:
         while not self._stop_beating.wait(self.heartbeat_every):
             try:
                 self.channel.beat()
+            except s3channel.TakenOver as exc:
+                self._release(str(exc))
             except Exception:  # noqa: BLE001 - missed once; the limit allows for several
                 pass
 
+    def _release(self, reason: str) -> None:
+        """Hold the session no more, and leave its job running: no heartbeat, no cells, no stop."""
+        self.released = self.released or reason
+        self._stop_beating.set()
+
+    def let_go(self, reason: str) -> None:
+        """Stop watching and refreshing the session from this notebook; its job runs on until its
+        heartbeat limit, or until a notebook takes it over (``%mpirun_session attach``)."""
+        self._release(reason)
+        if self._beater is not None and self._beater is not threading.current_thread():
+            self._beater.join(timeout=10)
     # -- SessionRanks ---------------------------------------------------------------------------
 
     @property
     def finished(self) -> bool:
-        return self.job.finished
+        """The job has ended, or this notebook let go of it (so the watching ends too)."""
+        return self.job.finished or self.released is not None
 
     @property
     def api_calls(self) -> int:
@@ -144,9 +159,16 @@ class SageMakerSessionRanks:
 
     def send(self, message: dict) -> None:
         if message["kind"] == "stop":  # the job's end is SageMaker's to say: Stopped, not Completed
+            if self.released is not None:
+                return
             self.job.describe_every = STOPPING_DESCRIBE
             self.job.cancel()
             return
+        try:
+            self.channel.check_held()
+        except s3channel.TakenOver as exc:
+            self._release(str(exc))
+            raise
         self._cell, self._back = message["cell"], set()
         self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE))
         self._pace_running()
@@ -169,6 +191,8 @@ class SageMakerSessionRanks:
         self._stop_beating.set()
         if self._beater is not None and self._beater is not threading.current_thread():
             self._beater.join(timeout=10)
+        if self.released is not None:
+            return  # another notebook holds it, or may: its job is not this notebook's to stop
         if not self.job.finished:
             self.job.describe_every = STOPPING_DESCRIBE
             self.job.cancel()
