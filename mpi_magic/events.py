@@ -128,10 +128,12 @@ class Phase:
 
 @dataclass
 class Restarted:
-    """The job started again from the beginning (a spot interruption): every rank's state so far
-    belongs to the attempt that ended. ``attempt``: 2 for the first restart. Client-side."""
+    """The job started again from the beginning: every rank's state so far belongs to the
+    attempt that ended. ``attempt``: 2 for the first restart; ``cause``: "spot interruption";
+    ``reason``: what the user is told. Client-side."""
 
     attempt: int
+    cause: str
     reason: str
 
 

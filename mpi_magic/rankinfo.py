@@ -12,6 +12,7 @@ import os
 CHECKPOINT_VARIABLE = "MPI_MAGIC_CHECKPOINT_S3"  # on a SageMaker job: its --checkpoint-s3, or NO_CHECKPOINTS
 NO_CHECKPOINTS = "none"
 CHECKPOINT_DIR_VARIABLE = "MPI_MAGIC_CHECKPOINT_DIR"  # set (with --env) to choose the folder yourself
+CHECKPOINTS = "checkpoints"  # the folder's name: beside the notebook, or under SageMaker's /opt/ml
 
 
 def _env_int(name: str, default: int) -> int:
@@ -60,6 +61,6 @@ def checkpoint_dir() -> str:
                            "cell (or to %mpirun_session start) so that what a rank saves there outlives its instance")
     if not path:
         base = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml") if sagemaker else os.getcwd()
-        path = os.path.join(base, "checkpoints")
+        path = os.path.join(base, CHECKPOINTS)
     os.makedirs(path, exist_ok=True)
     return path

@@ -213,7 +213,7 @@ class Session:
                 connected = ranks.connect()
                 with self._lock:
                     ready = sum(1 for cell in self._ready.values() if cell == self.cells)
-                    if self._exit is not None:
+                    if self._exit is not None or self._status == "stopped":
                         break
                     if connected and ready == self.world_size:
                         self._status = "idle"
@@ -231,8 +231,9 @@ class Session:
                 self._end("its start was interrupted")
             raise
         if self._status != "idle":
+            ended = self.ended_reason  # already known: its instances were replaced while it started
             self._end("its ranks ended while starting")
-            raise SessionStartError(self._start_failure())
+            raise SessionStartError(f"session {self.name} could not start: {ended}" if ended else self._start_failure())
         self._say = None
         if say:
             say(f"session {self.name}: {self.world_size} ranks ready in {self.clock() - self.started_at:.1f}s")
@@ -291,9 +292,8 @@ class Session:
         as if nothing happened (its ranks never run an earlier cell again: ``s3channel.RankEnd``)."""
         with self._lock:
             self.ended_reason = self.ended_reason or (
-                f"{event.reason.split(':')[0]}: SageMaker replaced its instances, and what the ranks held with them")
-        assert self._ranks is not None
-        self._ranks.stop(wait=False)  # the pump goes on reading until the job has stopped
+                f"{event.cause}: SageMaker replaced its instances, and what the ranks held with them")
+        self._end(self.ended_reason, wait=False)  # no cell may start now; the pump reads on until the job stopped
 
     def _closing_reason(self) -> str:
         if self._closing:

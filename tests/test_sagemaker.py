@@ -668,6 +668,7 @@ def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_chec
     s3 = cloud.client("s3")
 
     def saved_steps() -> list[int]:
+        time.sleep(0.2)  # asked again and again while the cell runs: not a flood of requests
         listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=checkpoints + "/").get("Contents", [])
         return [int(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()) for o in listed]
 
@@ -703,3 +704,20 @@ def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_chec
     attached = ip.user_ns["attached"]
     assert attached.model.attempt == 2 and [s.status for s in attached.ranks] == ["completed"] * 4
     assert ip.user_ns["resumed_from"] == resumed_from
+
+
+def test_attempts_and_billable_time_of_a_job_started_again_after_a_spot_interruption():
+    from mpi_magic.backends.sagemaker.job import Attempts, attempts, billing_of
+
+    transitions = [{"Status": "Starting", "StartTime": 1000.0}, {"Status": "Downloading", "StartTime": 1010.0},
+                   {"Status": "Training", "StartTime": 1020.0}, {"Status": "Interrupted", "StartTime": 1100.0},
+                   {"Status": "Starting", "StartTime": 1101.0}, {"Status": "Downloading", "StartTime": 1400.0}]
+    assert attempts(transitions[:3], now=1050.0) == Attempts(1, 0.0, 0.0, False)
+    assert attempts(transitions[:5], now=1200.0) == Attempts(2, 1100.0, 100.0, True), "reclaimed: waiting for capacity"
+    assert attempts(transitions, now=1500.0) == Attempts(2, 1100.0, 300.0, False)
+    described = {"TrainingStartTime": 1010.0, "ResourceConfig": {"InstanceCount": 2, "InstanceType": "ml.m5.xlarge"},
+                 "EnableManagedSpotTraining": True, "SecondaryStatusTransitions": transitions[:5]}
+    waiting = billing_of(described, "us-east-1", now=1200.0)
+    assert (waiting.instance_seconds, waiting.running) == (2 * (1200 - 1010 - 100), False)
+    again = billing_of({**described, "SecondaryStatusTransitions": transitions}, "us-east-1", now=1500.0)
+    assert (again.instance_seconds, again.running) == (2 * (1500 - 1010 - 300), True)

@@ -389,7 +389,7 @@ def test_a_job_started_again_resets_every_rank_and_both_views_say_so(world):
     assert view.rows[2].bar.bar_style == "danger" and model.result_digests == {1: "ab"}
     text = io.StringIO()
     text_view = TextView(model, text)
-    model.fold(Restarted(2, "spot interruption: restarting, attempt 2"))
+    model.fold(Restarted(2, "spot interruption", "spot interruption: restarting, attempt 2"))
     assert [(s.status, s.bar, s.failure, s.started_at) for s in model.ranks] == [("starting", None, None, None)] * 4
     assert model.result_digests == {} and model.ranks[0].tail[-1] == ("stdout", "epoch 3"), "the output stays"
     clock.now += 2

@@ -158,6 +158,8 @@ class Job:
         try:
             hosts = [f"algo-{i + 1}" for i in range(self.request["ResourceConfig"]["InstanceCount"])]
             while True:
+                if self.stop_requested.is_set():
+                    return self._end("Stopped", "Stopped", "")
                 self._move("Downloading", "Downloading the input data")
                 for host in hosts:
                     self._prepare(session, host, hosts)
@@ -189,8 +191,9 @@ class Job:
             self.status, self.failure_reason = status, reason
             self.ended = time.time()
 
-    def interrupt(self) -> None:
-        """Spot capacity is reclaimed: the instances stop now and the job starts again (see ``run``)."""
+    def interrupt(self) -> int:
+        """Spot capacity is reclaimed: the instances stop now and the job starts again (see ``run``);
+        the attempt that follows."""
         with self.lock:
             if not self.request.get("EnableManagedSpotTraining"):
                 raise ClientError("ValidationException", f"training job {self.name} is not a managed spot job")
@@ -198,16 +201,19 @@ class Job:
                 raise ClientError("ValidationException", f"training job {self.name} is not training")
             self._move("Interrupted", "Training job interrupted: the spot capacity was reclaimed. Restarting.")
             self.interrupt_requested.set()
+            return self.attempts + 1
 
     def _restart(self, hosts: list[str]) -> None:
-        """After an interruption: fresh instances (nothing left on their disks), another attempt."""
+        """After an interruption: fresh instances (nothing left on their disks), another attempt
+        (a job being stopped meanwhile shows Stopping, then Stopped)."""
         with self.lock:
             self.trained += time.time() - (self.attempt_started or time.time())
             self.attempt_started = None
             self.attempts += 1
             self.processes, self._synced = [], {}
             self.interrupt_requested.clear()
-            self._move("Starting", "Restarting the training job after the spot interruption")
+            if not self.stop_requested.is_set():
+                self._move("Starting", "Restarting the training job after the spot interruption")
         for host in hosts:
             shutil.rmtree(self._base(host), ignore_errors=True)
 
@@ -477,9 +483,7 @@ class Emulator:
 
     def interrupt(self, body: dict) -> dict:
         """The test aid (see the module's docstring): a spot interruption of a training job."""
-        job = self._job(body["TrainingJobName"])
-        job.interrupt()
-        return {"Attempt": job.attempts + 1}
+        return {"Attempt": self._job(body["TrainingJobName"]).interrupt()}
 
     def _StopTrainingJob(self, body: dict) -> dict:
         self._job(body["TrainingJobName"]).stop()

@@ -60,13 +60,11 @@ class RankState:
     outputs: int = 0  # lines seen, so a view knows when its tail changed
     attempt: int = 1  # of the job (2 and on after it started again)
 
-    def restart(self, attempt: int) -> None:
-        """The job started again: what this rank did belongs to the attempt that ended (its
-        output stays in the tail, as in the log)."""
-        self.host, self.pid, self.status, self.failure, self.gone = "", 0, "starting", None, False
-        self.bars, self.last_line = {}, ""
-        self.started_at = self.ended_at = self.failed_at = None
-        self.attempt = attempt
+    def restart(self, attempt: int) -> "RankState":
+        """This rank as the job starts again: what it did belongs to the attempt that ended; its
+        output stays in the tail, as in the log."""
+        return RankState(self.rank, self.instance, self.local_rank, tail=self.tail, outputs=self.outputs,
+                         attempt=attempt)
 
     @property
     def bar(self) -> Bar | None:
@@ -226,8 +224,8 @@ class JobModel:
             self.notes.append(event.reason)
             self.result_digests.clear()
             self.unreturned.clear()
-            for state in self.ranks:
-                state.restart(event.attempt)
+            self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
+            self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.last_activity = self.clock()
         elif isinstance(event, events.StopRequested):
             if self.stop_reason is None:

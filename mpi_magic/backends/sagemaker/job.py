@@ -38,9 +38,9 @@ class Pace:
     The log is read every ``logs_fast`` seconds while lines arrive and half as often again after
     each read that finds none, up to ``logs_slow``; DescribeTrainingJob is called every
     ``describe_training`` seconds while the job trains and its log flows: then the leader's log
-    says what happens (its ranks' lines, then that mpirun is gone). Otherwise (starting, a quiet
-    log, an instance told to stop: a spot interruption may follow) it is called every ``describe``
-    seconds. One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
+    says what happens (its ranks' lines, that the leader was told to stop, that mpirun is gone).
+    Otherwise (starting, a quiet log: the instances may have been reclaimed) it is called every
+    ``describe`` seconds. One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
     """
 
     logs_fast: float
@@ -53,7 +53,7 @@ class Pace:
 # whatever its size; a line waits 1.1 s for a read on average (plus CloudWatch's own delay).
 # While nothing arrives (instances starting, a quiet cell) the log is read every 5 s and the job
 # described every 5 s: 24 a minute, and no line waits more than 5 s for a read. Between the two,
-# the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 5 s.
+# the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 30 s.
 ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0)
 FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # before: ~80-95 calls a minute
 
@@ -94,7 +94,7 @@ class SageMakerJob:
         self._token: str | None = None
         self._attempt = 1  # SageMaker starts a managed spot job again after each interruption
         self._restart_to = 1  # the attempt DescribeTrainingJob says is under way
-        self._attempt_since = 0.0  # when the last interruption came (epoch): the attempt's streams are newer
+        self._attempt_since = 0.0  # when the attempt under way began (epoch): its streams are newer
         self._status = "InProgress"
         self._secondary = ""
         # None: paced by ``pace``; a session sets them as it goes
@@ -105,7 +105,6 @@ class SageMakerJob:
         self._lines = 0  # log lines read so far
         self._next_describe = 0.0
         self._described_at = 0.0
-        self._told_to_stop = False  # the leader's log said it was told to stop: describe soon and often
         self._next_logs = 0.0
         self._finished = False
         self._ended_status: str | None = None
@@ -146,7 +145,7 @@ class SageMakerJob:
                     read = True
                     if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
                         self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
-                    else:  # the log went quiet or the leader was told to stop: describe sooner
+                    else:  # the log went quiet: describe sooner
                         self._next_describe = min(self._next_describe, self._described_at + self._describe_wait())
                 if read:  # every read tried this time succeeded: an outage, if any, is over
                     self._failures = 0
@@ -168,8 +167,6 @@ class SageMakerJob:
 
     def _describe_wait(self) -> float:
         """Seconds to the next DescribeTrainingJob: rarer once the leader's log tells how the job goes."""
-        if self._told_to_stop:  # a stop, or capacity reclaimed: SageMaker's status says which, and what next
-            return min(self.pace.describe, self.describe_every or self.pace.describe)
         if self.describe_every is not None:
             return self.describe_every
         training = self._secondary == "Training" or self._stream is not None
@@ -206,11 +203,10 @@ class SageMakerJob:
             self._secondary = described["SecondaryStatus"]
             # SageMaker's own words ("Training", "Completed"): the job's outcome is settled from the ranks
             events.append(Phase(self._secondary, f"SageMaker: {self._secondary}"))
-        interrupted = [t for t in described.get("SecondaryStatusTransitions", ()) if t.get("Status") == "Interrupted"]
-        if len(interrupted) >= self._restart_to:  # another attempt: read the last lines of this one, then follow it
-            self._restart_to = len(interrupted) + 1
-            self._attempt_since = _epoch(interrupted[-1]["StartTime"])
-            self._next_logs = 0.0
+        attempt = attempts(described.get("SecondaryStatusTransitions", ()))
+        if attempt.number > self._restart_to:  # (also when the job then ended waiting for capacity: MaxWaitTimeExceeded)
+            self._restart_to, self._attempt_since = attempt.number, attempt.since  # read this attempt's last lines,
+            self._next_logs = 0.0  # then follow the next one's
         if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
             self._ended_status = self._status
             self._described = described
@@ -256,10 +252,10 @@ class SageMakerJob:
         self._decoder = StreamDecoder(self._event_token, self._decoder.style)
         self._launcher_log = LauncherLog()
         self._reported, self._world_size = set(), None
-        self._all_relayed = self._told_to_stop = False
+        self._all_relayed = False
         self._quiet_since = None
         self._logs_wait = self.pace.logs_fast
-        return Restarted(attempt, f"spot interruption: restarting, attempt {attempt}")
+        return Restarted(attempt, "spot interruption", f"spot interruption: restarting, attempt {attempt}")
 
     def _read_stream(self) -> list[Event]:
         events: list[Event] = []
@@ -272,8 +268,8 @@ class SageMakerJob:
                 self._lines += 1
                 self._decoder.style = announced_tag_style(line) or self._decoder.style
                 self._all_relayed = self._all_relayed or line == ALL_RELAYED
-                if line == TOLD_TO_STOP:
-                    self._told_to_stop = True
+                if line == TOLD_TO_STOP:  # a stop, or capacity reclaimed: SageMaker's status says which
+                    self._next_describe = min(self._next_describe, time.monotonic() + ENDING_DESCRIBE)
                 decoded = self._decoder.feed(line)
                 self._quiet_since = None
                 for event in decoded:
@@ -327,11 +323,48 @@ def fetch_each(s3, copies: Iterable[tuple[str, str]]) -> None:
         list(pool.map(fetch, copies))
 
 
+# Statuses of a job between a spot interruption and its next attempt's instances: none is billed
+BETWEEN_ATTEMPTS = frozenset({"Interrupted", "Restarting", "Pending", "Starting", "LaunchingMLInstances",
+                              "PreparingTrainingStack"})
+# Statuses a job passes through on its way back from Training to another attempt
+RESTARTING = BETWEEN_ATTEMPTS | {"Downloading", "DownloadingTrainingImage"}
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """How many times SageMaker started a job (``number``: 2 after one spot interruption), since
+    when the last attempt runs (``since``, epoch; 0 for the first), and the seconds spent between
+    attempts (``between``), reclaimed and waiting for capacity, which are not billed."""
+
+    number: int
+    since: float
+    between: float
+    waiting: bool  # between attempts now
+
+
+def attempts(transitions: Iterable[dict], now: float | None = None) -> Attempts:
+    """The attempts in a job's SecondaryStatusTransitions: a managed spot job goes from Training
+    back to starting statuses (Interrupted, Starting, ...) when SageMaker starts it again."""
+    number, since, between, trained, left_at = 1, 0.0, 0.0, False, None
+    for transition in transitions:
+        status, at = transition.get("Status"), _epoch(transition["StartTime"])
+        if left_at is not None and status not in BETWEEN_ATTEMPTS:
+            between, left_at = between + at - left_at, None
+        if status == "Training":
+            trained = True
+        elif trained and status in RESTARTING:
+            number, since, trained = number + 1, at, False
+            left_at = at if status in BETWEEN_ATTEMPTS else None
+    if left_at is not None:
+        between += (time.time() if now is None else now) - left_at
+    return Attempts(number, since, between, left_at is not None)
+
+
 def billing_of(described: dict, region: str, now: float | None = None) -> Billing | None:
     """What a DescribeTrainingJob reply says the job has been billed for; None before training.
 
-    SageMaker bills each instance from TrainingStartTime to TrainingEndTime; at the end,
-    BillableTimeInSeconds is that wall-clock time per instance (less interruptions with spot),
+    SageMaker bills each instance from TrainingStartTime to TrainingEndTime, less the time a spot
+    job spent between attempts; at the end, BillableTimeInSeconds is that time per instance,
     which "multiplied by InstanceCount" is the instance time billed (the API reference's words).
     """
     started = described.get("TrainingStartTime")
@@ -344,8 +377,11 @@ def billing_of(described: dict, region: str, now: float | None = None) -> Billin
     if "BillableTimeInSeconds" in described and described.get("TrainingEndTime") is not None:
         return Billing(instances, float(described["BillableTimeInSeconds"]) * instances, False, price, spot)
     ended = described.get("TrainingEndTime")
-    until = _epoch(ended) if ended is not None else (time.time() if now is None else now)
-    return Billing(instances, max(0.0, until - _epoch(started)) * instances, ended is None, price, spot)
+    now = time.time() if now is None else now
+    until = _epoch(ended) if ended is not None else now
+    attempt = attempts(described.get("SecondaryStatusTransitions", ()), until)
+    seconds = max(0.0, until - _epoch(started) - attempt.between)
+    return Billing(instances, seconds * instances, ended is None and not attempt.waiting, price, spot)
 
 
 def _epoch(value) -> float:

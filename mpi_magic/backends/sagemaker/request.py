@@ -6,11 +6,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ...rankinfo import CHECKPOINT_VARIABLE, NO_CHECKPOINTS
+from ...rankinfo import CHECKPOINT_VARIABLE, CHECKPOINTS, NO_CHECKPOINTS
 from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 
 BOOTSTRAP = "bootstrap.py"
-CHECKPOINT_PATH = "/opt/ml/checkpoints"  # SageMaker's default LocalPath, where rankinfo.checkpoint_dir() points
+CHECKPOINT_PATH = f"/opt/ml/{CHECKPOINTS}"  # SageMaker's default LocalPath, where rankinfo.checkpoint_dir() points
 # The entrypoint checks the code it is about to run against digests pinned in the job definition:
 # whoever can write to the job's S3 prefix cannot change what the instances run.
 PINNED_START = (
