@@ -27,9 +27,10 @@ if TYPE_CHECKING:
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
 # The readers hand over the events of one read (up to READ_CHUNK bytes of lines) at a time: a
-# queue operation per event cost more than decoding it. At most QUEUE_SIZE reads wait, so a rank
-# flooding stdout is slowed down instead of filling this process's memory.
-QUEUE_SIZE = 64
+# queue operation per event cost more than decoding it. At most QUEUE_SIZE reads wait (a flood of
+# short lines then holds about as much memory as 10,000 single events did), so a rank flooding
+# stdout is slowed down instead of filling this process's memory.
+QUEUE_SIZE = 4
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
 READ_CHUNK = 1 << 16
 
