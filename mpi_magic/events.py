@@ -268,12 +268,14 @@ def decode_payload(text: str) -> WireEvent:
         raise BadEvent(type(exc).__name__) from None
 
 
-# Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text".
-_TAGS = {
-    "openmpi5": re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.DOTALL),
-    "openmpi4": re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.DOTALL),
-    "mpich": re.compile(r"^\[(\d+)\] (.*)$", re.DOTALL),
+# Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text" (its tag
+# names no stream: the pipe the line came from says it).
+_TAG_PREFIXES = {
+    "openmpi5": r"\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>: ?",
+    "openmpi4": r"\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:",
+    "mpich": r"\[(?P<rank>\d+)\] (?P<stream>)",
 }
+_TAGS = {style: re.compile(rf"^{prefix}(?P<text>.*)$", re.DOTALL) for style, prefix in _TAG_PREFIXES.items()}
 
 
 def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tuple[int, str, str] | None:
@@ -284,9 +286,21 @@ def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tup
     match = _TAGS[style].match(line)
     if match is None:
         return None
-    if style == "mpich":
-        return int(match[1]), stream, match[2]
-    return int(match[1]), match[2], match[3]
+    return int(match["rank"]), match["stream"] or stream, match["text"]
+
+
+_COUNT = "[0-9]{1,15}"  # below 1 << 53, as ``_count`` wants
+_PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,17})?"  # finite, not negative and below 1 << 53, as ``_number`` wants
+
+
+def _tagged_line(style: str, marker: str) -> re.Pattern:
+    """A launcher-tagged line, as ``_TAGS[style]`` reads it, whose groups also hold the fields of
+    a progress record when the line is nothing but one, of the tag's own rank, in the plain form
+    the runtime writes (the most frequent line of all): one match then checks what
+    ``_decode_progress`` checks. Any other text after the tag is ``text``, for the general path."""
+    record = (rf"{re.escape(marker)}p(?={_COUNT},)(?P=rank),(?P<seq>{_COUNT}),(?P<time>{_PLAIN_NUMBER}),"
+              rf"(?P<n>{_PLAIN_NUMBER}),(?P<total>{_PLAIN_NUMBER})?,(?P<bar>{_COUNT}),(?P<closed>[01]),(?P<desc>.{{0,1000}})\Z")
+    return re.compile(rf"^{_TAG_PREFIXES[style]}(?:{record}|(?P<text>.*)$)", re.DOTALL)
 
 
 class StreamDecoder:
@@ -299,6 +313,7 @@ class StreamDecoder:
     def __init__(self, token: str, style: str = "openmpi5") -> None:
         self.style = style
         self.marker = wire.marker(token)
+        self._tagged = _tagged_line(style, self.marker)
         # Per rank: every seq below _complete has been seen; _ahead holds those seen beyond it.
         self._complete: dict[int, int] = {}
         self._ahead: dict[int, set[int]] = {}
@@ -324,13 +339,19 @@ class StreamDecoder:
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
         if line.endswith("\n"):
             line = line.rstrip("\r\n")
-        match = _TAGS[self.style].match(line)
+        match = self._tagged.match(line)
         if match is None:  # the launcher's own words: no rank vouches for an event in them
             return [LauncherOutput(line)]
-        if self.style == "mpich":
-            rank, text = int(match[1]), match[2]
-        else:
-            rank, stream, text = int(match[1]), match[2], match[3]
+        tag_rank, tag_stream, seq, when, n, total, bar, closed, desc, text = match.groups()
+        if seq is not None:  # the line is a valid progress record alone
+            rank, number = int(tag_rank), wire.number
+            progress = Progress(rank, number(n), number(total) if total else None, desc, int(bar), closed == "1",
+                                int(seq), number(when))
+            if progress.seq == self._complete.get(rank, 0) and not self._ahead.get(rank):  # _accept's usual case
+                self._complete[rank] = progress.seq + 1
+                return [progress]
+            return [progress] if self._accept(rank, progress.seq) else []
+        rank, stream = int(tag_rank), tag_stream or stream
         at = text.find(self.marker)
         if at < 0:
             return [Output(rank, stream, text)]

@@ -57,7 +57,7 @@ def progress_record(text: str) -> tuple:
     rank, seq, when, n, total, bar, closed, desc = text.split(",", 7)
     if closed not in ("0", "1") or not (rank.isdigit() and seq.isdigit() and bar.isdigit()):
         raise ValueError("not a progress record")
-    return (int(rank), int(seq), _wire_number(when), _wire_number(n), _wire_number(total) if total else None,
+    return (int(rank), int(seq), number(when), number(n), number(total) if total else None,
             int(bar), closed == "1", desc)
 
 
@@ -70,7 +70,8 @@ def _one_line(text: str) -> str:
     return text.replace("\n", " ").replace("\r", " ") if "\n" in text or "\r" in text else text
 
 
-def _wire_number(text: str) -> int | float:
+def number(text: str) -> int | float:
+    """A number field of a progress record, as the type it was written from."""
     return int(text) if text.isdigit() else float(text)
 
 

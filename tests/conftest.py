@@ -19,6 +19,23 @@ _MODULE_SERVERS: set[int] = set()
 _MODULE_ROOTS: set[str] = set()
 
 
+# The files that take most of the suite's time (emulated clouds, a browser, kernels, mpirun), longest
+# first: a worker takes a whole file, so these start at once and the short files fill the last minutes
+# (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
+# many tests they hold).
+LONGEST_FIRST = ["test_sagemaker.py", "test_browser.py", "test_notebooks.py", "test_sagemaker_session.py",
+                 "test_magic_local.py", "test_hardening.py", "test_sessions.py", "test_notebook_sessions.py",
+                 "test_types.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def place(item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=place)  # stable: each file's tests keep their order
+
+
 @pytest.fixture(scope="session")
 def shell() -> InteractiveShell:
     ip = InteractiveShell.instance()

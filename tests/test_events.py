@@ -78,3 +78,31 @@ def test_numpy_numbers_in_progress_travel_as_plain_numbers():
     sent = Progress(rank=0, n=np.float64(1.5), total=np.int64(4), seq=0, time=1.0)
     (got,) = StreamDecoder(TOKEN).feed(f"[1,0]<stdout>: {encode(sent, TOKEN)}")
     assert (got.n, got.total) == (1.5, 4.0)
+
+
+def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decodes_its_record():
+    """The decoder reads the usual progress line in one match; what it believes, and what it
+    rejects, is what ``decode_payload`` and the rank check make of the same record."""
+    import random
+
+    from mpi_magic.events import BadEvent, decode_payload
+
+    rng = random.Random(3)
+    fields = ["3", "7", "12.5", "1733224567.123456", "100", "", "0", "1", "1e-05", "9" * 16, "9" * 40, "1" * 400 + ".5",
+              "1.2.3", "05", "-1", "inf", "nan", " 2", "٣", "x" * 1001, "ü,ü", "a\nb"]
+    for _ in range(3000):  # a valid record (rank, seq, time, n, total, bar, closed, desc), one or two fields changed
+        record = ["3", "7", "12.5", "5", "100", "0", "1", "epoch 1"]
+        for _ in range(rng.randint(1, 2)):
+            at = rng.randrange(len(record))
+            record[at] = rng.choice(["4", "٣", "03", "2"] if at == 0 else fields)
+        record = "p" + ",".join(record)
+        decoder = StreamDecoder(TOKEN)
+        got = decoder.feed(f"[1,3]<stdout>: {MARKER}{record}")
+        try:
+            expected = decode_payload(record)
+        except BadEvent:
+            expected = None
+        if expected is not None and expected.rank == 3:
+            assert got == [expected] and decoder.rejected == 0, record
+        else:
+            assert got == [Output(3, "stdout", MARKER + record)] and decoder.rejected == 1, record

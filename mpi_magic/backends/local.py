@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
-QUEUE_SIZE = 10_000
+# The readers hand over the events of one read (up to READ_CHUNK bytes of lines) at a time: a
+# queue operation per event cost more than decoding it. At most QUEUE_SIZE reads wait (a flood of
+# short lines then holds about as much memory as 10,000 single events did), so a rank flooding
+# stdout is slowed down instead of filling this process's memory.
+QUEUE_SIZE = 4
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
 READ_CHUNK = 1 << 16
 
@@ -97,7 +101,7 @@ class LocalBackend:
 
 
 class LocalJob:
-    """A running mpirun: two pipe readers decode lines into one bounded queue of events.
+    """A running mpirun: two pipe readers decode lines into one bounded queue of event batches.
 
     Every process of the job is found by its process tree, its session (mpirun leads a session
     of its own) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a rank
@@ -117,8 +121,8 @@ class LocalJob:
         self.argv = argv
         self._decoder = decoder
         self._decode_lock = threading.Lock()
-        # Bounded: a rank flooding stdout is slowed down instead of filling this process's memory.
-        self._queue: queue.Queue[Event] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._held: list[Event] = []  # taken from the queue beyond what one poll returns
         self._finished = False
         self._rank_pids: dict[int, int] = {}
         self._reported: set[int] = set()
@@ -176,8 +180,8 @@ class LocalJob:
                     self._failure_seen = self._failure_seen or not event.ok
                 elif isinstance(event, LauncherOutput):
                     self._launcher_log.add(event.text)
-        for event in decoded:
-            self._queue.put(event)
+        if decoded:
+            self._queue.put(decoded)
 
     def _wait(self) -> None:
         for reader in self._readers:
@@ -187,9 +191,7 @@ class LocalJob:
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
             # (unless another rank's failure is why the launcher stopped it)
             gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
-        for note in self._decoder.rejections():
-            self._queue.put(note)
-        self._queue.put(self._launcher_log.ended(returncode, bool(self._rank_pids), gone))
+        self._queue.put([*self._decoder.rejections(), self._launcher_log.ended(returncode, bool(self._rank_pids), gone)])
 
     @property
     def finished(self) -> bool:
@@ -207,14 +209,16 @@ class LocalJob:
 
     def poll(self, timeout: float) -> list[Event]:
         """Events that arrived (at most ``MAX_BATCH``, gathered for at most ``MAX_BATCH_SECONDS``)."""
-        batch: list[Event] = []
+        batch, self._held = self._held, []
         started = time.monotonic()
         try:
-            batch.append(self._queue.get(timeout=timeout))
+            if not batch:
+                batch = self._queue.get(timeout=timeout)
             while len(batch) < MAX_BATCH and time.monotonic() - started < MAX_BATCH_SECONDS:
-                batch.append(self._queue.get_nowait())
+                batch += self._queue.get_nowait()
         except queue.Empty:
             pass
+        batch, self._held = batch[:MAX_BATCH], batch[MAX_BATCH:]
         batch.extend(self._gone_ranks())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
