@@ -205,7 +205,8 @@ class NotebookEnd:
         except (ValueError, KeyError, TypeError):
             return  # not a claim
         if claimed > self.claimed_at:
-            raise TakenOver(f"another notebook took session {self.job_name} over (%mpirun_session attach) after this one")
+            raise TakenOver(f"another notebook took session {self.job_name} over (%mpirun_session attach) "
+                            "after this one")
 
     def last_cell(self) -> int:
         """The number of the last cell this key sent (0: none)."""

@@ -30,8 +30,8 @@ STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are 
 QUEUE_SIZE = 10_000
 # the SageMaker options a cell may not change on a session: its training job was made with them
 JOB_SHAPING = frozenset({"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime",
-                         "spot", "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key", "tags",
-                         "requirements", "job_name"})
+                         "spot", "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key",
+                         "tags", "requirements", "job_name"})
 MAX_BATCH = 2_000
 
 
@@ -197,7 +197,10 @@ class Session:
                           session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
                           launcher_started=getattr(ranks, "started", None))
         except BaseException:  # the ranks (a training job) are up already: nothing may keep running unowned
-            ranks.let_go("the attach failed") if attached else ranks.stop(wait=False)
+            if attached:
+                ranks.let_go("the attach failed")
+            else:
+                ranks.stop(wait=False)
             raise
         self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
         self._pump_thread.start()
@@ -233,7 +236,8 @@ class Session:
         if self._status != "idle":
             ended = self.ended_reason  # already known: its instances were replaced while it started
             self._end("its ranks ended while starting")
-            raise SessionStartError(f"session {self.name} could not start: {ended}" if ended else self._start_failure())
+            raise SessionStartError(f"session {self.name} could not start: {ended}" if ended
+                                    else self._start_failure())
         self._say = None
         if say:
             say(f"session {self.name}: {self.world_size} ranks ready in {self.clock() - self.started_at:.1f}s")
@@ -312,6 +316,8 @@ class Session:
             self.ended_reason = self.ended_reason or self._ranks.released or reason
             self._status = "stopped"
         atexit.unregister(self._at_exit)
+        if self.job_dir:
+            jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
 
     def _end(self, reason: str, wait: bool = True) -> None:
         """Stop everything of the session now; idempotent."""

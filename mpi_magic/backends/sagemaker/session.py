@@ -129,6 +129,7 @@ class SageMakerSessionRanks:
         self._release(reason)
         if self._beater is not None and self._beater is not threading.current_thread():
             self._beater.join(timeout=10)
+
     # -- SessionRanks ---------------------------------------------------------------------------
 
     @property
