@@ -281,7 +281,9 @@ def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
 
 
 def test_a_notebook_another_took_the_session_from_lets_go_and_an_interrupted_attach_stops_nothing(
-        sessions, aws, settings, local_aws_env, cache_dir):
+        sessions, aws, settings, local_aws_env, cache_dir, monkeypatch):
+    from mpi_magic.backends.sagemaker.session import SageMakerSessionRanks
+
     ip = sessions
     s = start(ip, "-i 1 -g 2")
     run(ip, "--quiet", "kept = 1")
@@ -298,7 +300,9 @@ def test_a_notebook_another_took_the_session_from_lets_go_and_an_interrupted_att
                                          f"session {s.job_name} over")
     assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
 
-    with once(lambda: True, _thread.interrupt_main, pause=0.5), pytest.raises(KeyboardInterrupt):
+    with monkeypatch.context() as holding, once(lambda: True, _thread.interrupt_main, pause=1), \
+            pytest.raises(KeyboardInterrupt):
+        holding.setattr(SageMakerSessionRanks, "connect", lambda self: False)  # the attach waits for rank 0
         ip.run_line_magic("mpirun_session", f"attach {s.job_name} --quiet")
     assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress", "giving up an attach stops nothing"
     ip.run_line_magic("mpirun_session", f"attach {s.job_name} --out s --quiet")

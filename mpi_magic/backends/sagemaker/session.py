@@ -300,9 +300,13 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     cells = ranks.channel.last_cell()
     ranks.resume(cells)
     ranks.start_heartbeat()
-    names = set(environment.get("MPI_MAGIC_ENV_NAMES", "").split())
-    info = {"instances": instances, "procs_per_instance": per_instance, "cells": cells,
-            "env": {k: v for k, v in environment.items() if k in names}}
+    try:
+        names = set(environment.get("MPI_MAGIC_ENV_NAMES", "").split())
+        info = {"instances": instances, "procs_per_instance": per_instance, "cells": cells,
+                "env": {k: v for k, v in environment.items() if k in names}}
+    except BaseException:  # an interrupt right now: the session runs on, unwatched from here
+        ranks.let_go("the attach was interrupted")
+        raise
     return ranks, info
 
 
