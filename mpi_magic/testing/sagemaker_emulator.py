@@ -239,27 +239,18 @@ class Job:
 
     def _save_checkpoints(self, session, hosts: list[str]) -> None:
         """Copy to S3 what each instance wrote or changed under the checkpoint path since the last copy."""
-        saved = self._synced
         s3 = session.client("s3")
         for host in hosts:
             where = self._checkpoints(host)
             if where is None:
                 return
             bucket, prefix, local = where
-            for folder, _, files in os.walk(local):
-                for name in files:
-                    path = os.path.join(folder, name)
-                    try:
-                        stamp = os.stat(path).st_mtime_ns
-                    except OSError:
-                        continue
-                    if saved.get(path) != stamp:
-                        key = f"{prefix}/{os.path.relpath(path, local)}"
-                        try:
-                            s3.upload_file(path, bucket, key)
-                        except (OSError, ValueError):  # removed or rewritten meanwhile: the next sync copies it
-                            continue
-                        saved[path] = stamp
+            for path, stamp in _changed_files(local, self._synced):
+                try:
+                    s3.upload_file(path, bucket, f"{prefix}/{os.path.relpath(path, local)}")
+                except (OSError, ValueError):  # removed or rewritten meanwhile: the next sync copies it
+                    continue
+                self._synced[path] = stamp
 
     def _base(self, host: str) -> str:
         return os.path.join(self.root, host)
@@ -394,6 +385,19 @@ class Job:
                     member.kill()
                 except psutil.Error:
                     pass
+
+
+def _changed_files(folder: str, known: dict[str, int]):
+    """(path, mtime) of each file under ``folder`` whose mtime is not the one ``known`` holds."""
+    for where, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(where, name)
+            try:
+                stamp = os.stat(path).st_mtime_ns
+            except OSError:  # removed meanwhile
+                continue
+            if known.get(path) != stamp:
+                yield path, stamp
 
 
 def _pump(pipe, logs, stream: str) -> None:

@@ -88,11 +88,6 @@ class SageMakerJob:
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
         self._event_token = token
-        self._decoder = StreamDecoder(token, "openmpi5")
-        self._launcher_log = LauncherLog()
-        self._stream: str | None = None
-        self._token: str | None = None
-        self._attempt = 1  # SageMaker starts a managed spot job again after each interruption
         self._restart_to = 1  # the attempt DescribeTrainingJob says is under way
         self._attempt_since = 0.0  # when the attempt under way began (epoch): its streams are newer
         self._status = "InProgress"
@@ -100,7 +95,6 @@ class SageMakerJob:
         # None: paced by ``pace``; a session sets them as it goes
         self.describe_every: float | None = None
         self.logs_every: float | None = None
-        self._logs_wait = self.pace.logs_fast
         self._failures = 0  # reads that failed in a row
         self._lines = 0  # log lines read so far
         self._next_describe = 0.0
@@ -108,6 +102,17 @@ class SageMakerJob:
         self._next_logs = 0.0
         self._finished = False
         self._ended_status: str | None = None
+        self._follow_attempt(1, "openmpi5")
+
+    def _follow_attempt(self, attempt: int, tag_style: str) -> None:
+        """Read attempt ``attempt``'s leader stream from its start (SageMaker starts a managed spot
+        job again after each interruption, with new streams whose events count from the start)."""
+        self._attempt = attempt
+        self._stream: str | None = None
+        self._token: str | None = None  # the stream's read position
+        self._decoder = StreamDecoder(self._event_token, tag_style)
+        self._launcher_log = LauncherLog()
+        self._logs_wait = self.pace.logs_fast
         self._quiet_since: float | None = None
         self._reported: set[int] = set()
         self._world_size: int | None = None
@@ -246,15 +251,8 @@ class SageMakerJob:
         return self._read_stream()
 
     def _begin_attempt(self, attempt: int) -> Restarted:
-        """SageMaker started the job again (a spot interruption): its instances start over, with
-        new log streams whose events count from the start again; the ranks' state so far is void."""
-        self._attempt, self._stream, self._token = attempt, None, None
-        self._decoder = StreamDecoder(self._event_token, self._decoder.style)
-        self._launcher_log = LauncherLog()
-        self._reported, self._world_size = set(), None
-        self._all_relayed = False
-        self._quiet_since = None
-        self._logs_wait = self.pace.logs_fast
+        """SageMaker started the job again (a spot interruption): the ranks' state so far is void."""
+        self._follow_attempt(attempt, self._decoder.style)
         return Restarted(attempt, "spot interruption", f"spot interruption: restarting, attempt {attempt}")
 
     def _read_stream(self) -> list[Event]:

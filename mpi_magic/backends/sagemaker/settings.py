@@ -177,7 +177,8 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
     settings = CloudSettings(
         region=region, role=role, image_uri=image_uri, instance_type=instance_type, s3_root=s3_root,
         volume_size=int(values.get("volume_size") or 100), max_runtime=int(values.get("max_runtime") or 86400),
-        spot=bool(values.get("spot")), max_wait=values.get("max_wait"), checkpoint_s3=checkpoint_s3, keep_alive=values.get("keep_alive"),
+        spot=bool(values.get("spot")), max_wait=values.get("max_wait"), checkpoint_s3=checkpoint_s3,
+        keep_alive=values.get("keep_alive"),
         subnets=tuple(values.get("subnets") or ()), security_groups=tuple(values.get("security_groups") or ()),
         kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}),
     )
