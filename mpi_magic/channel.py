@@ -9,9 +9,11 @@ messages: the notebook side needs ``send`` and ``close``, rank 0's side ``receiv
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import socket
+import threading
 
 SECRET_VARIABLE = "MPI_MAGIC_SESSION_SECRET"  # how rank 0 learns the secret (removed before any cell runs)
 ACCEPTED = b"ok\n"
@@ -34,6 +36,7 @@ class SocketChannel:
         listener.setblocking(False)
         self._listener: socket.socket | None = listener
         self._peer: socket.socket | None = None
+        self._lock = threading.Lock()  # the session's pump closes the channel when the ranks end, while a start may accept
 
     @property
     def connected(self) -> bool:
@@ -41,6 +44,10 @@ class SocketChannel:
 
     def try_accept(self) -> bool:
         """Accept rank 0 if it is knocking; a connection without the secret is dropped."""
+        with self._lock:
+            return self._try_accept()
+
+    def _try_accept(self) -> bool:
         if self._peer is not None:
             return True
         if self._listener is None:
@@ -56,8 +63,6 @@ class SocketChannel:
         except (OSError, ChannelError):
             peer.close()
             return False
-        import hmac
-
         if not hmac.compare_digest(presented, self._secret.encode()):
             peer.close()
             return False
@@ -85,10 +90,11 @@ class SocketChannel:
                 pass
 
     def close(self) -> None:
-        self._stop_listening()
-        if self._peer is not None:
-            self._peer.close()
-            self._peer = None
+        with self._lock:
+            self._stop_listening()
+            if self._peer is not None:
+                self._peer.close()
+                self._peer = None
 
 
 class RankEnd:

@@ -234,21 +234,24 @@ class Session:
                 self._end("its start was interrupted")
             raise
         if self._status != "idle":
-            ended = self.ended_reason  # already known: its instances were replaced while it started
+            if self._exit is not None and self._pump_thread is not None:
+                self._pump_thread.join(timeout=STOP_WAIT)  # the launcher is gone: its last events say why
+            failure = self._start_failure()
             self._end("its ranks ended while starting")
-            raise SessionStartError(f"session {self.name} could not start: {ended}" if ended
-                                    else self._start_failure())
+            raise SessionStartError(failure)
         self._say = None
         if say:
             say(f"session {self.name}: {self.world_size} ranks ready in {self.clock() - self.started_at:.1f}s")
 
     def _start_failure(self) -> str:
-        """Why the ranks ended before they were all up: the launcher's words or a rank's last lines."""
+        """Why the ranks ended before they were all up (the launcher's words, or SageMaker's
+        replacing the instances), with the ranks' last lines: a rank that cannot start says why there."""
         model = self._model
         error = model.error() if model.exit is not None else None
-        lines = [f"[rank {rank}] {text}" for rank, stream, text in list(model.tail)[-8:]]
-        detail = str(error) if error is not None else "\n".join(lines) or "no rank said why"
-        return f"session {self.name} could not start: its ranks ended before all {self.world_size} were up:\n{detail}"
+        why = self.ended_reason or (str(error) if error is not None else "") or "no rank said why"
+        lines = [f"\n[rank {rank}] {text}" for rank, stream, text in list(model.tail)[-8:]]
+        return (f"session {self.name} could not start: its ranks ended before all {self.world_size} were up "
+                f"({why})" + "".join(lines))
 
     def _pump(self) -> None:
         ranks = self._ranks
@@ -302,8 +305,9 @@ class Session:
     def _closing_reason(self) -> str:
         if self._closing:
             return self._closing
-        if self._exit is not None and self._exit.reports:
-            return "; ".join(f"rank {r} {why}" for r, why in sorted(self._exit.reports.items()))
+        if self._exit is not None and (self._exit.reports or self._exit.reason):
+            said = [f"rank {r} {why}" for r, why in sorted(self._exit.reports.items())]
+            return "; ".join(said + ([self._exit.reason] if self._exit.reason else []))
         return "its launcher exited"
 
     def _let_go(self, reason: str) -> None:

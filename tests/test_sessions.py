@@ -21,7 +21,7 @@ from helpers import once
 from IPython.core.error import UsageError
 
 from mpi_magic.channel import RankEnd, SocketChannel
-from mpi_magic.errors import JobTimeoutError, RemoteRankError
+from mpi_magic.errors import JobTimeoutError, RemoteRankError, SessionStartError
 
 
 def start(ip, line: str = "-i 2 -g 2"):
@@ -173,6 +173,24 @@ def test_a_rank_that_dies_ends_the_session_with_nothing_left(sessions):
         run(ip, "--quiet", "import os, mpi_magic\nif mpi_magic.rank() == 2:\n    os._exit(3)\nimport time\ntime.sleep(30)")
     assert s.status == "stopped" and s.ended_reason
     assert _wait_dead(pids, 10)
+
+
+def test_a_rank_that_cannot_start_ends_the_start_with_its_words(sessions, tmp_path):
+    """Rank 1 dies before the session is up (here a sitecustomize on its path): the start ends in
+    one error that names the rank and carries what it printed, and nothing is left running."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('MPI_MAGIC_TEST_BROKEN') == os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('PMI_RANK')):\n"
+        "    print('cannot start: no licence', file=sys.stderr, flush=True)\n"
+        "    os._exit(7)\n")
+    ip = sessions
+    with pytest.raises(SessionStartError) as caught:
+        start(ip, f"-i 1 -g 2 --env PYTHONPATH={tmp_path} --env MPI_MAGIC_TEST_BROKEN=1")
+    message = str(caught.value)
+    assert "could not start: its ranks ended before all 2 were up (" in message
+    assert message.endswith("[rank 1] cannot start: no licence")
+    session = ip.magics_manager.registry["MpiMagics"].session
+    assert session is None or session.status == "stopped"
 
 
 def test_idle_timeout_ends_the_session(sessions):

@@ -32,6 +32,8 @@ STOP_WAITS = (2.0, 2.0, 2.0)
 # stdout is slowed down instead of filling this process's memory.
 QUEUE_SIZE = 4
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
+STUCK_CHECK = 1.0  # seconds between looks at whether the launcher is stuck
+STUCK_REASON = "the launcher hung after its ranks ended, and was stopped"
 READ_CHUNK = 1 << 16
 
 
@@ -114,6 +116,10 @@ class LocalJob:
     abort_grace = 3.0
     # Once every rank has reported success, mpirun gets this long to exit by itself.
     linger = 3.0
+    # Open MPI 5's launcher can deadlock in its own finalize when a rank dies while another is in
+    # MPI's start-up: every process it started is gone and it uses no CPU, yet it never exits (nor
+    # passes on what the ranks said last). A launcher so for this many seconds is stopped from here.
+    stuck_after = 3.0
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
         self.name = name
@@ -129,6 +135,10 @@ class LocalJob:
         self._gone: set[int] = set()
         self._failure_seen = False
         self._checked_at = 0.0
+        self._quiet_since: float | None = None  # since when the launcher has had no rank and used no CPU
+        self._quiet_cpu = 0.0
+        self._stuck_checked_at = 0.0
+        self._stuck = False
         self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         command, preexec = _dying_with_notebook(argv)
@@ -191,7 +201,10 @@ class LocalJob:
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
             # (unless another rank's failure is why the launcher stopped it)
             gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
-        self._queue.put([*self._decoder.rejections(), self._launcher_log.ended(returncode, bool(self._rank_pids), gone)])
+        exited = self._launcher_log.ended(returncode, bool(self._rank_pids) or self._stuck, gone)
+        if self._stuck:
+            exited.reason = STUCK_REASON
+        self._queue.put([*self._decoder.rejections(), exited])
 
     @property
     def finished(self) -> bool:
@@ -219,14 +232,15 @@ class LocalJob:
         except queue.Empty:
             pass
         batch, self._held = batch[:MAX_BATCH], batch[MAX_BATCH:]
-        batch.extend(self._gone_ranks())
+        batch.extend(self._check_processes())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
-    def _gone_ranks(self) -> list[Event]:
+    def _check_processes(self) -> list[Event]:
         """Ranks whose process is gone without having reported (killed, or exited early). They
         are not failed yet: their last output may still be inside the launcher (Open MPI takes
-        over a minute to pass on one 20 MB line), so how they ended is settled when it exits."""
+        over a minute to pass on one 20 MB line), so how they ended is settled when it exits.
+        A launcher stuck with no rank left is stopped, so that it does exit."""
         now = time.monotonic()
         if now - self._checked_at < 0.5:
             return []
@@ -235,7 +249,32 @@ class LocalJob:
             gone = [r for r, pid in self._rank_pids.items()
                     if r not in self._reported and r not in self._gone and not _pid_alive(pid)]
             self._gone.update(gone)
+        if self._launcher_stuck(now):
+            self._stuck = True
+            self._stop((signal.SIGKILL,))  # it is deadlocked: no signal it would handle reaches it
         return [RankGone(rank) for rank in gone]
+
+    def _launcher_stuck(self, now: float) -> bool:
+        """True once the launcher has had no live process under it and used no CPU for
+        ``stuck_after`` seconds (looked at every ``STUCK_CHECK`` s: listing processes costs
+        milliseconds). Its ranks' last lines may be stuck inside it: their reports come from
+        what it said before."""
+        if self.process.returncode is not None or now - self._stuck_checked_at < STUCK_CHECK:
+            return False
+        self._stuck_checked_at = now
+        try:
+            launcher = psutil.Process(self.pid)
+            busy = sum(launcher.cpu_times()[:2])
+            idle = busy <= self._quiet_cpu + 0.05 and not any(_alive(p) for p in launcher.children(recursive=True))
+        except psutil.Error:
+            return False
+        self._quiet_cpu = busy
+        if not idle:
+            self._quiet_since = None
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+        return now - self._quiet_since >= self.stuck_after
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
@@ -254,7 +293,14 @@ class LocalJob:
                     proc.send_signal(signum)
                 except psutil.Error:
                     pass
-            psutil.wait_procs(alive, timeout=wait)
+            deadline = time.monotonic() + wait
+            # psutil would reap the launcher, and Popen then read its exit status as 0
+            psutil.wait_procs([p for p in alive if p.pid != self.pid], timeout=wait)
+            if any(p.pid == self.pid for p in alive):
+                try:
+                    self.process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
 
     def _processes(self) -> list[psutil.Process]:
         """mpirun's process tree, everything else in its session, and every process that
