@@ -21,16 +21,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def session(leader: int, job: str | None = None) -> list[psutil.Process]:
+def session(leader: int, job: str | None = None, started: float | None = None) -> list[psutil.Process]:
     """``leader``'s process tree, every other process of the session it leads, and (given
     ``job``) every process whose ``MPI_MAGIC_JOB`` names that job: a job's processes,
-    including those that left its tree or started a session of their own."""
+    including those that left its tree or started a session of their own. Given the leader's
+    ``started`` time, a number another process has taken since it ended names nothing."""
     import psutil
 
     members = {}
     try:
         root = psutil.Process(leader)
-        members = {p.pid: p for p in [root, *root.children(recursive=True)]}
+        if started is not None and root.create_time() != started:
+            leader = -1  # reused: its tree and session are another process's
+        else:
+            members = {p.pid: p for p in [root, *root.children(recursive=True)]}
     except psutil.Error:
         pass
     me = os.getpid()

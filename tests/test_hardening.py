@@ -209,6 +209,21 @@ def test_a_process_started_in_a_session_of_its_own_is_stopped_with_the_job(ip):
     assert _wait_gone([ip.user_ns["pid"]], 10), "the detached child was stopped with its job"
 
 
+def test_a_launchers_number_taken_by_another_process_names_none_of_its_processes():
+    """After the launcher ended, its process number may be another process's: stopping what
+    was left of the job must not reach that process, its tree or its session."""
+    from mpi_magic import procs
+
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        started = psutil.Process(other.pid).create_time()
+        assert [p.pid for p in procs.session(other.pid, None, started)] == [other.pid]
+        assert procs.session(other.pid, None, started - 1.0) == [], "the same number, another process"
+    finally:
+        other.kill()
+        other.wait()
+
+
 NOTEBOOK = """
 import os, sys
 from IPython.core.interactiveshell import InteractiveShell

@@ -305,7 +305,7 @@ class LocalJob:
     def _processes(self) -> list[psutil.Process]:
         """mpirun's process tree, everything else in its session, and every process that
         carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a session of its own)."""
-        return procs.session(self.pid, self.name)
+        return procs.session(self.pid, self.name, self.started)
 
 
 class LocalSessionRanks:
