@@ -405,3 +405,17 @@ def test_a_job_started_again_resets_every_rank_and_both_views_say_so(world):
     assert [row.bar.bar_style for row in view.rows] == ["success"] * 4, "red was the attempt that ended"
     assert model.counts()["completed"] == 4 and view.total_bar.bar_style == "success"
     assert "running (attempt 2)" in view.header.value
+    model.fold(Phase("completed"))
+    assert "spot interruption: started again as attempt 2" in Summary(model)._repr_html_(), "said as past"
+
+
+def test_a_starting_phase_read_after_the_ranks_started_is_news_no_more(world):
+    """SageMaker's status is read every 5-30 s: "Downloading" can arrive while the ranks run."""
+    clock, model, view, slot, decoder = world
+    model.fold(Phase("Downloading", "SageMaker: Downloading"))
+    assert model.phase == "Downloading", "before the ranks, it is the news"
+    wire(model, decoder, started(0))
+    model.fold(Phase("Downloading", "SageMaker: Downloading"))
+    assert model.phase == "running"
+    model.fold(Phase("Uploading", "SageMaker: Uploading"))
+    assert model.phase == "Uploading", "what comes after the ranks is news"

@@ -18,6 +18,10 @@ from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
+# Phases a backend reports while its ranks are not up yet (SageMaker's secondary statuses): read
+# a while after the ranks started (SageMaker's status is read every 5-30 s), they are news no more.
+STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
+                             "DownloadingTrainingImage"})
 OUTPUT_TAIL = 200
 LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
 WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits
@@ -197,7 +201,7 @@ class JobModel:
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
             if state.status == "starting":
                 state.status = "running"
-            if self.phase in ("packaging", "submitting", "starting", "restarting"):
+            if self.phase in ("packaging", "submitting", "starting", "restarting") or self.phase in STARTING_PHASES:
                 self.phase = "running"
             self.last_activity = self.clock()
         elif isinstance(event, events.RankFinished):
@@ -215,13 +219,15 @@ class JobModel:
             if before is not None and before.running and event.running and before.hourly_price == event.hourly_price:
                 return  # the figure moves on by the clock anyway: no redraw (nor text line) for each report
         elif isinstance(event, events.Phase):
+            if event.name in STARTING_PHASES and any(s.status != "starting" for s in self.ranks):
+                return
             self.phase = event.name
             if event.name in ENDED:
                 self.ended_at = self.ended_at or self.clock()
                 self._stop_active()
         elif isinstance(event, events.Restarted):
             self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
-            self.notes.append(event.reason)
+            self.notes.append(f"{event.cause}: started again as attempt {event.attempt}")  # read after it ended
             self.result_digests.clear()
             self.unreturned.clear()
             self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
