@@ -290,7 +290,7 @@ def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tup
 
 
 _COUNT = "[0-9]{1,15}"  # below 1 << 53, as ``_count`` wants
-_PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,17})?"  # finite, not negative and below 1 << 53, as ``_number`` wants
+_PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,24})?"  # finite, not negative and below 1 << 53, as ``_number`` wants
 
 
 def _tagged_line(style: str, marker: str) -> re.Pattern:
@@ -344,13 +344,16 @@ class StreamDecoder:
             return [LauncherOutput(line)]
         tag_rank, tag_stream, seq, when, n, total, bar, closed, desc, text = match.groups()
         if seq is not None:  # the line is a valid progress record alone
-            rank, number = int(tag_rank), wire.number
-            progress = Progress(rank, number(n), number(total) if total else None, desc, int(bar), closed == "1",
-                                int(seq), number(when))
-            if progress.seq == self._complete.get(rank, 0) and not self._ahead.get(rank):  # _accept's usual case
-                self._complete[rank] = progress.seq + 1
+            # (numbers read as wire.number does, written out: this runs for nearly every line)
+            rank, seq_no = int(tag_rank), int(seq)
+            progress = Progress(rank, int(n) if n.isdigit() else float(n),
+                                (int(total) if total.isdigit() else float(total)) if total else None, desc, int(bar),
+                                closed == "1", seq_no, int(when) if when.isdigit() else float(when))
+            complete = self._complete
+            if seq_no == complete.get(rank, 0) and not self._ahead.get(rank):  # _accept's usual case
+                complete[rank] = seq_no + 1
                 return [progress]
-            return [progress] if self._accept(rank, progress.seq) else []
+            return [progress] if self._accept(rank, seq_no) else []
         rank, stream = int(tag_rank), tag_stream or stream
         at = text.find(self.marker)
         if at < 0:
