@@ -118,7 +118,7 @@ class LocalJob:
     linger = 3.0
     # Open MPI 5's launcher can deadlock in its own finalize when a rank dies while another is in
     # MPI's start-up: every process it started is gone and it uses no CPU, yet it never exits (nor
-    # passes on what the ranks said last). A launcher so for this many seconds is stopped from here.
+    # passes on what the ranks said last). A launcher in that state for this many seconds is stopped.
     stuck_after = 3.0
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
