@@ -66,17 +66,22 @@ class SocketChannel:
         if not hmac.compare_digest(presented, self._secret.encode()):
             peer.close()
             return False
-        peer.settimeout(None)
-        peer.sendall(ACCEPTED)
+        try:
+            peer.settimeout(None)
+            peer.sendall(ACCEPTED)
+        except OSError:  # it left meanwhile
+            peer.close()
+            return False
         self._peer = peer
         self._stop_listening()
         return True
 
     def send(self, message: dict) -> None:
-        if self._peer is None:
+        peer = self._peer  # (close() may clear it meanwhile)
+        if peer is None:
             raise ChannelError("rank 0 has not connected")
         try:
-            self._peer.sendall(json.dumps(message).encode() + b"\n")
+            peer.sendall(json.dumps(message).encode() + b"\n")
         except OSError as exc:
             raise ChannelError(f"rank 0 is gone ({exc})") from None
 

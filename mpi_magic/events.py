@@ -290,7 +290,9 @@ def parse_tag(line: str, stream: str = "stdout", style: str = "openmpi5") -> tup
 
 
 _COUNT = "[0-9]{1,15}"  # below 1 << 53, as ``_count`` wants
-_PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,24})?"  # finite, not negative and below 1 << 53, as ``_number`` wants
+# finite, not negative and below 1 << 53, as ``_number`` wants; a float's repr has at most about 20
+# decimals in this form ("0.00012345678901234568"), so nearly every number a rank writes fits
+_PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,24})?"
 
 
 def _tagged_line(style: str, marker: str) -> re.Pattern:

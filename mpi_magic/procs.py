@@ -31,7 +31,7 @@ def session(leader: int, job: str | None = None, started: float | None = None) -
     members = {}
     try:
         root = psutil.Process(leader)
-        if started is not None and root.create_time() != started:
+        if started is not None and abs(root.create_time() - started) >= 1:  # (as read: boot time + ticks)
             leader = -1  # reused: its tree and session are another process's
         else:
             members = {p.pid: p for p in [root, *root.children(recursive=True)]}

@@ -305,6 +305,8 @@ class Session:
     def _closing_reason(self) -> str:
         if self._closing:
             return self._closing
+        if self._exit is not None and self._exit.refused:
+            return f"the launcher refused to start the ranks: {self._exit.refused}"
         if self._exit is not None and (self._exit.reports or self._exit.reason):
             said = [f"rank {r} {why}" for r, why in sorted(self._exit.reports.items())]
             return "; ".join(said + ([self._exit.reason] if self._exit.reason else []))

@@ -89,7 +89,8 @@ def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decod
 
     rng = random.Random(3)
     fields = ["3", "7", "12.5", "1733224567.123456", "100", "", "0", "1", "1e-05", "9" * 16, "9" * 40, "1" * 400 + ".5",
-              "1.2.3", "05", "-1", "inf", "nan", " 2", "٣", "x" * 1001, "ü,ü", "a\nb"]
+              "1.2.3", "05", "-1", "inf", "nan", " 2", "٣", "x" * 1001, "ü,ü", "a\nb", "0.00012345678901234568",
+              "0." + "1" * 24, "0." + "1" * 25]
     for _ in range(3000):  # a valid record (rank, seq, time, n, total, bar, closed, desc), one or two fields changed
         record = ["3", "7", "12.5", "5", "100", "0", "1", "epoch 1"]
         for _ in range(rng.randint(1, 2)):
@@ -104,5 +105,7 @@ def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decod
             expected = None
         if expected is not None and expected.rank == 3:
             assert got == [expected] and decoder.rejected == 0, record
+            assert [type(getattr(got[0], f)) for f in ("n", "total", "time")] == \
+                [type(getattr(expected, f)) for f in ("n", "total", "time")], f"the same numbers' types: {record}"
         else:
             assert got == [Output(3, "stdout", MARKER + record)] and decoder.rejected == 1, record

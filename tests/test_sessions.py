@@ -191,6 +191,8 @@ def test_a_rank_that_cannot_start_ends_the_start_with_its_words(sessions, tmp_pa
     assert message.endswith("[rank 1] cannot start: no licence")
     session = ip.magics_manager.registry["MpiMagics"].session
     assert session is None or session.status == "stopped"
+    with pytest.raises(SessionStartError, match="the launcher refused to start the ranks: .*Option: --no-such-flag"):
+        start(ip, "-i 1 -g 2 --mpirun-args=--no-such-flag")
 
 
 def test_idle_timeout_ends_the_session(sessions):

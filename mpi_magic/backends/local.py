@@ -117,8 +117,8 @@ class LocalJob:
     # Once every rank has reported success, mpirun gets this long to exit by itself.
     linger = 3.0
     # Open MPI 5's launcher can deadlock in its own finalize when a rank dies while another is in
-    # MPI's start-up: every process it started is gone and it uses no CPU, yet it never exits (nor
-    # passes on what the ranks said last). A launcher in that state for this many seconds is stopped.
+    # MPI's start-up: every process it started has ended (one unreaped) and it uses no CPU, yet it never
+    # exits (nor passes on what the ranks said last). A launcher in that state this long is stopped.
     stuck_after = 3.0
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
@@ -135,10 +135,10 @@ class LocalJob:
         self._gone: set[int] = set()
         self._failure_seen = False
         self._checked_at = 0.0
-        self._quiet_since: float | None = None  # since when the launcher has had no rank and used no CPU
-        self._quiet_cpu = 0.0
+        self._quiet_since: float | None = None  # since when the launcher has looked stuck
+        self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
         self._stuck_checked_at = 0.0
-        self._stuck = False
+        self._stuck = self._cancelled = False
         self._launcher_log = launchers.LauncherLog()
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
         command, preexec = _dying_with_notebook(argv)
@@ -232,15 +232,15 @@ class LocalJob:
         except queue.Empty:
             pass
         batch, self._held = batch[:MAX_BATCH], batch[MAX_BATCH:]
-        batch.extend(self._check_processes())
+        batch.extend(self._check_ranks_and_launcher())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
-    def _check_processes(self) -> list[Event]:
+    def _check_ranks_and_launcher(self) -> list[Event]:
         """Ranks whose process is gone without having reported (killed, or exited early). They
         are not failed yet: their last output may still be inside the launcher (Open MPI takes
         over a minute to pass on one 20 MB line), so how they ended is settled when it exits.
-        A launcher stuck with no rank left is stopped, so that it does exit."""
+        A launcher stuck after its ranks ended is stopped, so that it does exit."""
         now = time.monotonic()
         if now - self._checked_at < 0.5:
             return []
@@ -249,35 +249,47 @@ class LocalJob:
             gone = [r for r, pid in self._rank_pids.items()
                     if r not in self._reported and r not in self._gone and not _pid_alive(pid)]
             self._gone.update(gone)
-        if self._launcher_stuck(now):
+        stuck = self._launcher_stuck(now)
+        if stuck == "hung":
             self._stuck = True
             self._stop((signal.SIGKILL,))  # it is deadlocked: no signal it would handle reaches it
+        elif stuck == "exited":  # what a rank left behind holds its output open: stopped, as the end stops it
+            self._stop()
         return [RankGone(rank) for rank in gone]
 
-    def _launcher_stuck(self, now: float) -> bool:
-        """True once the launcher has had no live process under it and used no CPU for
-        ``stuck_after`` seconds (looked at every ``STUCK_CHECK`` s: listing processes costs
-        milliseconds). Its ranks' last lines may be stuck inside it: their reports come from
-        what it said before."""
-        if self.process.returncode is not None or now - self._stuck_checked_at < STUCK_CHECK:
-            return False
+    def _launcher_stuck(self, now: float) -> str | None:
+        """"hung" once the launcher has left a rank it started unreaped, had no live process under
+        it and used no CPU, for ``stuck_after`` seconds (looked at every ``STUCK_CHECK`` s: listing
+        processes costs milliseconds). A working launcher reaps its ranks at once, so one that has
+        not forked yet, or is still passing on output, is never taken for hung. Its ranks' last
+        lines may be stuck inside it: their reports come from what it said before. "exited" once
+        it has ended that long while something it started still holds its output open."""
+        if self.process.returncode is not None or self._cancelled or now - self._stuck_checked_at < STUCK_CHECK:
+            return None
         self._stuck_checked_at = now
         try:
             launcher = psutil.Process(self.pid)
-            busy = sum(launcher.cpu_times()[:2])
-            idle = busy <= self._quiet_cpu + 0.05 and not any(_alive(p) for p in launcher.children(recursive=True))
+            exited = launcher.status() == psutil.STATUS_ZOMBIE
+            busy = 0.0 if exited else sum(launcher.cpu_times()[:2])
+            idle = exited
+            if not exited and busy <= self._cpu_seen + 0.05:
+                children = launcher.children(recursive=True)
+                idle = bool(children) and not any(_alive(p) for p in children)
         except psutil.Error:
-            return False
-        self._quiet_cpu = busy
+            return None
+        self._cpu_seen = busy
         if not idle:
             self._quiet_since = None
-            return False
+            return None
         if self._quiet_since is None:
             self._quiet_since = now
-        return now - self._quiet_since >= self.stuck_after
+        if now - self._quiet_since < self.stuck_after:
+            return None
+        return "exited" if exited else "hung"
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
+        self._cancelled = True  # what the launcher does from now on is no hang
         self._stop((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
