@@ -172,6 +172,9 @@ class LauncherLog:
     def add(self, text: str) -> None:
         self.lines.append(text)
 
+    def said(self, words: str) -> bool:
+        return any(words in line for line in self.lines)
+
     def ended(self, returncode: int | None, ranks_started: bool, gone: Iterable[int] = ()) -> LauncherExited:
         """The end event: the launcher's exit reports, else ``gone``: ranks that vanished without
         reporting, while no other rank's failure explains it."""

@@ -305,6 +305,27 @@ def test_a_launcher_slow_to_start_its_ranks_or_gone_with_its_output_held_is_not_
     assert took < LocalJob.stuck_after + 6, "what held its output open was stopped"
 
 
+def test_a_launch_whose_pmix_server_failed_to_start_is_made_once_more(tmp_path):
+    """About one Open MPI 5 launch in a thousand on a loaded machine ends at once, before any
+    rank, with "The PMIx server's listener thread failed to start" (seen in full runs of this
+    suite, not on demand): a stand-in launcher says so on its first launches."""
+    from mpi_magic.backends.local import TRANSIENT_START_FAILURE
+
+    def stand_in(failures: int) -> str:
+        return ("import os, sys\n"
+                f"count = os.path.join({str(tmp_path)!r}, 'launches-{failures}')\n"
+                "with open(count, 'a') as f:\n    f.write('x')\n"
+                f"if os.path.getsize(count) <= {failures}:\n"
+                f"    print({TRANSIENT_START_FAILURE + '. We cannot'!r}, file=sys.stderr)\n    sys.exit(1)\n"
+                "print('launched')\n")
+
+    ended, _, _ = _ended_stand_in(stand_in(1))
+    assert (ended.returncode, ended.refused) == (0, "") and (tmp_path / "launches-1").read_text() == "xx"
+    ended, _, _ = _ended_stand_in(stand_in(5))
+    assert ended.returncode == 1 and TRANSIENT_START_FAILURE in ended.refused, "once more only, then its words"
+    assert (tmp_path / "launches-5").read_text() == "xx"
+
+
 def test_a_job_folder_removed_during_the_run_ends_with_the_ranks_outcome(ip):
     import shutil
 

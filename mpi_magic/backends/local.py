@@ -34,6 +34,7 @@ QUEUE_SIZE = 4
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
 STUCK_CHECK = 1.0  # seconds between looks at whether the launcher is stuck
 STUCK_REASON = "the launcher hung after its ranks ended, and was stopped"
+TRANSIENT_START_FAILURE = "The PMIx server's listener thread failed to start"
 READ_CHUNK = 1 << 16
 
 
@@ -138,23 +139,29 @@ class LocalJob:
         self._quiet_since: float | None = None  # since when the launcher has looked stuck
         self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
         self._stuck_checked_at = 0.0
-        self._stuck = self._cancelled = False
+        self._stuck = self._cancelled = self._relaunched = False
+        self._launch_lock = threading.Lock()  # a relaunch and cancel() do not cross
         self._launcher_log = launchers.LauncherLog()
+        self._env, self._cwd = env, cwd
+        self._start_launcher()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _start_launcher(self) -> None:
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
-        command, preexec = _dying_with_notebook(argv)
+        command, preexec = _dying_with_notebook(self.argv)
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
+            env=self._env, cwd=self._cwd, start_new_session=True, preexec_fn=preexec,
         )
         self.pid = self.process.pid
         self.started = psutil.Process(self.pid).create_time()
+        self._quiet_since, self._cpu_seen = None, 0.0
         self._readers = [
             threading.Thread(target=self._read, args=(self.process.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._read, args=(self.process.stderr, "stderr"), daemon=True),
         ]
         for reader in self._readers:
             reader.start()
-        threading.Thread(target=self._wait, daemon=True).start()
 
     def _read(self, pipe, stream: str) -> None:
         """Read in chunks and cut lines here: every line goes on whole, however long."""
@@ -194,9 +201,12 @@ class LocalJob:
             self._queue.put(decoded)
 
     def _wait(self) -> None:
-        for reader in self._readers:
-            reader.join()
-        returncode = self.process.wait()
+        while True:
+            for reader in self._readers:
+                reader.join()
+            returncode = self.process.wait()
+            if not self._relaunch(returncode):
+                break
         self._stop()  # what a rank started and left behind
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
             # (unless another rank's failure is why the launcher stopped it)
@@ -205,6 +215,18 @@ class LocalJob:
         if self._stuck:
             exited.reason = STUCK_REASON
         self._queue.put([*self._decoder.rejections(), exited])
+
+    def _relaunch(self, returncode: int) -> bool:
+        """Open MPI 5's launcher now and then fails to start its PMIx server before any rank ran
+        (seen about once in a thousand launches on a loaded machine): that launch is made once more."""
+        with self._launch_lock:
+            if (not returncode or self._relaunched or self._cancelled or self._rank_pids
+                    or not self._launcher_log.said(TRANSIENT_START_FAILURE)):
+                return False
+            self._relaunched = True
+            self._launcher_log = launchers.LauncherLog()  # its reports and reasons are the new launch's
+            self._start_launcher()
+            return True
 
     @property
     def finished(self) -> bool:
@@ -289,7 +311,8 @@ class LocalJob:
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
-        self._cancelled = True  # what the launcher does from now on is no hang
+        with self._launch_lock:
+            self._cancelled = True  # what the launcher does from now on is no hang, and it is not launched again
         self._stop((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
