@@ -395,7 +395,7 @@ def test_a_job_started_again_resets_every_rank_and_both_views_say_so(world):
     clock.now += 2
     view.update()
     text_view.update()
-    assert "restarting (attempt 2)" in view.header.value and "spot interruption" in view.header.value
+    assert "restarting (attempt 2)" in view.header.value and "⚠ spot interruption</b>" in view.header.value
     assert text.getvalue().startswith("mpi_magic: spot interruption: restarting, attempt 2\n")
     # the new attempt's events count from the start again, through a decoder of its own
     wire(model, StreamDecoder(TOKEN), *[started(r) for r in range(4)],

@@ -142,6 +142,7 @@ class JobModel:
         self.unreturned: dict[str, str] = {}
         self.attempt = 1  # 2 and on after the job started again (a spot interruption)
         self.restart_reason = ""  # why it last did ("spot interruption: restarting, attempt 2")
+        self.restart_cause = ""  # the same, in a word or two ("spot interruption")
 
     @property
     def num_instances(self) -> int:
@@ -227,6 +228,7 @@ class JobModel:
                 self._stop_active()
         elif isinstance(event, events.Restarted):
             self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
+            self.restart_cause = event.cause
             self.notes.append(f"{event.cause}: started again as attempt {event.attempt}")  # read after it ended
             self.result_digests.clear()
             self.unreturned.clear()

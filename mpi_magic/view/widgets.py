@@ -222,7 +222,7 @@ class WidgetView:
         self._drawn_version, self._drawn_at = model.version, model.elapsed()
         self.redraws += 1
         waiting = model.waiting()
-        restarting = model.restart_reason if model.phase == "restarting" else ""
+        restarting = model.restart_cause if model.phase == "restarting" else ""  # the headline says "restarting"
         self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + "".join(
             f" <b>· ⚠ {html.escape(text)}</b>" for text in (restarting, waiting) if text)  # the theme's text colour
         self._draw_total()
