@@ -224,8 +224,12 @@ class LocalJob:
                     or not self._launcher_log.said(TRANSIENT_START_FAILURE)):
                 return False
             self._relaunched = True
-            self._launcher_log = launchers.LauncherLog()  # its reports and reasons are the new launch's
-            self._start_launcher()
+            first_log, self._launcher_log = self._launcher_log, launchers.LauncherLog()  # the new launch's words
+            try:
+                self._start_launcher()
+            except (OSError, psutil.Error):  # the first launch's end stands
+                self._launcher_log = first_log
+                return False
             return True
 
     @property
