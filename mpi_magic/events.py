@@ -126,6 +126,12 @@ class Phase:
     detail: str = ""
 
 
+# Phases (SageMaker's secondary statuses) in which a job's ranks are not up yet: the backend that
+# reports them and the model that shows them both read this
+STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
+                             "DownloadingTrainingImage"})
+
+
 @dataclass
 class Restarted:
     """The job started again from the beginning: every rank's state so far belongs to the
@@ -313,14 +319,22 @@ class StreamDecoder:
     """
 
     def __init__(self, token: str, style: str = "openmpi5") -> None:
-        self.style = style
         self.marker = wire.marker(token)
-        self._tagged = _tagged_line(style, self.marker)
+        self.style = style
         # Per rank: every seq below _complete has been seen; _ahead holds those seen beyond it.
         self._complete: dict[int, int] = {}
         self._ahead: dict[int, set[int]] = {}
         self.duplicates = 0
         self.rejected = 0
+
+    @property
+    def style(self) -> str:
+        """How the launcher tags lines (``_TAG_PREFIXES``); a job's log may say so after it began."""
+        return self._style
+
+    @style.setter
+    def style(self, style: str) -> None:
+        self._style, self._tagged = style, _tagged_line(style, self.marker)
 
     @property
     def gaps(self) -> dict[int, int]:

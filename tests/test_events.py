@@ -20,6 +20,15 @@ def test_tags_of_open_mpi_5_and_4_and_mpich():
     assert parse_tag("plain launcher text") is None
 
 
+def test_a_decoder_told_the_tag_style_later_reads_lines_in_it():
+    """A SageMaker job's log says which Open MPI tags its lines after the decoder was made."""
+    decoder = StreamDecoder(TOKEN)
+    decoder.style = "openmpi4"
+    assert decoder.feed("[1,3]<stdout>: indented") == [Output(3, "stdout", " indented")]
+    sent = Progress(rank=3, n=2, total=4, seq=0, time=1.0)
+    assert decoder.feed(f"[1,3]<stdout>:{encode(sent, TOKEN)}") == [sent]
+
+
 def test_events_round_trip_through_tagged_lines():
     finished = RankFinished(rank=2, ok=False, error_type="ValueError", message="bad", traceback="Traceback...\n", seq=4, time=1.5)
     decoder = StreamDecoder(TOKEN)

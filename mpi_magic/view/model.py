@@ -18,10 +18,7 @@ from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
-# Phases a backend reports while its ranks are not up yet (SageMaker's secondary statuses): read
-# a while after the ranks started (SageMaker's status is read every 5-30 s), they are news no more.
-STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
-                             "DownloadingTrainingImage"})
+BEFORE_RANKS = frozenset({"packaging", "submitting", "starting", "restarting"}) | events.STARTING_PHASES
 OUTPUT_TAIL = 200
 LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
 WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits
@@ -202,7 +199,7 @@ class JobModel:
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
             if state.status == "starting":
                 state.status = "running"
-            if self.phase in ("packaging", "submitting", "starting", "restarting") or self.phase in STARTING_PHASES:
+            if self.phase in BEFORE_RANKS:
                 self.phase = "running"
             self.last_activity = self.clock()
         elif isinstance(event, events.RankFinished):
@@ -220,8 +217,8 @@ class JobModel:
             if before is not None and before.running and event.running and before.hourly_price == event.hourly_price:
                 return  # the figure moves on by the clock anyway: no redraw (nor text line) for each report
         elif isinstance(event, events.Phase):
-            if event.name in STARTING_PHASES and any(s.status != "starting" for s in self.ranks):
-                return
+            if event.name in events.STARTING_PHASES and any(s.status != "starting" for s in self.ranks):
+                return  # read after the ranks started (SageMaker's status is read every 5-30 s): no news
             self.phase = event.name
             if event.name in ENDED:
                 self.ended_at = self.ended_at or self.clock()

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import SageMakerSetupError
 from ... import jobdir, wire
-from ...events import (Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted, Restarted,
-                       StreamDecoder)
+from ...events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
+                       Restarted, StreamDecoder)
 from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
@@ -321,11 +321,10 @@ def fetch_each(s3, copies: Iterable[tuple[str, str]]) -> None:
         list(pool.map(fetch, copies))
 
 
-# Statuses of a job between a spot interruption and its next attempt's instances: none is billed
-BETWEEN_ATTEMPTS = frozenset({"Interrupted", "Restarting", "Pending", "Starting", "LaunchingMLInstances",
-                              "PreparingTrainingStack"})
 # Statuses a job passes through on its way back from Training to another attempt
-RESTARTING = BETWEEN_ATTEMPTS | {"Downloading", "DownloadingTrainingImage"}
+RESTARTING = STARTING_PHASES | {"Interrupted", "Restarting"}
+# Those between a spot interruption and its next attempt's instances: none is billed
+BETWEEN_ATTEMPTS = RESTARTING - {"Downloading", "DownloadingTrainingImage"}
 
 
 @dataclass(frozen=True)
