@@ -21,6 +21,9 @@ from typing import Iterable
 from .errors import LauncherNotFound
 from .events import LauncherExited
 
+# Open MPI 5's launcher now and then ends at once with this, before any rank ran (seen about once
+# in a thousand launches on a loaded machine); the launch can simply be made once more
+TRANSIENT_START_FAILURE = "The PMIx server's listener thread failed to start"
 
 @dataclass(frozen=True)
 class Launcher:

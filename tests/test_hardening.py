@@ -309,7 +309,7 @@ def test_a_launch_whose_pmix_server_failed_to_start_is_made_once_more(tmp_path):
     """About one Open MPI 5 launch in a thousand on a loaded machine ends at once, before any
     rank, with "The PMIx server's listener thread failed to start" (seen in full runs of this
     suite, not on demand): a stand-in launcher says so on its first launches."""
-    from mpi_magic.backends.local import TRANSIENT_START_FAILURE
+    from mpi_magic.launcher import TRANSIENT_START_FAILURE
 
     def stand_in(failures: int) -> str:
         return ("import os, sys\n"

@@ -71,6 +71,18 @@ def leader_log(aws, job_name: str) -> list[str]:
         token = reply["nextForwardToken"]
 
 
+def job_story(aws, job_name: str) -> str:
+    """What a job went through, for a failing assertion: its status, transitions and each stream's last lines."""
+    job = described(aws, job_name)
+    lines = [f"{job['TrainingJobStatus']} {job.get('FailureReason', '')}"]
+    lines += [f"  {t['Status']}: {t.get('StatusMessage', '')}" for t in job["SecondaryStatusTransitions"]]
+    logs = aws.client("logs")
+    for stream in logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job_name)["logStreams"]:
+        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=False)
+        lines += [f"{stream['logStreamName']}:"] + [f"  {e['message'].rstrip()}" for e in reply["events"][-30:]]
+    return "\n".join(lines)
+
+
 def wait_until(check, limit: float) -> bool:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -336,11 +348,13 @@ def test_a_session_job_started_again_runs_no_cell_sent_before(aws, settings, loc
                                         logStreamName=streams["logStreams"][-1]["logStreamName"])
             return [e for item in reply["events"] for e in decoder.feed(item["message"])]
 
-        assert wait_until(lambda: len([e for e in second_attempt() if isinstance(e, events.RankReady)]) == 2, 60)
+        assert wait_until(lambda: len([e for e in second_attempt() if isinstance(e, events.RankReady)]) == 2, 60), \
+            job_story(aws, job_name)
         time.sleep(2)  # rank 0 looks for the next cell ten times a second: cell 1 would have run by now
         seen = second_attempt()
         assert sorted((e.rank, e.cell) for e in seen if isinstance(e, events.RankReady)) == [(0, 0), (1, 0)]
         assert not [e for e in seen if isinstance(e, (events.RankFinished, events.Output))], "no cell ran again"
     finally:
         aws.client("sagemaker").stop_training_job(TrainingJobName=job_name)
-        assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30)
+        assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30), \
+            job_story(aws, job_name)

@@ -19,6 +19,7 @@ import psutil
 from .. import launcher as launchers
 from .. import procs, wire
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
+from ..launcher import TRANSIENT_START_FAILURE
 from ..options import Config, LaunchOptions
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ QUEUE_SIZE = 4
 MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
 STUCK_CHECK = 1.0  # seconds between looks at whether the launcher is stuck
 STUCK_REASON = "the launcher hung after its ranks ended, and was stopped"
-TRANSIENT_START_FAILURE = "The PMIx server's listener thread failed to start"
 READ_CHUNK = 1 << 16
 
 
@@ -217,8 +217,7 @@ class LocalJob:
         self._queue.put([*self._decoder.rejections(), exited])
 
     def _relaunch(self, returncode: int) -> bool:
-        """Open MPI 5's launcher now and then fails to start its PMIx server before any rank ran
-        (seen about once in a thousand launches on a loaded machine): that launch is made once more."""
+        """A launch that ended with ``TRANSIENT_START_FAILURE`` before any rank ran is made once more."""
         with self._launch_lock:
             if (not returncode or self._relaunched or self._cancelled or self._rank_pids
                     or not self._launcher_log.said(TRANSIENT_START_FAILURE)):
