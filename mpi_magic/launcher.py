@@ -21,9 +21,6 @@ from typing import Iterable
 from .errors import LauncherNotFound
 from .events import LauncherExited
 
-# Open MPI 5's launcher now and then ends at once with this, before any rank ran (seen about once
-# in a thousand launches on a loaded machine); the launch can simply be made once more
-TRANSIENT_START_FAILURE = "The PMIx server's listener thread failed to start"
 
 @dataclass(frozen=True)
 class Launcher:
@@ -147,6 +144,17 @@ def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) ->
     return env
 
 
+def session_folder_variable(launcher: Launcher) -> str | None:
+    """The variable that tells this launcher where to keep its session folder, when it needs one
+    of its own per launch: Open MPI 5's launcher names the folder by its process number and finds
+    in it the files a killed launcher of that number left ("ompi.<pid>" in the temporary folder);
+    once the number is used again, its PMIx server fails to start ("The PMIx server's listener
+    thread failed to start"). Killed launchers are common (a kernel restarted, a job stopped)."""
+    if launcher.flavour == "openmpi" and (not launcher.version or launcher.version[0] >= 5):
+        return "PRTE_MCA_prte_tmpdir_base"
+    return None
+
+
 _SIGNAL_REPORT = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)(?: \(([^)]*)\))?")
 _EXIT_REPORT = re.compile(r"Process name:\s*\[(.*?)\]\]?\s*Exit code:\s*(-?\d+)")
 _MPICH_REPORT = re.compile(r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+)|EXIT CODE: (\d+))")
@@ -174,9 +182,6 @@ class LauncherLog:
 
     def add(self, text: str) -> None:
         self.lines.append(text)
-
-    def said(self, words: str) -> bool:
-        return any(words in line for line in self.lines)
 
     def ended(self, returncode: int | None, ranks_started: bool, gone: Iterable[int] = ()) -> LauncherExited:
         """The end event: the launcher's exit reports, else ``gone``: ranks that vanished without

@@ -7,7 +7,6 @@ its own job names, so none sees another's files or jobs."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -372,41 +371,6 @@ def test_mpirun_keeps_to_the_network_sagemaker_names(tmp_path, monkeypatch, vers
                        "docker0")
     argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
     assert "btl_tcp_if_include" not in argv and daemons[1] not in argv
-
-
-@pytest.mark.parametrize("failing_launches", [1, 5])
-def test_the_leader_makes_a_launch_whose_pmix_server_failed_to_start_once_more(tmp_path, failing_launches):
-    """As on the local backend: Open MPI 5 now and then ends before any rank with "The PMIx server's
-    listener thread failed to start". A stand-in mpirun says so on its first launches, then runs a rank."""
-    import subprocess
-    import sys
-
-    from mpi_magic.backends.sagemaker import bootstrap
-    from mpi_magic.launcher import TRANSIENT_START_FAILURE
-
-    stand_in = tmp_path / "mpirun"
-    stand_in.write_text(
-        f"#!{sys.executable}\nimport os, sys\n"
-        "if sys.argv[1:] == ['--version']:\n    sys.exit(print('mpirun (Open MPI) 5.0.6'))\n"
-        f"count = {str(tmp_path / 'launches')!r}\n"
-        "with open(count, 'a') as f:\n    f.write('x')\n"
-        f"if os.path.getsize(count) <= {failing_launches}:\n"
-        f"    print({TRANSIENT_START_FAILURE + '. We cannot'!r}, file=sys.stderr)\n    sys.exit(1)\n"
-        "print('[1,0]<stdout>: the rank ran')\n")
-    stand_in.chmod(0o755)
-    (tmp_path / "output").mkdir()
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(tmp_path), "MPI_MAGIC_MPIRUN": str(stand_in),
-           "MPI_MAGIC_PROCS_PER_INSTANCE": "1"}
-    lead = subprocess.run([sys.executable, "-c", "import sys; from mpi_magic.backends.sagemaker import bootstrap; "
-                           "sys.exit(bootstrap.lead(['algo-1']))"], env=env, capture_output=True, text=True, timeout=60)
-    said = lead.stdout.splitlines()
-    assert (tmp_path / "launches").read_text() == "xx", "once more, and only once"
-    assert said.count(bootstrap.SAID + "mpirun could not start its PMIx server; starting it once more") == 1
-    if failing_launches == 1:
-        assert lead.returncode == 0 and said[-2:] == ["[1,0]<stdout>: the rank ran", bootstrap.ALL_RELAYED]
-    else:
-        assert lead.returncode == 1 and (tmp_path / "output" / "failure").read_text() == "mpirun exited with status 1"
-        assert said[-2:] == [bootstrap.ALL_RELAYED, bootstrap.SAID + "failed: mpirun exited with status 1"]
 
 
 def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):

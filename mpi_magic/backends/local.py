@@ -19,8 +19,8 @@ import psutil
 from .. import launcher as launchers
 from .. import procs, wire
 from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
-from ..launcher import TRANSIENT_START_FAILURE
 from ..options import Config, LaunchOptions
+from ..scratch import ScratchFolder
 
 if TYPE_CHECKING:
     from .base import Backend, BackendJob, SessionRanks
@@ -68,13 +68,12 @@ class LocalBackend:
     def start_session(self, name: str, options: LaunchOptions, config: Config | None = None) -> "LocalSessionRanks":
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
-        import tempfile
 
         from ..channel import SECRET_VARIABLE, SocketChannel
 
         secret = secrets.token_hex(16)
-        folder = tempfile.mkdtemp(prefix="mpi_magic_session_")  # 0700, and short: socket paths are limited
-        cells = SocketChannel(folder, secret)
+        folder = ScratchFolder("session")
+        cells = SocketChannel(folder.path, secret)
         command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.path]
         if options.idle_timeout:
             command += ["--idle-timeout", repr(options.idle_timeout)]
@@ -82,7 +81,7 @@ class LocalBackend:
             job = self._launch(name, command, options, {SECRET_VARIABLE: secret})
         except BaseException:
             cells.close()
-            os.rmdir(folder)
+            folder.remove()
             raise
         return LocalSessionRanks(job, cells, folder)
 
@@ -100,7 +99,8 @@ class LocalBackend:
         })
         env.update(options.env)
         env.update(extra_env)
-        return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style))
+        return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style),
+                        launchers.session_folder_variable(self.launcher))
 
 
 class LocalJob:
@@ -122,7 +122,8 @@ class LocalJob:
     # exits (nor passes on what the ranks said last). A launcher in that state this long is stopped.
     stuck_after = 3.0
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder):
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: str, decoder: StreamDecoder,
+                 folder_variable: str | None = None):
         self.name = name
         self.host = socket.gethostname()
         self.argv = argv
@@ -139,29 +140,32 @@ class LocalJob:
         self._quiet_since: float | None = None  # since when the launcher has looked stuck
         self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
         self._stuck_checked_at = 0.0
-        self._stuck = self._cancelled = self._relaunched = False
-        self._launch_lock = threading.Lock()  # a relaunch and cancel() do not cross
+        self._stuck = self._cancelled = False
         self._launcher_log = launchers.LauncherLog()
-        self._env, self._cwd = env, cwd
-        self._start_launcher()
-        threading.Thread(target=self._wait, daemon=True).start()
-
-    def _start_launcher(self) -> None:
+        # The launcher's session folder, new for this launch and removed after it (unless the user chose one)
+        self._folder = None
+        if folder_variable and folder_variable not in env:
+            self._folder = ScratchFolder("mpirun")
+            env = {**env, folder_variable: self._folder.path}
         # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
-        command, preexec = _dying_with_notebook(self.argv)
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=self._env, cwd=self._cwd, start_new_session=True, preexec_fn=preexec,
-        )
+        command, preexec = _dying_with_notebook(argv)
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec,
+            )
+        except BaseException:
+            self._remove_folder()
+            raise
         self.pid = self.process.pid
         self.started = psutil.Process(self.pid).create_time()
-        self._quiet_since, self._cpu_seen = None, 0.0
         self._readers = [
             threading.Thread(target=self._read, args=(self.process.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._read, args=(self.process.stderr, "stderr"), daemon=True),
         ]
         for reader in self._readers:
             reader.start()
+        threading.Thread(target=self._wait, daemon=True).start()
 
     def _read(self, pipe, stream: str) -> None:
         """Read in chunks and cut lines here: every line goes on whole, however long."""
@@ -201,13 +205,11 @@ class LocalJob:
             self._queue.put(decoded)
 
     def _wait(self) -> None:
-        while True:
-            for reader in self._readers:
-                reader.join()
-            returncode = self.process.wait()
-            if not self._relaunch(returncode):
-                break
+        for reader in self._readers:
+            reader.join()
+        returncode = self.process.wait()
         self._stop()  # what a rank started and left behind
+        self._remove_folder()
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
             # (unless another rank's failure is why the launcher stopped it)
             gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
@@ -216,20 +218,9 @@ class LocalJob:
             exited.reason = STUCK_REASON
         self._queue.put([*self._decoder.rejections(), exited])
 
-    def _relaunch(self, returncode: int) -> bool:
-        """A launch that ended with ``TRANSIENT_START_FAILURE`` before any rank ran is made once more."""
-        with self._launch_lock:
-            if (not returncode or self._relaunched or self._cancelled or self._rank_pids
-                    or not self._launcher_log.said(TRANSIENT_START_FAILURE)):
-                return False
-            self._relaunched = True
-            first_log, self._launcher_log = self._launcher_log, launchers.LauncherLog()  # the new launch's words
-            try:
-                self._start_launcher()
-            except (OSError, psutil.Error):  # the first launch's end stands
-                self._launcher_log = first_log
-                return False
-            return True
+    def _remove_folder(self) -> None:
+        if self._folder is not None:
+            self._folder.remove()
 
     @property
     def finished(self) -> bool:
@@ -314,8 +305,7 @@ class LocalJob:
 
     def cancel(self) -> None:
         """SIGINT, then SIGTERM, then SIGKILL to mpirun, every rank and what they started."""
-        with self._launch_lock:
-            self._cancelled = True  # what the launcher does from now on is no hang, and it is not launched again
+        self._cancelled = True  # what the launcher does from now on is no hang
         self._stop((signal.SIGINT, signal.SIGTERM, signal.SIGKILL))
         self.process.wait()
 
@@ -355,7 +345,7 @@ class LocalSessionRanks:
     released = None  # local ranks end with the notebook: no other notebook takes them over
     start_limit = 300.0
 
-    def __init__(self, job: LocalJob, cells, folder: str):
+    def __init__(self, job: LocalJob, cells, folder: ScratchFolder):
         self.job, self.cells, self.folder = job, cells, folder
         self.name, self.pid, self.started = job.name, job.pid, job.started
 
@@ -405,7 +395,7 @@ class LocalSessionRanks:
         self.cells.close()
         if not self.job.finished:
             self.job.cancel()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.remove()
 
 
 def _pid_alive(pid: int) -> bool:

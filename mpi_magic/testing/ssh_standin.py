@@ -27,6 +27,15 @@ def split(argv: list[str]) -> tuple[str, str]:
     return host.split("@")[-1], command
 
 
+def private_tmp(base: str) -> dict[str, str]:
+    """The environment that gives an emulated instance its own temporary folder, as a container
+    has: Open MPI's launcher and PMIx keep their session files there, so neither those of another
+    instance nor those a killed launcher left on an earlier attempt are found by a later one."""
+    tmp = os.path.join(base, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    return {"TMPDIR": tmp, "PRTE_MCA_prte_tmpdir_base": tmp, "PMIX_MCA_pmix_server_tmpdir": tmp}
+
+
 def main(argv: list[str] | None = None) -> None:
     host, command = split(sys.argv[1:] if argv is None else argv)
     hosts_root = os.environ["MPI_MAGIC_EMULATED_HOSTS"]
@@ -34,15 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     if not os.path.isdir(base):
         sys.stderr.write(f"ssh: Could not resolve hostname {host}: Name or service not known\n")
         raise SystemExit(255)
-    # Daemons and ranks of different "instances" must not share session folders or shared
-    # memory segments, as they would on one machine: each instance gets its own folder.
-    tmp = os.path.join(base, "tmp")
-    os.makedirs(tmp, exist_ok=True)
     # As with a real sshd, the command starts from a login environment, not the caller's:
     # whatever the ranks need must be forwarded by mpirun (-x).
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "USER") if name in os.environ}
-    env.update(SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host, TMPDIR=tmp, PRTE_MCA_prte_tmpdir_base=tmp,
-               PMIX_MCA_pmix_server_tmpdir=tmp, OMPI_MCA_btl_sm_backing_directory=tmp)
+    # Daemons and ranks of different "instances" must not share session folders or shared
+    # memory segments, as they would on one machine: each instance gets its own folder.
+    env.update(private_tmp(base), SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host)
+    env["OMPI_MCA_btl_sm_backing_directory"] = env["TMPDIR"]
     os.execve("/bin/sh", ["/bin/sh", "-c", command or "true"], env)
 
 

@@ -124,6 +124,7 @@ def serve(leader):
 def lead(hosts, interface=None):
     agent = os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh")
     workers = hosts[1:]
+    mpirun = None
     try:
         wait_for(workers, agent)
         per_host = int(os.environ["MPI_MAGIC_PROCS_PER_INSTANCE"])
@@ -135,15 +136,20 @@ def lead(hosts, interface=None):
             os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         say("running " + " ".join(shlex.quote(a) for a in argv))
-        launch = {"mpirun": None, "stopped": False}
-        signal.signal(signal.SIGTERM, lambda *_: stop(launch))
+        mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        signal.signal(signal.SIGTERM, lambda *_: stop(mpirun))
         failures: list[str] = []
-        for attempt in (1, 2):
-            status, relayed = run_mpirun(argv, launch, failures)
-            if status == 0 or attempt == 2 or launch["stopped"] or not relayed["start_failed"] or relayed["ranks"]:
-                break
-            say("mpirun could not start its PMIx server; starting it once more")
-        if relayed["all"]:
+        relayed = {"at": time.monotonic(), "whole_lines": True}
+        relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
+        relay.start()
+        status = mpirun.wait()
+        relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
+        # What mpirun wrote before it exited is read within moments; a daemon left behind may hold
+        # the pipe open, but no rank's output can come through it once mpirun is gone.
+        until = time.monotonic() + 10
+        while relay.is_alive() and time.monotonic() < until and time.monotonic() - relayed["at"] < 0.5:
+            relay.join(timeout=0.1)
+        if not relay.is_alive() or time.monotonic() < until:
             print(("" if relayed["whole_lines"] else "\n") + ALL_RELAYED, flush=True)  # a line of its own
         failure = failures[0] if failures else None
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
@@ -155,32 +161,10 @@ def lead(hosts, interface=None):
     return 0
 
 
-def run_mpirun(argv, launch, failures):
-    """Run mpirun once, relaying its output: its status, and what the relay saw (``relay_output``)
-    with ``all`` true when every line came through before mpirun's status was in."""
-    mpirun = launch["mpirun"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if launch["stopped"]:  # told to stop while it started
-        mpirun.send_signal(signal.SIGTERM)
-    relayed = {"at": time.monotonic(), "whole_lines": True, "start_failed": False, "ranks": False}
-    relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
-    relay.start()
-    status = mpirun.wait()
-    relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
-    # What mpirun wrote before it exited is read within moments; a daemon left behind may hold
-    # the pipe open, but no rank's output can come through it once mpirun is gone.
-    until = time.monotonic() + 10
-    while relay.is_alive() and time.monotonic() < until and time.monotonic() - relayed["at"] < 0.5:
-        relay.join(timeout=0.1)
-    relayed["all"] = not relay.is_alive() or time.monotonic() < until
-    return status, relayed
-
-
-def stop(launch):
+def stop(mpirun):
     """SageMaker stops the container (StopTrainingJob, or a spot interruption): say so, then stop mpirun."""
     print(TOLD_TO_STOP, flush=True)
-    launch["stopped"] = True
-    if launch["mpirun"] is not None:
-        launch["mpirun"].send_signal(signal.SIGTERM)
+    mpirun.send_signal(signal.SIGTERM)
 
 
 def wait_for(workers, agent, limit=600.0):
@@ -263,11 +247,8 @@ def network_args(major, interface, user_args=()):
 
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
-    line came (``relayed["at"]``), whether it ended in a newline, whether any rank spoke
-    (``ranks``) and whether mpirun said it could not start its PMIx server (``start_failed``:
-    Open MPI 5 does so now and then before any rank runs, and the launch is then made once more)."""
-    from mpi_magic.events import LauncherOutput, RankFinished, StreamDecoder  # the job's code, unpacked by now
-    from mpi_magic.launcher import TRANSIENT_START_FAILURE
+    line came (``relayed["at"]``) and whether it ended in a newline."""
+    from mpi_magic.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
     from mpi_magic.wire import TOKEN_VARIABLE
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
@@ -277,9 +258,7 @@ def relay_output(output, failures, relayed):
         line = raw.decode("utf-8", errors="replace")
         sys.stdout.write(line)
         sys.stdout.flush()
-        relayed["start_failed"] = relayed["start_failed"] or TRANSIENT_START_FAILURE in line
         for event in decoder.feed(line):
-            relayed["ranks"] = relayed["ranks"] or not isinstance(event, LauncherOutput)
             if isinstance(event, RankFinished) and not event.ok:
                 failures.append("rank %d raised %s: %s" % (event.rank, event.error_type, event.message))
 
