@@ -292,12 +292,17 @@ def test_a_launcher_stuck_after_its_ranks_ended_is_stopped_and_says_so():
     assert _wait_gone([pid], 5)
 
 
-def test_a_launcher_slow_to_start_its_ranks_or_gone_with_its_output_held_is_not_taken_for_hung():
+def test_a_launcher_slow_to_start_its_ranks_or_to_pass_on_output_or_gone_with_its_output_held_is_not_taken_for_hung():
     from mpi_magic.backends.local import LocalJob
 
     slow = "import subprocess, time\ntime.sleep(4.5)\nsubprocess.run(['sleep', '0.5'])\n"
     ended, took, _ = _ended_stand_in(slow)
     assert (ended.returncode, ended.reason) == (0, "") and took >= 5, "left to start its ranks"
+    # its rank ended and is not reaped yet, and it uses next to no CPU, but it still passes on lines
+    relaying = ("import subprocess, time\nsubprocess.Popen(['true'])\n"
+                "for i in range(12):\n    print('a line the ranks left', i, flush=True)\n    time.sleep(0.5)\n")
+    ended, took, _ = _ended_stand_in(relaying)
+    assert (ended.returncode, ended.reason) == (0, "") and took >= 6, "left to pass on its last lines"
     leaves = ("import subprocess, sys\n"
               "subprocess.Popen(['sleep', '300'], start_new_session=True)  # holds the launcher's output\n"
               "sys.exit(3)\n")

@@ -139,6 +139,7 @@ class LocalJob:
         self._checked_at = 0.0
         self._quiet_since: float | None = None  # since when the launcher has looked stuck
         self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
+        self._chunks_read = self._chunks_seen = 0  # of the launcher's output: so far, and at the last look
         self._stuck_checked_at = 0.0
         self._stuck = self._cancelled = False
         self._launcher_log = launchers.LauncherLog()
@@ -172,6 +173,7 @@ class LocalJob:
         pieces: list[bytes] = []  # the line read so far
         with pipe:
             for chunk in iter(lambda: pipe.read1(READ_CHUNK), b""):
+                self._chunks_read += 1
                 if b"\n" not in chunk:
                     pieces.append(chunk)
                     continue
@@ -275,9 +277,9 @@ class LocalJob:
 
     def _launcher_stuck(self, now: float) -> str | None:
         """"hung" once the launcher has left a rank it started unreaped, had no live process under
-        it and used no CPU, for ``stuck_after`` seconds (looked at every ``STUCK_CHECK`` s: listing
-        processes costs milliseconds). A working launcher reaps its ranks at once, so one that has
-        not forked yet, or is still passing on output, is never taken for hung. Its ranks' last
+        it, used no CPU and said nothing for ``stuck_after`` seconds (looked at every
+        ``STUCK_CHECK`` s: listing processes costs milliseconds). So one that has not forked yet,
+        or is still passing on output, however slowly, is never taken for hung. Its ranks' last
         lines may be stuck inside it: their reports come from what it said before. "exited" once
         it has ended that long while something it started still holds its output open."""
         if self.process.returncode is not None or self._cancelled or now - self._stuck_checked_at < STUCK_CHECK:
@@ -294,7 +296,8 @@ class LocalJob:
         except psutil.Error:
             return None
         self._cpu_seen = busy
-        if not idle:
+        said, self._chunks_seen = self._chunks_read != self._chunks_seen, self._chunks_read
+        if not idle or (said and not exited):  # (once it exited, what is said comes from what it left)
             self._quiet_since = None
             return None
         if self._quiet_since is None:
