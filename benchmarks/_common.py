@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -17,7 +19,9 @@ from mpi_magic import launcher
 
 
 def shell() -> InteractiveShell:
-    os.environ.setdefault("MPI_MAGIC_CACHE_DIR", tempfile.mkdtemp(prefix="mpi_magic_bench_"))
+    if "MPI_MAGIC_CACHE_DIR" not in os.environ:  # the benchmark's jobs, removed when it ends
+        os.environ["MPI_MAGIC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mpi_magic_bench_")
+        atexit.register(shutil.rmtree, os.environ["MPI_MAGIC_CACHE_DIR"], ignore_errors=True)
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mpi_magic")
     return ip
@@ -72,7 +76,12 @@ def interleaved(fns: list, repeats: int) -> list[list[float]]:
 
 def run_bare(world_size: int, code: str, tuned: bool) -> None:
     argv, env = bare_mpirun(world_size, code, tuned)
-    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    # a session folder of its own, as each launch of the magic has (see launcher.session_folder_variable)
+    variable = launcher.session_folder_variable(launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")))
+    with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_mpirun_") as folder:
+        if variable:
+            env[variable] = folder
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
 def median(values: list[float]) -> float:

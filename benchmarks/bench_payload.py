@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import tempfile
 
 import numpy as np
@@ -29,7 +30,8 @@ def main() -> None:
     arr = np.random.default_rng(0).random(int(args.gib * GIB) // 8)
     ip.user_ns["arr"] = arr
     cell = "check = float(arr.sum())\n"
-    path = os.path.join(tempfile.mkdtemp(prefix="mpi_magic_bench_npy_"), "arr.npy")
+    folder = tempfile.mkdtemp(prefix="mpi_magic_bench_npy_")
+    path = os.path.join(folder, "arr.npy")
     load = f"import numpy as np; a = np.load({path!r}); float(a.sum())"
 
     def through_magic() -> None:
@@ -47,7 +49,7 @@ def main() -> None:
         os.sync()
         base.append(timed(baseline, 1)[0])
     extra = peak_rss() - before
-    os.remove(path)
+    shutil.rmtree(folder)
     assert ip.user_ns["check"] == float(arr.sum())
     print(f"payload of {arr.nbytes / GIB:.2f} GiB to 4 ranks, median of {args.repeats}:")
     print(f"  %%mpirun_remote (capture, write, 4 x map+load+sum)    {median(magic):6.2f} s")
