@@ -285,7 +285,8 @@ def test_a_launcher_stuck_after_its_ranks_ended_is_stopped_and_says_so():
     sleeps: no live process under it, one unreaped, no CPU used."""
     from mpi_magic.backends.local import STUCK_REASON, LocalJob
 
-    stand_in = "import subprocess, time\nsubprocess.Popen(['true'])\nprint('launched', flush=True)\ntime.sleep(300)\n"
+    # (the child is kept referred to: a Popen object dropped reaps its child if it has ended)
+    stand_in = "import subprocess, time\nchild = subprocess.Popen(['true'])\nprint('launched', flush=True)\ntime.sleep(300)\n"
     ended, took, pid = _ended_stand_in(stand_in)
     assert ended.reason == STUCK_REASON and ended.returncode == -signal.SIGKILL
     assert LocalJob.stuck_after <= took < LocalJob.stuck_after + 5
@@ -299,7 +300,7 @@ def test_a_launcher_slow_to_start_its_ranks_or_to_pass_on_output_or_gone_with_it
     ended, took, _ = _ended_stand_in(slow)
     assert (ended.returncode, ended.reason) == (0, "") and took >= 5, "left to start its ranks"
     # its rank ended and is not reaped yet, and it uses next to no CPU, but it still passes on lines
-    relaying = ("import subprocess, time\nsubprocess.Popen(['true'])\n"
+    relaying = ("import subprocess, time\nchild = subprocess.Popen(['true'])\n"
                 "for i in range(12):\n    print('a line the ranks left', i, flush=True)\n    time.sleep(0.5)\n")
     ended, took, _ = _ended_stand_in(relaying)
     assert (ended.returncode, ended.reason) == (0, "") and took >= 6, "left to pass on its last lines"
