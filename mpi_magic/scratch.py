@@ -40,8 +40,8 @@ class ScratchFolder:
 
 
 def remove_abandoned(prefix: str) -> None:
-    """Remove the folders named ``prefix*`` whose lock no process holds (another user's, one
-    being made and not yet locked, and one in use are left alone)."""
+    """Remove the folders named ``prefix*`` whose lock no process holds (one this user cannot
+    open, one being made and not locked yet, and one in use are left alone)."""
     root = tempfile.gettempdir()
     try:
         names = [name for name in os.listdir(root) if name.startswith(prefix)]
