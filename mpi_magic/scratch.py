@@ -24,9 +24,11 @@ class ScratchFolder:
     def __init__(self, kind: str):
         prefix = f"mpi_magic_{kind}_"
         remove_abandoned(prefix)
-        self.path = tempfile.mkdtemp(prefix=prefix)
-        self._held: int | None = os.open(os.path.join(self.path, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
+        staging = tempfile.mkdtemp(prefix="." + prefix)  # named for the sweep only once it is locked
+        self._held: int | None = os.open(os.path.join(staging, LOCK_NAME), os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(self._held, fcntl.LOCK_EX)
+        self.path = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
+        os.rename(staging, self.path)
         self._removing = threading.Lock()
 
     def remove(self) -> None:
