@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from helpers import held_folders
 from IPython.core.interactiveshell import InteractiveShell
 
 from mpi_magic.options import Config
@@ -112,21 +113,6 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 
 
-def _held_folders() -> set[str]:
-    """The scratch folders this process holds (``mpi_magic.scratch``): one a test leaves is a leak."""
-    from mpi_magic.scratch import LOCK_NAME
-
-    held = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # the listing's own
-            continue
-        if target.endswith("/" + LOCK_NAME):
-            held.add(os.path.dirname(target))
-    return held
-
-
 def _job_processes(markers: list[str]) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
@@ -144,7 +130,7 @@ def _job_processes(markers: list[str]) -> list[psutil.Process]:
 def nothing_leaks(request, tmp_path):
     """Fail a test that leaves a child process, a rank, or a thread of ours running, or a temporary
     folder held (a module's shared servers are not the test's; what they run for it is)."""
-    threads_before, folders_before = set(threading.enumerate()), _held_folders()
+    threads_before, folders_before = set(threading.enumerate()), held_folders()
     yield
     deadline = time.monotonic() + 5
     while True:
@@ -152,7 +138,7 @@ def nothing_leaks(request, tmp_path):
                     if p.pid not in _MODULE_SERVERS and p.status() != psutil.STATUS_ZOMBIE]
         ranks = _job_processes([str(tmp_path), *_MODULE_ROOTS])
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        folders = _held_folders() - folders_before
+        folders = held_folders() - folders_before
         if not (children or ranks or threads or folders) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
@@ -37,3 +38,18 @@ def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
         return job is not None and all(r.status == "running" for r in job.ranks)
 
     return once(running, *actions, pause=pause, limit=limit)
+
+
+def held_folders(pid: int | str = "self") -> set[str]:
+    """The scratch folders (``mpi_magic.scratch``) process ``pid`` holds, read from its open files."""
+    from mpi_magic.scratch import LOCK_NAME
+
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own, for this process)
+            continue
+        if target.endswith("/" + LOCK_NAME):
+            held.add(os.path.dirname(target))
+    return held

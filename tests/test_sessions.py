@@ -207,7 +207,9 @@ def test_idle_timeout_ends_the_session(sessions):
 
 
 def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tmp_path):
-    from mpi_magic.scratch import LOCK_NAME, ScratchFolder
+    from helpers import held_folders
+
+    from mpi_magic.scratch import ScratchFolder
 
     script = (
         "import os, sys, time\n"
@@ -215,17 +217,13 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
         "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
         "ip.run_line_magic('mpirun_session', 'start -i 1 -g 3 --out s --quiet')\n"
         "print(' '.join(str(r.pid) for r in ip.user_ns['s'].ranks), flush=True)\n"
-        "held = []\nfor fd in os.listdir('/proc/self/fd'):\n"  # its open files: its folders' locks among them
-        "    try:\n        held.append(os.readlink(f'/proc/self/fd/{fd}'))\n"
-        "    except OSError:\n        pass\n"  # the listing's own
-        f"print(' '.join(os.path.dirname(f) for f in held if f.endswith({LOCK_NAME!r})), flush=True)\n"
         "time.sleep(120)\n"
     )
     env = {**os.environ, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
-        folders = kernel.stdout.readline().split()
+        folders = held_folders(kernel.pid)
         assert len(pids) == 3 and not _dead(pids)
         kinds = [kind for f in folders for kind in ("mpirun", "session")
                  if os.path.basename(f).startswith(f"mpi_magic_{kind}_")]
