@@ -1,11 +1,13 @@
 """What watching a SageMaker job costs, by its size, on the emulated cloud (moto + mpi_magic's emulator).
 
 For each size (instances x processes), a ``--gather`` cell whose every rank reports progress
-twice a second for ``--seconds``, watched at the fixed pace the notebook used before (the log
-every 1 s, DescribeTrainingJob every 3 s) and at the adaptive pace it uses now:
+twice a second for ``--seconds``, watched three ways: reading the log at the fixed pace the
+notebook used first (every 1 s, DescribeTrainingJob every 3 s), at the adaptive pace it uses
+without Live Tail, and through a CloudWatch Live Tail session (the default):
 - AWS calls per minute by the notebook, from submitting the job to its end (the job's ``api_calls``);
 - latency from a rank's progress event (its own wall-clock timestamp) to the notebook having it:
-  the emulator pushes log lines every 0.2 s, the rest is how often the log is read.
+  the emulator pushes log lines every 0.2 s, the rest is how often the log is read, or Live Tail's
+  update every second.
 Then, for the largest size, the time and calls to bring every rank's results back: one
 ``download_file`` per rank in turn (HeadObject + GetObject, as before) against ``fetch_each``.
 
@@ -19,7 +21,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections import Counter
 
 from _common import rehearsal_shell
 
@@ -48,7 +49,6 @@ def main() -> None:
     record, init = jobs.Job.record, SageMakerJob.__init__
 
     steady: list[tuple[float, int]] = []  # (when, calls so far) at each progress event
-    operations: Counter[str] = Counter()
 
     def timed_record(self, event):
         if isinstance(event, Progress):
@@ -59,8 +59,6 @@ def main() -> None:
     def remembered_init(self, *a, **k):
         init(self, *a, **k)
         watched.append(self)
-        for client in (self.sagemaker, self.logs, self.s3):
-            client.meta.events.register("before-call", lambda model, **_: operations.update([model.name]))
 
     jobs.Job.record, SageMakerJob.__init__ = timed_record, remembered_init
     with rehearsal_shell() as ip:
@@ -70,11 +68,12 @@ def main() -> None:
                 "me = mpi_magic.rank()\n")
         for size in args.sizes:
             instances, per_instance = (int(n) for n in size.split("x"))
-            for name, pace in (("fixed (before)", FIXED), ("adaptive (now)", ADAPTIVE)):
+            for name, pace, live_tail in (("fixed reads", FIXED, "no"), ("adaptive reads", ADAPTIVE, "no"),
+                                          ("Live Tail", ADAPTIVE, "yes")):
                 SageMakerJob.pace = pace
+                ip.run_line_magic("mpirun_config", f"live_tail={live_tail}")
                 latencies.clear()
                 steady.clear()
-                operations.clear()
                 started = time.monotonic()
                 ip.run_cell_magic("mpirun_remote", f"-i {instances} -g {per_instance} --gather --quiet --out job", cell)
                 elapsed = time.monotonic() - started
@@ -87,7 +86,7 @@ def main() -> None:
                 print(f"{size:>5} {name:15} job {elapsed:5.1f} s, {calls:4d} calls = {60 * calls / elapsed:5.1f}/min "
                       f"from submitting to the results, {running:5.1f}/min while the ranks report; event latency "
                       f"median {median:.2f} s, p95 {p95:.2f} s ({len(latencies)} events)", flush=True)
-                print("      calls: " + ", ".join(f"{op} {n}" for op, n in operations.most_common()), flush=True)
+                print("      calls: " + ", ".join(f"{op} {n}" for op, n in watched[-1].calls.most_common()), flush=True)
         last, world_size = watched[-1], instances * per_instance
         for name, fetch in (("download_file each, in turn (before)", lambda d: download_each(last, d, range(world_size))),
                             (f"fetch_each, {sagemaker_job.FETCHES} at a time (now)",

@@ -254,7 +254,7 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
     dashboard is rebuilt from its logs and status, and its results come back."""
     from .backends.sagemaker.job import attach as find
 
-    backend_job, info = find(name, config.get("region"))
+    backend_job, info = find(name, config.get("region"), config.get("live_tail"))
     echo = echo or ConsoleEcho()
     job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
     _prepare(config.get("cache_dir"))

@@ -721,3 +721,107 @@ def test_attempts_and_billable_time_of_a_job_started_again_after_a_spot_interrup
     assert (waiting.instance_seconds, waiting.running) == (2 * (1200 - 1010 - 100), False)
     again = billing_of({**described, "SecondaryStatusTransitions": transitions}, "us-east-1", now=1500.0)
     assert (again.instance_seconds, again.running) == (2 * (1500 - 1010 - 300), True)
+
+
+# -- Live Tail: the log pushed each second instead of read each time ----------------------------
+
+def test_the_rehearsal_clouds_live_tail_streams_only_new_lines_and_samples_a_flood_as_aws_does(aws, tmp_path):
+    from botocore.config import Config
+
+    from mpi_magic.backends.sagemaker.livetail import live_tail_client
+
+    logs, group, stream = aws.client("logs"), f"/mpi-magic-tests/{tmp_path.name}", "leader"
+    logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+
+    def put(messages):
+        now = int(time.time() * 1000)
+        logs.put_log_events(logGroupName=group, logStreamName=stream,
+                            logEvents=[{"timestamp": now, "message": m} for m in messages])
+
+    put(["stored before the session"])
+    arn = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"][0]["logGroupArn"]
+    client = live_tail_client(aws.session.Session(), logs, Config())
+    with pytest.raises(client.exceptions.ResourceNotFoundException):
+        client.start_live_tail(logGroupIdentifiers=[arn + "-none"])
+    reply = client.start_live_tail(logGroupIdentifiers=[arn], logStreamNames=[stream])["responseStream"]
+    items = iter(reply)
+    assert "sessionStart" in next(items)
+    put(["one", "two"])
+    updates, flooded = [], False
+    for item in items:
+        updates.append(item["sessionUpdate"])
+        if not flooded and [r["message"] for u in updates for r in u["sessionResults"]] == ["one", "two"]:
+            put([f"flood {i}" for i in range(1200)])
+            flooded = True
+        if updates[-1]["sessionMetadata"]["sampled"] or len(updates) > 15:
+            break
+    reply.close()
+    sampled = updates[-1]
+    assert sampled["sessionMetadata"]["sampled"], "more than 500 lines in a second are sampled"
+    sample = [int(r["message"].split()[1]) for r in sampled["sessionResults"]]
+    assert len(sample) == 500 and sample == sorted(set(sample)), "500 of them, in order"
+    earlier = [r["message"] for u in updates[:-1] for r in u["sessionResults"]]
+    assert earlier == ["one", "two"], "each new line once, none stored before the session began"
+
+
+def _watched_jobs(monkeypatch) -> list:
+    """Every SageMakerJob made from now on in this test."""
+    from mpi_magic.backends.sagemaker.job import SageMakerJob
+
+    made, init = [], SageMakerJob.__init__
+
+    def remembered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(SageMakerJob, "__init__", remembered)
+    return made
+
+
+def _numbered_lines(lead_in: int, lines: int) -> str:
+    """A cell that reports progress for ``lead_in`` tenths of a second, then prints 0 .. lines-1."""
+    return ("import time, mpi_magic\n"
+            f"for step in mpi_magic.progress(range({lead_in})):\n"
+            "    time.sleep(0.1)\n"
+            f"for i in range({lines}):\n"
+            "    print(i)\n"
+            "me = mpi_magic.rank()\n")
+
+
+def test_a_job_follows_its_log_through_live_tail_every_line_once_and_in_order(ip, cloud, monkeypatch):
+    watched = _watched_jobs(monkeypatch)
+    _run(ip, "-i 2 -g 2 --gather --out job --quiet", _numbered_lines(60, 0) + "for i in range(30):\n"
+         "    print(i)\n    time.sleep(0.1)\n")
+    job, [sagemaker_job] = ip.user_ns["job"], watched
+    assert job.status == "completed" and ip.user_ns["me"] == [0, 1, 2, 3]
+    for rank in range(4):
+        assert job.logs(rank).split() == [str(i) for i in range(30)]
+    assert [(s.n, s.total) for s in job.ranks] == [(60, 60)] * 4
+    assert sagemaker_job.calls["StartLiveTail"] == 1 and sagemaker_job.live_endings == ["closed"]
+    assert sagemaker_job.lines_from["Live Tail"] > 0, "lines came through the session"
+
+
+@pytest.mark.parametrize("case", ["refused", "sampled"])
+def test_a_refused_or_sampled_live_tail_leaves_the_log_to_reads_with_every_line_once_and_in_order(
+        ip, cloud, monkeypatch, local_aws_env, case):
+    from mpi_magic.testing.moto_live_tail import refuse_live_tail
+
+    watched = _watched_jobs(monkeypatch)
+    endpoint = local_aws_env["AWS_ENDPOINT_URL_CLOUDWATCH_LOGS"]
+    lines = 30 if case == "refused" else 2000  # 8,000 lines in about a second: more than Live Tail's 500
+    if case == "refused":
+        refuse_live_tail(endpoint, "AccessDeniedException")  # a role without logs:StartLiveTail
+    try:
+        _run(ip, "-i 2 -g 2 --gather --out job --quiet", _numbered_lines(60, lines))
+    finally:
+        refused = refuse_live_tail(endpoint, None)
+    job, [sagemaker_job] = ip.user_ns["job"], watched
+    assert job.status == "completed" and ip.user_ns["me"] == [0, 1, 2, 3]
+    for rank in range(4):
+        assert job.logs(rank).split() == [str(i) for i in range(lines)]
+    if case == "refused":
+        assert refused >= 1 and sagemaker_job.calls["StartLiveTail"] == 1, "refused once, not asked again"
+        assert "AccessDenied" in sagemaker_job.live_endings[0] and not sagemaker_job.lines_from["Live Tail"]
+    else:
+        assert "sampled" in sagemaker_job.live_endings[0] and sagemaker_job.lines_from["Live Tail"] > 0

@@ -17,7 +17,7 @@ def get_backend(name: str, config, options) -> Backend:
         from .sagemaker.settings import resolve
 
         settings, session = resolve(options.cloud)
-        return SageMakerBackend(settings, session, options.requirements)
+        return SageMakerBackend(settings, session, options.requirements, config.get("live_tail"))
     raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
 
 

@@ -1,5 +1,5 @@
-"""A rehearsal AWS on loopback: a moto server (S3, CloudWatch Logs, STS) and the SageMaker
-emulator, with the environment that points unchanged boto3 at them.
+"""A rehearsal AWS on loopback: a moto server (S3, CloudWatch Logs with Live Tail streamed as AWS
+streams it, STS) and the SageMaker emulator, with the environment that points unchanged boto3 at them.
 
     with local_aws() as env:
         os.environ.update(env)      # then %%mpirun_remote --backend sagemaker ... runs here
@@ -50,7 +50,7 @@ def local_aws(root: str | None = None, region: str = "us-east-1"):
     child_env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION")}
     child_env.update(env)
     servers = [
-        subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+        subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.moto_live_tail", "--port", str(moto_port)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env),
         subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.sagemaker_emulator", "--port", str(emulator_port),
                           "--root", os.path.join(root, "emulated"), "--region", region],

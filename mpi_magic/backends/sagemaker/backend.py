@@ -31,8 +31,9 @@ class SageMakerBackend:
     pins_digest = True  # the payload travels through S3
     stop_description = "StopTrainingJob"
 
-    def __init__(self, settings: CloudSettings, session, requirements: str | None = None):
+    def __init__(self, settings: CloudSettings, session, requirements: str | None = None, live_tail: bool = True):
         self.settings, self.session, self.requirements = settings, session, requirements
+        self.live_tail = live_tail  # follow a job's log through CloudWatch Live Tail (``livetail``)
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
     def check(self, options: LaunchOptions) -> list[str]:
@@ -92,7 +93,7 @@ class SageMakerBackend:
         token = wire.new_token()
         request = self.request(job_name, digest or "", options, token)
         self.upload(self.session.client("s3"), job_name, job_dir)
-        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name), token)
+        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name), token, self.live_tail)
         job.create(request)
         try:
             record_job(job_name, self.settings.region)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -17,6 +18,7 @@ from ...launcher import LauncherLog
 from ...layout import result_path, result_uri, split_s3
 from ...payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
+from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
 from .settings import import_boto3
 
@@ -29,6 +31,8 @@ LOG_LAG = 15.0  # seconds to keep reading an ended job's log for lines still arr
 ENDING_DESCRIBE = 1.0  # seconds between DescribeTrainingJob calls once the leader said mpirun is gone
 FETCHES = 16  # results downloaded at a time
 RETRY_FIRST, RETRY_MOST = 2.0, 30.0  # seconds before reading again after a failed read, doubling up to the most
+LIVE_READS = 15.0  # seconds between GetLogEvents calls while Live Tail brings the lines: for what it missed
+LIVE_AGAIN_AFTER = 60.0  # a Live Tail session that ran this long and ended (3 hours, a dropped connection) starts again
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class Pace:
     says what happens (its ranks' lines, that the leader was told to stop, that mpirun is gone).
     Otherwise (starting, a quiet log: the instances may have been reclaimed) it is called every
     ``describe`` seconds. One read of the log is one call whatever the number of ranks, up to 10,000 lines a read.
+
+    While a Live Tail session brings the lines (``livetail``), the log is read every ``LIVE_READS``
+    seconds only, for what the session missed.
     """
 
     logs_fast: float
@@ -49,8 +56,10 @@ class Pace:
     describe_training: float
 
 
-# At most 60/2.2 = 27 log reads and 2 DescribeTrainingJob calls a minute while a job trains (29 <= 30),
-# whatever its size; a line waits 1.1 s for a read on average (plus CloudWatch's own delay).
+# Without Live Tail: at most 60/2.2 = 27 log reads and 2 DescribeTrainingJob calls a minute while a job
+# trains (29 <= 30), whatever its size; a line waits 1.1 s for a read on average (plus CloudWatch's own
+# delay). With Live Tail: 4 log reads and 2 DescribeTrainingJob calls a minute, and a line waits half
+# a second on average for the session's next update.
 # While nothing arrives (instances starting, a quiet cell) the log is read every 5 s and the job
 # described every 5 s: 24 a minute, and no line waits more than 5 s for a read. Between the two,
 # the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 30 s.
@@ -75,7 +84,7 @@ class SageMakerJob:
     pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces
     attempts = 10  # of each call: botocore retries throttling and 5xx errors with backoff
 
-    def __init__(self, session, name: str, results_uri: str, token: str):
+    def __init__(self, session, name: str, results_uri: str, token: str, live_tail: bool = True):
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": self.attempts})
@@ -84,9 +93,17 @@ class SageMakerJob:
         self.region: str = self.sagemaker.meta.region_name
         self.logs = session.client("logs", config=config)
         self.s3 = session.client("s3", config=config)
-        self.api_calls = 0
+        self.calls: Counter[str] = Counter()  # AWS calls made so far, by operation
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
+        # Live Tail (``livetail``): for a job paced here, not for a session, which sets its own pace
+        self.live_tail = live_tail
+        self._live_client: Any = None
+        self._live_config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5)
+        self._session = session
+        self._log_group_arn: str | None = None  # from the job's ARN: Live Tail names log groups by ARN
+        self.lines_from: Counter[str] = Counter()  # log lines passed on, by the reader that brought them first
+        self.live_endings: list[str] = []  # why each Live Tail session ended
         self._event_token = token
         self._restart_to = 1  # the attempt DescribeTrainingJob says is under way
         self._attempt_since = 0.0  # when the attempt under way began (epoch): its streams are newer
@@ -97,6 +114,7 @@ class SageMakerJob:
         self.logs_every: float | None = None
         self._failures = 0  # reads that failed in a row
         self._lines = 0  # log lines read so far
+        self._live: LiveTail | None = None
         self._next_describe = 0.0
         self._described_at = 0.0
         self._next_logs = 0.0
@@ -117,13 +135,23 @@ class SageMakerJob:
         self._reported: set[int] = set()
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
+        self._close_live()
+        self._live_off = False  # Live Tail ended early in this attempt (refused, sampled): the log is read instead
+        self._live_read = False  # the log was read since the session started (for what came just before)
+        self._ledger = Ledger()
+        self._lines_at_read = self._lines
 
     @property
     def _all_reported(self) -> bool:
         return self._world_size is not None and len(self._reported) >= self._world_size
 
-    def _count(self, **_) -> None:
-        self.api_calls += 1
+    def _count(self, model, **_) -> None:
+        self.calls[model.name] += 1
+
+    @property
+    def api_calls(self) -> int:
+        """AWS calls made so far (Live Tail's one a session included)."""
+        return sum(self.calls.values())
 
     def create(self, request: dict) -> None:
         self.sagemaker.create_training_job(**request)
@@ -137,6 +165,8 @@ class SageMakerJob:
         events: list[Event] = []
         while not events and not self._finished:
             now, read = time.monotonic(), False
+            if self._live is not None:
+                events += self._take_live(now)
             try:
                 if now >= self._next_describe:
                     events += self._describe()
@@ -144,10 +174,11 @@ class SageMakerJob:
                     self._next_describe = now + self._describe_wait()
                     read = True
                 if now >= self._next_logs:
-                    lines_before = self._lines
                     events += self._read_logs()
-                    self._next_logs = now + self._logs_wait_after(self._lines > lines_before)
+                    self._next_logs = now + self._logs_wait_after(self._lines > self._lines_at_read)
+                    self._lines_at_read = self._lines
                     read = True
+                    self._start_live()
                     if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
                         self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
                     else:  # the log went quiet: describe sooner
@@ -179,7 +210,8 @@ class SageMakerJob:
         return self.pace.describe_training if training and flowing else self.pace.describe
 
     def _logs_wait_after(self, lines_arrived: bool) -> float:
-        """Seconds to the next read of the log: soon while lines arrive, later and later while none do."""
+        """Seconds to the next read of the log: soon while lines arrive, later and later while none do;
+        rarely while Live Tail brings them."""
         if self._ended_status:  # the last lines are on their way
             return min(ENDING_DESCRIBE, self.logs_every or self.pace.logs_fast)
         if self.logs_every is not None:
@@ -188,7 +220,45 @@ class SageMakerJob:
             self._logs_wait = self.pace.logs_fast
         else:
             self._logs_wait = min(self.pace.logs_slow, self._logs_wait * 1.5)
-        return self._logs_wait
+        return LIVE_READS if self._live is not None and self._live.started else self._logs_wait
+
+    # -- Live Tail --------------------------------------------------------------------------------
+
+    def _start_live(self) -> None:
+        """Open a Live Tail session on the leader's stream, once it is known, for a job paced here."""
+        if (not self.live_tail or self._live is not None or self._live_off or self._stream is None
+                or self.logs_every is not None or self._ended_status or self._log_group_arn is None):
+            return
+        if self._live_client is None:
+            self._live_client = live_tail_client(self._session, self.logs, self._live_config)
+            self._live_client.meta.events.register("before-call", self._count)
+        self._live, self._live_read = LiveTail(self._live_client, self._log_group_arn, self._stream), False
+
+    def _take_live(self, now: float) -> list[Event]:
+        """The lines Live Tail brought that no read did; once it ended, the log is read instead.
+        Every line it brings comes after those read before: a line shows once, and in order."""
+        live = self._live
+        assert live is not None
+        ended = live.ended  # read before taking: the thread adds its last lines before it says it ended
+        if live.started and not self._live_read:  # read the lines written between the last read and the start
+            self._live_read, self._next_logs = True, min(self._next_logs, now)  # now, before the first update
+        events: list[Event] = []
+        for timestamp, message in live.take():
+            if self._ledger.first_live((timestamp, message)):
+                self.lines_from["Live Tail"] += 1
+                events += self._take_line(message)
+        if ended is not None:
+            self.live_endings.append(ended)
+            self._live = None
+            self._live_off = now - live.opened < LIVE_AGAIN_AFTER  # a long session that ended starts again
+            self._next_logs = min(self._next_logs, now)  # for what it may have missed
+        return events
+
+    def _close_live(self) -> None:
+        if self._live is not None:
+            self._live.close()
+            self.live_endings.append("closed")
+            self._live = None
 
     def _drained(self, now: float) -> bool:
         """After the job ended, its last log lines may still be on their way to CloudWatch."""
@@ -203,6 +273,9 @@ class SageMakerJob:
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
         self._status = described["TrainingJobStatus"]
+        if self._log_group_arn is None and described.get("TrainingJobArn"):
+            _, partition, _, region, account = described["TrainingJobArn"].split(":")[:5]  # the job's log group's
+            self._log_group_arn = f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}"
         events: list[Event] = []
         if described.get("SecondaryStatus") != self._secondary:
             self._secondary = described["SecondaryStatus"]
@@ -215,7 +288,8 @@ class SageMakerJob:
         if self._status in ("Completed", "Failed", "Stopped") and not self._ended_status:
             self._ended_status = self._status
             self._described = described
-            self._next_logs = 0.0
+            self._next_logs = 0.0  # the log, read to its end, is the last word
+            self._close_live()
         billing = billing_of(described, self.region)
         if billing is not None:
             events.append(billing)
@@ -261,28 +335,34 @@ class SageMakerJob:
             kwargs = {"nextToken": self._token} if self._token else {"startFromHead": True}
             reply = self.logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=self._stream, limit=FULL_PAGE,
                                              **kwargs)
+            live = self._live is not None
             for item in reply.get("events", []):
-                line = item["message"]
-                self._lines += 1
-                self._decoder.style = announced_tag_style(line) or self._decoder.style
-                self._all_relayed = self._all_relayed or line == ALL_RELAYED
-                if line == TOLD_TO_STOP:  # a stop, or capacity reclaimed: SageMaker's status says which
-                    self._next_describe = min(self._next_describe, time.monotonic() + ENDING_DESCRIBE)
-                decoded = self._decoder.feed(line)
-                self._quiet_since = None
-                for event in decoded:
-                    if isinstance(event, RankFinished):
-                        self._reported.add(event.rank)
-                    elif isinstance(event, RankStarted):
-                        self._world_size = event.world_size
-                    elif isinstance(event, LauncherOutput):
-                        self._launcher_log.add(event.text)
-                events += decoded
+                if self._ledger.first_read((item["timestamp"], item["message"]), live):
+                    self.lines_from["GetLogEvents"] += 1
+                    events += self._take_line(item["message"])
             if reply.get("nextForwardToken") in (None, self._token):
                 return events
             self._token = reply["nextForwardToken"]
             if len(reply.get("events", [])) < FULL_PAGE:  # caught up: ask again at the next read
                 return events
+
+    def _take_line(self, line: str) -> list[Event]:
+        """The events in one line of the leader's log, whichever reader brought it."""
+        self._lines += 1
+        self._quiet_since = None
+        self._decoder.style = announced_tag_style(line) or self._decoder.style
+        if line in (ALL_RELAYED, TOLD_TO_STOP):  # mpirun is gone, or a stop or capacity reclaimed: the status says
+            self._all_relayed = self._all_relayed or line == ALL_RELAYED
+            self._next_describe = min(self._next_describe, time.monotonic() + ENDING_DESCRIBE)
+        decoded = self._decoder.feed(line)
+        for event in decoded:
+            if isinstance(event, RankFinished):
+                self._reported.add(event.rank)
+            elif isinstance(event, RankStarted):
+                self._world_size = event.world_size
+            elif isinstance(event, LauncherOutput):
+                self._launcher_log.add(event.text)
+        return decoded
 
     def cancel(self) -> None:
         """StopTrainingJob; polling then sees Stopping and Stopped."""
@@ -399,7 +479,7 @@ def described_job(name: str, region: str | None) -> tuple[Any, dict]:
         raise SageMakerSetupError(f"no training job {name!r} in {session.region_name} ({exc})") from None
 
 
-def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
+def attach(name: str, region: str | None, live_tail: bool = True) -> tuple[SageMakerJob, dict]:
     """An existing job (started by any notebook), with what is needed to follow it to its end."""
     session, described = described_job(name, region)
     environment = described.get("Environment", {})
@@ -411,7 +491,8 @@ def attach(name: str, region: str | None) -> tuple[SageMakerJob, dict]:
     info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
             "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
-    job = SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""))
+    job = SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""),
+                       live_tail)
     return job, info  # reads the log from its start
 
 

@@ -242,7 +242,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
         s3channel.IDLE_VARIABLE: repr(float(idle_timeout)),
     })
     validate(request)
-    job = SageMakerJob(backend.session, name, s3channel.results_uri(uri, 0), token)
+    job = SageMakerJob(backend.session, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here
     backend.upload(job.s3, name, None)
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, name, signer),
                                   options.world_size, heartbeat_every, key_path(cache_dir, name))
@@ -291,7 +291,8 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     signer = load_key(cache_dir, job_name)
     if signer.public_text != environment.get(s3channel.KEY_VARIABLE):
         raise SageMakerSetupError(f"the key kept here for {job_name} is not the one the session checks cells with")
-    job = SageMakerJob(session, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""))
+    job = SageMakerJob(session, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""),
+                       live_tail=False)
     instances = int(environment["MPI_MAGIC_INSTANCES"])
     per_instance = int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"])
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, job_name, signer),
