@@ -135,6 +135,8 @@ class SageMakerJob:
         self._reported: set[int] = set()
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
+        self._told_to_stop = False  # the leader said it was told to stop (a stop, or capacity reclaimed)
+        self._line_at = time.monotonic()  # when the last line came
         self._close_live()
         self._live_off = False  # Live Tail ended early in this attempt (refused, sampled): the log is read instead
         self._live_read = False  # the log was read since the session started (for what came just before)
@@ -179,10 +181,8 @@ class SageMakerJob:
                     self._lines_at_read = self._lines
                     read = True
                     self._start_live()
-                    if self._all_relayed and not self._ended_status:  # mpirun is gone: the job ends now
-                        self._next_describe = min(self._next_describe, now + ENDING_DESCRIBE)
-                    else:  # the log went quiet: describe sooner
-                        self._next_describe = min(self._next_describe, self._described_at + self._describe_wait())
+                    # the log went quiet, or says mpirun is gone: describe sooner
+                    self._next_describe = min(self._next_describe, self._described_at + self._describe_wait())
                 if read:  # every read tried this time succeeded: an outage, if any, is over
                     self._failures = 0
             except (BotoCoreError, ClientError) as exc:
@@ -205,9 +205,17 @@ class SageMakerJob:
         """Seconds to the next DescribeTrainingJob: rarer once the leader's log tells how the job goes."""
         if self.describe_every is not None:
             return self.describe_every
+        if self._all_relayed:  # mpirun is gone: the job ends now
+            return ENDING_DESCRIBE
         training = self._secondary == "Training" or self._stream is not None
-        flowing = self._logs_wait < self.pace.logs_slow
-        return self.pace.describe_training if training and flowing else self.pace.describe
+        return self.pace.describe_training if training and self._flowing() and not self._told_to_stop else self.pace.describe
+
+    def _flowing(self) -> bool:
+        """Lines arrive (as they come while Live Tail runs, else as the reads find them): the
+        leader's log says how the job goes."""
+        if self._live is not None:
+            return time.monotonic() - self._line_at < self.pace.logs_slow
+        return self._logs_wait < self.pace.logs_slow
 
     def _logs_wait_after(self, lines_arrived: bool) -> float:
         """Seconds to the next read of the log: soon while lines arrive, later and later while none do;
@@ -349,10 +357,11 @@ class SageMakerJob:
     def _take_line(self, line: str) -> list[Event]:
         """The events in one line of the leader's log, whichever reader brought it."""
         self._lines += 1
-        self._quiet_since = None
+        self._quiet_since, self._line_at = None, time.monotonic()
         self._decoder.style = announced_tag_style(line) or self._decoder.style
         if line in (ALL_RELAYED, TOLD_TO_STOP):  # mpirun is gone, or a stop or capacity reclaimed: the status says
             self._all_relayed = self._all_relayed or line == ALL_RELAYED
+            self._told_to_stop = self._told_to_stop or line == TOLD_TO_STOP
             self._next_describe = min(self._next_describe, time.monotonic() + ENDING_DESCRIBE)
         decoded = self._decoder.feed(line)
         for event in decoded:
