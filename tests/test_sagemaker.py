@@ -7,6 +7,7 @@ its own job names, so none sees another's files or jobs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -825,3 +826,16 @@ def test_a_refused_or_sampled_live_tail_leaves_the_log_to_reads_with_every_line_
         assert "AccessDenied" in sagemaker_job.live_endings[0] and not sagemaker_job.lines_from["Live Tail"]
     else:
         assert "sampled" in sagemaker_job.live_endings[0] and sagemaker_job.lines_from["Live Tail"] > 0
+
+
+def test_results_fetched_twice_at_once_into_one_folder_arrive_whole(aws, prefix, tmp_path):
+    """Two watchers of one job (its own --async follower and %mpirun_attach) may fetch its results together."""
+    from mpi_magic.backends.sagemaker.job import fetch_each
+
+    s3, body = aws.client("s3"), bytes(range(256)) * 16384  # 4 MiB
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/rank-0.bin", Body=body)
+    path = str(tmp_path / "results" / "rank-0.bin")
+    fetch_each(s3, [(f"s3://{BUCKET}/{prefix}/rank-0.bin", path)] * 8)
+    with open(path, "rb") as f:
+        assert f.read() == body
+    assert os.listdir(tmp_path / "results") == ["rank-0.bin"]

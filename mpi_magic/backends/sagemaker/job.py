@@ -4,6 +4,7 @@ CloudWatch log stream; and finding one again (``%mpirun_attach``) by its name.""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 FULL_PAGE = 10000  # GetLogEvents' largest page: a reply this long may have more behind it
 LOG_LAG = 15.0  # seconds to keep reading an ended job's log for lines still arriving
-ENDING_DESCRIBE = 1.0  # seconds between DescribeTrainingJob calls once the leader said mpirun is gone
+ENDING_DESCRIBE = 1.0  # seconds to the first DescribeTrainingJob once the leader said mpirun is gone, then
+# half as long again after each, up to the quiet pace: a job ends soon after, but its stop may take minutes
 FETCHES = 16  # results downloaded at a time
 RETRY_FIRST, RETRY_MOST = 2.0, 30.0  # seconds before reading again after a failed read, doubling up to the most
 LIVE_READS = 15.0  # seconds between GetLogEvents calls while Live Tail brings the lines: for what it missed
@@ -136,6 +138,7 @@ class SageMakerJob:
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
         self._told_to_stop = False  # the leader said it was told to stop (a stop, or capacity reclaimed)
+        self._ending_wait = ENDING_DESCRIBE  # between DescribeTrainingJob calls once mpirun is gone
         self._line_at = time.monotonic()  # when the last line came
         self._close_live()
         self._live_off = False  # Live Tail ended early in this attempt (refused, sampled): the log is read instead
@@ -206,7 +209,7 @@ class SageMakerJob:
         if self.describe_every is not None:
             return self.describe_every
         if self._all_relayed:  # mpirun is gone: the job ends now
-            return ENDING_DESCRIBE
+            return self._ending_wait
         training = self._secondary == "Training" or self._stream is not None
         return self.pace.describe_training if training and self._flowing() and not self._told_to_stop else self.pace.describe
 
@@ -281,6 +284,8 @@ class SageMakerJob:
     def _describe(self) -> list[Event]:
         described = self.sagemaker.describe_training_job(TrainingJobName=self.name)
         self._status = described["TrainingJobStatus"]
+        if self._all_relayed:
+            self._ending_wait = min(self.pace.describe, self._ending_wait * 1.5)
         if self._log_group_arn is None and described.get("TrainingJobArn"):
             _, partition, _, region, account = described["TrainingJobArn"].split(":")[:5]  # the job's log group's
             self._log_group_arn = f"arn:{partition}:logs:{region}:{account}:log-group:{LOG_GROUP}"
@@ -400,7 +405,7 @@ def fetch_each(s3, copies: Iterable[tuple[str, str]]) -> None:
         except ClientError:
             return
         jobdir.make_private_dirs(os.path.dirname(path))
-        partial = path + ".part"
+        partial = f"{path}.{os.getpid()}-{threading.get_ident()}.part"  # its own: two watchers of a job may fetch at once
         with jobdir.open_private(partial, "wb") as f:
             for chunk in body.iter_chunks(1 << 20):
                 f.write(chunk)
