@@ -839,3 +839,20 @@ def test_results_fetched_twice_at_once_into_one_folder_arrive_whole(aws, prefix,
     with open(path, "rb") as f:
         assert f.read() == body
     assert os.listdir(tmp_path / "results") == ["rank-0.bin"]
+
+
+def test_the_ledger_passes_each_line_on_once_whichever_reader_brings_it_first():
+    from mpi_magic.backends.sagemaker.livetail import READ_AHEAD_KEPT, Ledger
+
+    now = [0.0]
+    ledger = Ledger(clock=lambda: now[0])
+    a, b, c, d = (1, "a"), (2, "b"), (3, "c"), (4, "d")
+    assert ledger.first_live(a) and not ledger.first_read(a, live=True), "Live Tail first, the read's copy dropped"
+    assert ledger.first_read(b, live=True) and not ledger.first_live(b), "the read first, Live Tail's copy dropped"
+    assert ledger.first_live(a) and ledger.first_live(a), "one line written twice in one millisecond shows twice"
+    assert not ledger.first_read(a, live=True) and not ledger.first_read(a, live=True)
+    assert ledger.first_read(a, live=True), "and a third copy is new"
+    assert ledger.first_read(c, live=False) and ledger.first_live(c), "read before any session: none brings it again, so it is not kept"
+    assert ledger.first_read(d, live=True)
+    now[0] = READ_AHEAD_KEPT + 1  # Live Tail never brought it (sampled away, or before the session began)
+    assert ledger.first_live(d), "a read line is waited for only so long"
