@@ -5,7 +5,8 @@ response. AWS instead holds the response open as an event stream: a ``sessionSta
 second a ``sessionUpdate`` with the events ingested in that second (none stored before the session
 began), at most 500 of them (sampled above that, and then ``sampled`` is true), until the client
 closes it or three hours pass (``SessionTimeoutException``). This server does the same in front of
-moto's own application, reading moto's stored events in this process.
+moto's own application, reading moto's stored events in this process. It applies no filter
+pattern (mpi_magic sends none).
 
 Test hook: ``refuse_live_tail(endpoint, "AccessDeniedException")`` makes StartLiveTail fail with
 that error (as for a role without ``logs:StartLiveTail``) until called again with None.
