@@ -6,11 +6,13 @@ from __future__ import annotations
 import _thread
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -206,7 +208,7 @@ def test_idle_timeout_ends_the_session(sessions):
     assert _wait_dead(pids, 5)
 
 
-def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tmp_path):
+def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tmp_path, monkeypatch):
     from helpers import held_folders
 
     from mpi_magic.scratch import ScratchFolder
@@ -219,7 +221,11 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
         "print(' '.join(str(r.pid) for r in ip.user_ns['s'].ranks), flush=True)\n"
         "time.sleep(120)\n"
     )
-    env = {**os.environ, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
+    # a temporary folder of the kernel's own (short: it holds a socket), so that no other test's
+    # launch sweeps its folders away before this one looks
+    private_tmp = tempfile.mkdtemp(prefix="mk")
+    monkeypatch.setattr(tempfile, "tempdir", private_tmp)
+    env = {**os.environ, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"), "TMPDIR": private_tmp}
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
@@ -228,6 +234,7 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
         kinds = [kind for f in folders for kind in ("mpirun", "session")
                  if os.path.basename(f).startswith(f"mpi_magic_{kind}_")]
         assert sorted(kinds) == ["mpirun", "session"], folders
+        assert all(os.path.dirname(f) == private_tmp for f in folders), folders
         kernel.kill()
         kernel.wait()
         assert _wait_dead(pids, 10), "every rank ended with the kernel"
@@ -239,6 +246,7 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
         kernel.kill()
         kernel.wait()
         kernel.stdout.close()
+        shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(sessions):
