@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -74,14 +74,18 @@ def interleaved(fns: list, repeats: int) -> list[list[float]]:
     return times
 
 
-def run_bare(world_size: int, code: str, tuned: bool) -> None:
+def bare_launch(world_size: int, code: str, tuned: bool) -> Callable[[], None]:
+    """A bare mpirun run of ``code``, its command found beforehand (what a timing should not count),
+    with a session folder of its own, as each launch of the magic has (``launcher.session_folder_variable``)."""
     argv, env = bare_mpirun(world_size, code, tuned)
-    # a session folder of its own, as each launch of the magic has (see launcher.session_folder_variable)
     variable = launcher.session_folder_variable(launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")))
-    with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_mpirun_") as folder:
-        if variable:
-            env[variable] = folder
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_mpirun_") as folder:
+            subprocess.run(argv, env={**env, variable: folder} if variable else env, check=True,
+                           stdout=subprocess.DEVNULL)
+
+    return run
 
 
 def median(values: list[float]) -> float:

@@ -13,7 +13,7 @@ import threading
 import time
 
 import psutil
-from _common import run_bare, shell
+from _common import bare_launch, shell
 
 
 def peak_rss_during(fn) -> tuple[float, int]:
@@ -50,7 +50,7 @@ def main() -> None:
     magic, grew = peak_rss_during(lambda: ip.run_cell_magic("mpirun_remote", f"-g {args.ranks} --quiet --out job", code))
     job = ip.user_ns["job"]
     logged = sum(len(job.logs(rank).splitlines()) for rank in range(args.ranks))
-    bare, _ = peak_rss_during(lambda: run_bare(args.ranks, code, tuned=True))
+    bare, _ = peak_rss_during(bare_launch(args.ranks, code, tuned=True))
     print(f"flood, {args.ranks} ranks x {args.lines:,} lines ({job.status}, {logged:,} of {total:,} lines in the logs):")
     print(f"  %%mpirun_remote --quiet       {magic:6.2f} s  {total / magic:12,.0f} lines/s")
     print(f"  bare mpirun > /dev/null       {bare:6.2f} s  {total / bare:12,.0f} lines/s")

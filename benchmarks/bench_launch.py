@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import interleaved, median, run_bare, shell
+from _common import bare_launch, interleaved, median, shell
 
 from mpi_magic import events
 from mpi_magic.backends import local
@@ -29,8 +29,8 @@ def main() -> None:
     cell = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
     ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell)  # warm the page cache
     magic, tuned, default = interleaved([lambda: ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell),
-                                         lambda: run_bare(4, CODE, tuned=True),
-                                         lambda: run_bare(4, CODE, tuned=False)], args.repeats)
+                                         bare_launch(4, CODE, tuned=True),
+                                         bare_launch(4, CODE, tuned=False)], args.repeats)
     print(f"launch, 4 ranks, median of {args.repeats} rounds, each taking the three in turn:")
     print(f"  %%mpirun_remote -i 2 -g 2          {median(magic):6.3f} s")
     print(f"  bare mpirun, shared-memory btl     {median(tuned):6.3f} s")

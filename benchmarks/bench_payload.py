@@ -12,7 +12,7 @@ import shutil
 import tempfile
 
 import numpy as np
-from _common import median, run_bare, shell, timed
+from _common import bare_launch, median, shell, timed
 
 GIB = 2**30
 
@@ -37,9 +37,11 @@ def main() -> None:
     def through_magic() -> None:
         ip.run_cell_magic("mpirun_remote", "-i 2 -g 2 --quiet", cell)
 
+    bare = bare_launch(4, load, tuned=True)
+
     def baseline() -> None:
         np.save(path, arr)
-        run_bare(4, load, tuned=True)
+        bare()
 
     before = peak_rss()
     magic, base = [], []

@@ -129,8 +129,7 @@ SETTINGS = {s.name: s for s in [
     Setting("session_grace", 5.0, _positive_float,
             "seconds every rank of a session gets to be back after a failure or interrupt before it is torn down"),
     Setting("live_tail", True, _yes_no,
-            "sagemaker: follow a job's log through CloudWatch Live Tail ($0.01 a minute): its events within "
-            "about a second at a few AWS calls a minute; no: read the log every 2 s or more"),
+            "sagemaker: follow a job's log through CloudWatch Live Tail ($0.01 a minute); no: read it, a second later"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),

@@ -98,7 +98,7 @@ class SageMakerJob:
         self.calls: Counter[str] = Counter()  # AWS calls made so far, by operation
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
-        # Live Tail (``livetail``): for a job paced here, not for a session, which sets its own pace
+        # Live Tail (``livetail``): not for a session, which sets its own pace
         self.live_tail = live_tail
         self._live_client: Any = None
         self._live_config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5)
@@ -236,9 +236,9 @@ class SageMakerJob:
     # -- Live Tail --------------------------------------------------------------------------------
 
     def _start_live(self) -> None:
-        """Open a Live Tail session on the leader's stream, once it is known, for a job paced here."""
+        """Open a Live Tail session on the leader's stream, once it is known."""
         if (not self.live_tail or self._live is not None or self._live_off or self._stream is None
-                or self.logs_every is not None or self._ended_status or self._log_group_arn is None):
+                or self._ended_status or self._log_group_arn is None):
             return
         if self._live_client is None:
             self._live_client = live_tail_client(self._session, self.logs, self._live_config)
