@@ -17,6 +17,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, fields
+from typing import Iterable
 
 from . import wire
 
@@ -353,24 +354,44 @@ class StreamDecoder:
                      "valid event of the rank that printed them; they are kept as that rank's output")]
 
     def feed(self, line: str, stream: str = "stdout") -> list[Event]:
+        """The events of one line (a trailing newline is dropped)."""
         if line.endswith("\n"):
             line = line.rstrip("\r\n")
-        match = self._tagged.match(line)
-        if match is None:  # the launcher's own words: no rank vouches for an event in them
-            return [LauncherOutput(line)]
-        tag_rank, tag_stream, seq, when, n, total, bar, closed, desc, text = match.groups()
-        if seq is not None:  # the line is a valid progress record alone
-            # (numbers read as wire.number does, written out: this runs for nearly every line)
+        return self.feed_lines((line,), stream)
+
+    def feed_lines(self, lines: Iterable[str], stream: str = "stdout") -> list[Event]:
+        """The events of ``lines`` (each without its newline), in order: a read's lines decoded
+        in one call, as the local backend's readers hand them on."""
+        decoded: list[Event] = []
+        append, match = decoded.append, self._tagged.match
+        complete, ahead = self._complete, self._ahead
+        for line in lines:
+            found = match(line)
+            if found is None:  # the launcher's own words: no rank vouches for an event in them
+                append(LauncherOutput(line))
+                continue
+            tag_rank, tag_stream, seq, when, n, total, bar, closed, desc, text = found.groups()
+            if seq is None:
+                try:
+                    decoded += self._decode_text(int(tag_rank), tag_stream or stream, text)
+                except Exception:  # noqa: BLE001 - a line must never stop the reader of a job's output
+                    append(LauncherOutput(line))
+                continue
+            # the line is a valid progress record alone (numbers read as wire.number does, written
+            # out: this runs for nearly every line)
             rank, seq_no = int(tag_rank), int(seq)
             progress = Progress(rank, int(n) if n.isdigit() else float(n),
                                 (int(total) if total.isdigit() else float(total)) if total else None, desc, int(bar),
                                 closed == "1", seq_no, int(when) if when.isdigit() else float(when))
-            complete = self._complete
-            if seq_no == complete.get(rank, 0) and not self._ahead.get(rank):  # _accept's usual case
+            if seq_no == complete.get(rank, 0) and not ahead.get(rank):  # _accept's usual case
                 complete[rank] = seq_no + 1
-                return [progress]
-            return [progress] if self._accept(rank, seq_no) else []
-        rank, stream = int(tag_rank), tag_stream or stream
+                append(progress)
+            elif self._accept(rank, seq_no):
+                append(progress)
+        return decoded
+
+    def _decode_text(self, rank: int, stream: str, text: str) -> list[Event]:
+        """The events in the text of a tagged line that is not a plain progress record."""
         at = text.find(self.marker)
         if at < 0:
             return [Output(rank, stream, text)]

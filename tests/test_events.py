@@ -118,3 +118,21 @@ def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decod
                 [type(getattr(expected, f)) for f in ("n", "total", "time")], f"the same numbers' types: {record}"
         else:
             assert got == [Output(3, "stdout", MARKER + record)] and decoder.rejected == 1, record
+
+
+def test_the_lines_of_a_read_decode_at_once_as_they_do_one_at_a_time():
+    """The local backend decodes a read's lines in one call; what comes out, in what order, and
+    what is dropped or rejected is what feeding them one by one gives."""
+    started = RankStarted(rank=1, instance=0, local_rank=1, world_size=2, seq=0, time=1.0)
+    progress = [encode(Progress(rank=r, n=i, total=4, seq=i + (r == 1), time=2.0 + i), TOKEN) for i in range(4)
+                for r in (0, 1)]
+    lines = [f"[1,1]<stdout>: {encode(started, TOKEN)}", *(f"[1,{i % 2}]<stdout>: {p}" for i, p in enumerate(progress)),
+             "[1,0]<stdout>: " + progress[2],  # a duplicate
+             f"[1,1]<stderr>: warning{encode(Progress(rank=1, n=9, seq=5, time=9.0), TOKEN)}",
+             f"[1,1]<stdout>: {progress[0]}",  # rank 0's record in rank 1's line
+             f"[1,0]<stdout>: {MARKER}{{not json", "prterun says something", "", "[1,0]<stdout>: plain ü\r"]
+    one_by_one, at_once = StreamDecoder(TOKEN), StreamDecoder(TOKEN)
+    expected = [event for line in lines for event in one_by_one.feed(line)]
+    assert at_once.feed_lines(lines) == expected
+    assert [type(e).__name__ for e in expected].count("Progress") == 9
+    assert (at_once.duplicates, at_once.rejected) == (one_by_one.duplicates, one_by_one.rejected) == (1, 2)

@@ -187,14 +187,9 @@ class LocalJob:
                 self._deliver([b"".join(pieces)], stream)
 
     def _deliver(self, lines: list[bytes], stream: str) -> None:
-        decoded: list[Event] = []
+        texts = b"\n".join(lines).decode("utf-8", errors="replace").split("\n")  # one decode for the read
         with self._decode_lock:
-            for raw in lines:
-                line = raw.decode("utf-8", errors="replace")
-                try:
-                    decoded += self._decoder.feed(line, stream)
-                except Exception:  # noqa: BLE001 - a line must never stop the reader
-                    decoded.append(LauncherOutput(line))
+            decoded = self._decoder.feed_lines(texts, stream)
             for event in decoded:
                 if isinstance(event, RankStarted):
                     self._rank_pids[event.rank] = event.pid

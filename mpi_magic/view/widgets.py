@@ -161,6 +161,9 @@ class WidgetView:
         self._drawn_version = -1
         self._drawn_attempt = 1
         self._drawn_at: float | None = None
+        # by the model's clock: until then ``update`` would not redraw (the job's time passes no
+        # faster than that clock, and stops at the job's end)
+        self._calm_until = model.started_at + quiet_start
         self._pane_versions: dict[int, object] = {}
         self.widget: Dashboard | None = None
         self.redraws = 0
@@ -206,6 +209,8 @@ class WidgetView:
     def update(self) -> None:
         """Redraw if something changed and the last redraw is old enough."""
         model = self.model
+        if model.clock() < self._calm_until:  # called after every read of events: the usual answer is one clock read
+            return
         elapsed = model.elapsed()
         if self.widget is None:
             if elapsed < self._quiet_start:
@@ -220,6 +225,7 @@ class WidgetView:
     def redraw(self) -> None:
         model = self.model
         self._drawn_version, self._drawn_at = model.version, model.elapsed()
+        self._calm_until = model.started_at + self._drawn_at + self._redraw_every
         self.redraws += 1
         waiting = model.waiting()
         restarting = model.restart_cause if model.phase == "restarting" else ""  # the headline says "restarting"
