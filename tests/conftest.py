@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from helpers import held_folders
+from helpers import BUCKET, ROLE, held_folders
 from IPython.core.interactiveshell import InteractiveShell
 
 from mpi_magic.options import Config
@@ -95,8 +95,6 @@ def local_aws_env(tmp_path_factory):
 @pytest.fixture
 def aws(local_aws_env, monkeypatch):
     """boto3, pointed at the module's moto server and SageMaker emulator on loopback, with the tests' bucket."""
-    from helpers import BUCKET
-
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in local_aws_env.items():
@@ -107,6 +105,20 @@ def aws(local_aws_env, monkeypatch):
     if BUCKET not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=BUCKET)
     return boto3
+
+
+@pytest.fixture
+def prefix(tmp_path) -> str:
+    """This test's own folder in the shared bucket."""
+    return f"jobs/{tmp_path.name}"
+
+
+@pytest.fixture
+def cloud(ip, aws, prefix):
+    """The shell, set to run cells on the SageMaker emulator with this test's S3 folder."""
+    ip.run_line_magic("mpirun_config", f"backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated "
+                                       f"role={ROLE} s3_root=s3://{BUCKET}/{prefix}")
+    return aws
 
 
 def _children() -> set[int]:
@@ -162,3 +174,4 @@ def kernel_sigint_handler():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+

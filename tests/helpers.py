@@ -11,6 +11,11 @@ BUCKET = "mpi-magic-tests"  # on each test module's own moto server (the ``aws``
 ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 
 
+def run(ip, line: str, cell: str):
+    """Run ``cell`` under ``%%mpirun_remote line`` in the shell ``ip``."""
+    return ip.run_cell_magic("mpirun_remote", line, cell)
+
+
 @contextlib.contextmanager
 def once(ready, *actions, pause: float = 0.3, limit: float = 60.0):
     """While the block runs a cell: once ``ready()`` holds (or after ``limit`` seconds), do each

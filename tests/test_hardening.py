@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from helpers import run
 
 import mpi_magic
 from mpi_magic import events, wire
@@ -22,10 +23,6 @@ from mpi_magic.events import Output, Progress, RankFinished, RankStarted, Stream
 from mpi_magic.wire import marker
 
 TOKEN = "0123456789abcdef"
-
-
-def run(ip, line: str, cell: str):
-    return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
 def _gone(pid: int) -> bool:

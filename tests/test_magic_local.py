@@ -11,13 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from helpers import once_running
+from helpers import once_running, run
 
 import mpi_magic
-
-
-def run(ip, line: str, cell: str):
-    return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
 def test_modules_functions_classes_lambdas_closures_and_arrays_travel(ip):

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import BUCKET, ROLE, once
+from helpers import BUCKET, ROLE, once, run
 from IPython.core.error import UsageError
 
 import mpi_magic
@@ -47,10 +47,6 @@ def sessions(sessions, aws, settings, monkeypatch):
 def start(ip, line: str):
     ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
     return ip.user_ns["s"]
-
-
-def run(ip, line: str, cell: str):
-    return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
 def described(aws, job_name: str) -> dict:

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from helpers import once
+from helpers import once, run
 from IPython.core.error import UsageError
 
 from mpi_magic.channel import RankEnd, SocketChannel
@@ -29,10 +29,6 @@ from mpi_magic.errors import JobTimeoutError, RemoteRankError, SessionStartError
 def start(ip, line: str = "-i 2 -g 2"):
     ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
     return ip.user_ns["s"]
-
-
-def run(ip, line: str, cell: str):
-    return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
 def _dead(pids) -> bool:
