@@ -121,6 +121,23 @@ def cloud(ip, aws, prefix):
     return aws
 
 
+@pytest.fixture
+def cloud_settings(tmp_path) -> dict[str, str]:
+    """The MPI_MAGIC_* settings of this test's sessions (its own S3 prefix), small safeguard limits."""
+    return {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
+            "MPI_MAGIC_IMAGE_URI": "local/emulated", "MPI_MAGIC_ROLE": ROLE,
+            "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs/{tmp_path.name}", "MPI_MAGIC_HEARTBEAT": "1",
+            "MPI_MAGIC_HEARTBEAT_LIMIT": "60"}
+
+
+@pytest.fixture
+def cloud_sessions(sessions, aws, cloud_settings, monkeypatch):
+    """The shell on the rehearsal cloud, with whatever session a test starts stopped at its end."""
+    for name, value in cloud_settings.items():
+        monkeypatch.setenv(name, value)
+    return sessions
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children()}
 

@@ -9,6 +9,7 @@ import time
 
 BUCKET = "mpi-magic-tests"  # on each test module's own moto server (the ``aws`` fixture)
 ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
 def run(ip, line: str, cell: str):
@@ -58,3 +59,53 @@ def held_folders(pid: int | str = "self") -> set[str]:
         if target.endswith("/" + LOCK_NAME):
             held.add(os.path.dirname(target))
     return held
+
+
+# -- SageMaker sessions on the rehearsal cloud --------------------------------------------------
+
+def start_session(ip, line: str):
+    """Start a session with ``line``'s options; its handle."""
+    ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
+    return ip.user_ns["s"]
+
+
+def described(aws, job_name: str) -> dict:
+    """DescribeTrainingJob's answer."""
+    return aws.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+
+
+def leader_log(aws, job_name: str) -> list[str]:
+    """Every line of the job's first instance's log, from the start."""
+    logs = aws.client("logs")
+    streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")
+    name = streams["logStreams"][0]["logStreamName"]
+    lines, token = [], None
+    while True:
+        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=name,
+                                    **({"nextToken": token} if token else {"startFromHead": True}))
+        lines += [e["message"] for e in reply["events"]]
+        if not reply["events"] or reply["nextForwardToken"] == token:
+            return lines
+        token = reply["nextForwardToken"]
+
+
+def job_story(aws, job_name: str) -> str:
+    """What a job went through, for a failing assertion: its status, transitions and each stream's last lines."""
+    job = described(aws, job_name)
+    lines = [f"{job['TrainingJobStatus']} {job.get('FailureReason', '')}"]
+    lines += [f"  {t['Status']}: {t.get('StatusMessage', '')}" for t in job["SecondaryStatusTransitions"]]
+    logs = aws.client("logs")
+    for stream in logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job_name)["logStreams"]:
+        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=False)
+        lines += [f"{stream['logStreamName']}:"] + [f"  {e['message'].rstrip()}" for e in reply["events"][-30:]]
+    return "\n".join(lines)
+
+
+def wait_until(check, limit: float) -> bool:
+    """Whether ``check()`` came true within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False

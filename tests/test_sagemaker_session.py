@@ -1,96 +1,32 @@
 """Sessions on SageMaker over real HTTP: unchanged boto3 against a moto server (S3, CloudWatch
 Logs) and mpi_magic's SageMaker emulator, which runs the session's training job until it is
 stopped or ends itself. One server of each for the module (``local_aws_env``); each test keeps
-to its own S3 prefix and its own jobs."""
+to its own S3 prefix and its own jobs. A session that loses its notebook or its instances is in
+``test_sagemaker_session_faults``."""
 
 from __future__ import annotations
 
 import _thread
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from helpers import BUCKET, ROLE, once, run
+from helpers import BUCKET, described, leader_log, once, run, start_session, wait_until
 from IPython.core.error import UsageError
 
 import mpi_magic
-from mpi_magic import events, payload, s3channel, wire
+from mpi_magic import payload, s3channel
 from mpi_magic.backends.sagemaker.pricing import PRICES
 from mpi_magic.cost import dollars
 from mpi_magic.errors import RemoteRankError
 
-LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-
-
-@pytest.fixture
-def settings(tmp_path) -> dict[str, str]:
-    """The MPI_MAGIC_* settings of this test's sessions (its own S3 prefix), small safeguard limits."""
-    return {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
-            "MPI_MAGIC_IMAGE_URI": "local/emulated", "MPI_MAGIC_ROLE": ROLE,
-            "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs/{tmp_path.name}", "MPI_MAGIC_HEARTBEAT": "1",
-            "MPI_MAGIC_HEARTBEAT_LIMIT": "60"}
-
-
-@pytest.fixture
-def sessions(sessions, aws, settings, monkeypatch):
-    """The shell on the rehearsal cloud, with whatever session a test starts stopped at its end."""
-    for name, value in settings.items():
-        monkeypatch.setenv(name, value)
-    return sessions
-
-
-def start(ip, line: str):
-    ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
-    return ip.user_ns["s"]
-
-
-def described(aws, job_name: str) -> dict:
-    return aws.client("sagemaker").describe_training_job(TrainingJobName=job_name)
-
-
-def leader_log(aws, job_name: str) -> list[str]:
-    logs = aws.client("logs")
-    streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")
-    name = streams["logStreams"][0]["logStreamName"]
-    lines, token = [], None
-    while True:
-        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=name,
-                                    **({"nextToken": token} if token else {"startFromHead": True}))
-        lines += [e["message"] for e in reply["events"]]
-        if not reply["events"] or reply["nextForwardToken"] == token:
-            return lines
-        token = reply["nextForwardToken"]
-
-
-def job_story(aws, job_name: str) -> str:
-    """What a job went through, for a failing assertion: its status, transitions and each stream's last lines."""
-    job = described(aws, job_name)
-    lines = [f"{job['TrainingJobStatus']} {job.get('FailureReason', '')}"]
-    lines += [f"  {t['Status']}: {t.get('StatusMessage', '')}" for t in job["SecondaryStatusTransitions"]]
-    logs = aws.client("logs")
-    for stream in logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job_name)["logStreams"]:
-        reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=False)
-        lines += [f"{stream['logStreamName']}:"] + [f"  {e['message'].rstrip()}" for e in reply["events"][-30:]]
-    return "\n".join(lines)
-
-
-def wait_until(check, limit: float) -> bool:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(sessions, aws, capsys):
-    ip = sessions
-    s = start(ip, "-i 4 -g 2")
+def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(cloud_sessions, aws, capsys):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 4 -g 2")
     assert (s.status, s.world_size, s.backend, s.job_name) == ("idle", 8, "sagemaker", s.name)
     assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
     pids = {r.pid for r in s.ranks}
@@ -134,9 +70,9 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(s
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
-def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(sessions, aws, tmp_path, capsys):
-    ip = sessions
-    s = start(ip, "-i 2 -g 1")
+def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(cloud_sessions, aws, tmp_path, capsys):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 2 -g 1")
     run(ip, "--quiet", "import mpi_magic\nkept = 'state'")
     with pytest.raises(RemoteRankError) as raised:
         run(ip, "--quiet", "if mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
@@ -178,48 +114,16 @@ def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(sessions, aws
     assert described(aws, s.job_name)["TrainingJobStatus"] == "Failed"
 
 
-def test_an_idle_session_ends_itself(sessions, aws):
-    ip = sessions
-    s = start(ip, "-i 1 -g 2 --idle-timeout 2")
+def test_an_idle_session_ends_itself(cloud_sessions, aws):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 1 -g 2 --idle-timeout 2")
     assert wait_until(lambda: s.status == "stopped", 40)
     assert "idle for 2s (--idle-timeout)" in s.ended_reason
     assert described(aws, s.job_name)["TrainingJobStatus"] == "Completed"
 
 
-def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, settings, local_aws_env, tmp_path):
-    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"),
-           "MPI_MAGIC_HEARTBEAT_LIMIT": "8"}
-    shell = ("from IPython.core.interactiveshell import InteractiveShell\n"
-             "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n")
-    first = shell + (
-        "ip.run_line_magic('mpirun_session', 'start -i 2 -g 1 --detach --out s --quiet')\n"
-        "ip.run_cell_magic('mpirun_remote', '--quiet', 'import mpi_magic\\nx = 40 + mpi_magic.rank()')\n"
-        "print('JOB', ip.user_ns['s'].job_name, flush=True)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    job_name = out.stdout.split("JOB ")[1].split()[0]
-    assert described(aws, job_name)["TrainingJobStatus"] == "InProgress", "--detach: the job outlived its kernel"
-    second = shell + (
-        "import os, signal\n"
-        f"ip.run_line_magic('mpirun_session', 'attach {job_name} --out s --quiet')\n"
-        "ip.run_cell_magic('mpirun_remote', '--quiet --gather', 'y = x + 1')\n"
-        "print('RESULT', ip.user_ns['y'], ip.user_ns['s'].cells, flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"  # the kernel dies: no atexit, no more heartbeats
-    )
-    out = subprocess.run([sys.executable, "-c", second], capture_output=True, text=True, env=env, timeout=120)
-    assert "RESULT [41, 42] 2" in out.stdout, out.stdout + out.stderr
-    assert out.returncode == -signal.SIGKILL
-    assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] != "InProgress", 40)
-    assert described(aws, job_name)["TrainingJobStatus"] == "Completed"
-    decoder = events.StreamDecoder(described(aws, job_name)["Environment"][wire.TOKEN_VARIABLE])
-    closing = [e for line in leader_log(aws, job_name) for e in decoder.feed(line)
-               if isinstance(e, events.SessionClosing)]
-    assert "the notebook's heartbeat stopped: not refreshed for 8s" in closing[0].reason
-
-
-def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, settings, local_aws_env, tmp_path):
-    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
+def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, cloud_settings, local_aws_env, tmp_path):
+    env = {**os.environ, **local_aws_env, **cloud_settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
     script = ("from IPython.core.interactiveshell import InteractiveShell\n"
               "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
               "ip.run_line_magic('mpirun_session', 'start -i 1 -g 1 --out s --quiet')\n"
@@ -231,8 +135,8 @@ def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, settings, lo
     assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30)
 
 
-def test_what_cannot_start_or_be_taken_over_is_one_sentence(sessions, aws, monkeypatch):
-    ip = sessions
+def test_what_cannot_start_or_be_taken_over_is_one_sentence(cloud_sessions, aws, monkeypatch):
+    ip = cloud_sessions
     monkeypatch.setenv("MPI_MAGIC_HEARTBEAT_LIMIT", "1")
     with pytest.raises(mpi_magic.MpiMagicError, match=r"heartbeat_limit \(1s\) must be longer than heartbeat \(1s\)"):
         ip.run_line_magic("mpirun_session", "start -i 1 -g 1")
@@ -241,19 +145,6 @@ def test_what_cannot_start_or_be_taken_over_is_one_sentence(sessions, aws, monke
     with pytest.raises(mpi_magic.MpiMagicError, match="no training job 'no-such-session'") as refused:
         ip.run_line_magic("mpirun_session", "attach no-such-session")
     assert "\n" not in str(refused.value)
-
-
-def test_a_spot_interruption_ends_the_session_and_says_why(sessions, aws, local_aws_env):
-    from mpi_magic.testing.sagemaker_emulator import interrupt
-
-    ip = sessions
-    s = start(ip, "-i 2 -g 1 --spot")
-    run(ip, "--quiet", "kept = 1")
-    reclaim = lambda: interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], s.job_name)  # noqa: E731
-    with once(lambda: s.status == "running", reclaim, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
-        run(ip, "--quiet", "import time\ntime.sleep(60)")
-    assert f"session {s.name} ended: spot interruption: SageMaker replaced its instances" in str(raised.value)
-    assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
 def test_two_notebooks_never_both_hold_a_session_the_later_claim_wins(aws, tmp_path):
@@ -288,69 +179,3 @@ def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
     assert rank0.receive(timeout=5)["cell"] == 3
 
 
-def test_a_notebook_another_took_the_session_from_lets_go_and_an_interrupted_attach_stops_nothing(
-        sessions, aws, settings, local_aws_env, cache_dir, monkeypatch):
-    from mpi_magic.backends.sagemaker.session import SageMakerSessionRanks
-
-    ip = sessions
-    s = start(ip, "-i 1 -g 2")
-    run(ip, "--quiet", "kept = 1")
-    other = ("from IPython.core.interactiveshell import InteractiveShell\n"
-             "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
-             f"ip.run_line_magic('mpirun_session', 'attach {s.job_name} --detach --quiet')\n"
-             "ip.run_cell_magic('mpirun_remote', '--quiet --gather', 'seen = kept + 1')\n"
-             "print('RESULT', ip.user_ns['seen'], flush=True)\n")
-    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=120)
-    assert "RESULT [2, 2]" in out.stdout, out.stdout + out.stderr
-    assert wait_until(lambda: s.status == "stopped", 10), "the next heartbeat finds the later claim"
-    assert s.ended_sentence().startswith(f"session {s.name} is not this notebook's any more: another notebook took "
-                                         f"session {s.job_name} over")
-    assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress"
-
-    with monkeypatch.context() as holding, once(lambda: True, _thread.interrupt_main, pause=1), \
-            pytest.raises(KeyboardInterrupt):
-        holding.setattr(SageMakerSessionRanks, "connect", lambda self: False)  # the attach waits for rank 0
-        ip.run_line_magic("mpirun_session", f"attach {s.job_name} --quiet")
-    assert described(aws, s.job_name)["TrainingJobStatus"] == "InProgress", "giving up an attach stops nothing"
-    ip.run_line_magic("mpirun_session", f"attach {s.job_name} --out s --quiet")
-    run(ip, "--quiet --gather", "again = kept")
-    assert ip.user_ns["again"] == [1, 1]
-
-
-def test_a_session_job_started_again_runs_no_cell_sent_before(aws, settings, local_aws_env, tmp_path):
-    from mpi_magic.testing.sagemaker_emulator import interrupt
-
-    env = {**os.environ, **local_aws_env, **settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
-    notebook = ("from IPython.core.interactiveshell import InteractiveShell\n"
-                "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
-                "ip.run_line_magic('mpirun_session', 'start -i 1 -g 2 --spot --detach --out s --quiet')\n"
-                "ip.run_cell_magic('mpirun_remote', '--quiet', 'print(\"the first cell ran\", flush=True)')\n"
-                "print('JOB', ip.user_ns['s'].job_name, flush=True)\n")  # then it exits, and its job runs on
-    out = subprocess.run([sys.executable, "-c", notebook], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    job_name = out.stdout.split("JOB ")[1].split()[0]
-    try:
-        interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], job_name)
-        logs = aws.client("logs")
-        token = described(aws, job_name)["Environment"][wire.TOKEN_VARIABLE]
-
-        def second_attempt() -> list[events.Event]:
-            streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")
-            if len(streams["logStreams"]) < 2:
-                return []
-            decoder = events.StreamDecoder(token)
-            reply = logs.get_log_events(logGroupName=LOG_GROUP, startFromHead=True,
-                                        logStreamName=streams["logStreams"][-1]["logStreamName"])
-            return [e for item in reply["events"] for e in decoder.feed(item["message"])]
-
-        assert wait_until(lambda: len([e for e in second_attempt() if isinstance(e, events.RankReady)]) == 2, 60), \
-            job_story(aws, job_name)
-        time.sleep(2)  # rank 0 looks for the next cell ten times a second: cell 1 would have run by now
-        seen = second_attempt()
-        assert sorted((e.rank, e.cell) for e in seen if isinstance(e, events.RankReady)) == [(0, 0), (1, 0)]
-        assert not [e for e in seen if isinstance(e, (events.RankFinished, events.Output))], "no cell ran again"
-    finally:
-        aws.client("sagemaker").stop_training_job(TrainingJobName=job_name)
-        assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] == "Stopped", 30), \
-            job_story(aws, job_name)
