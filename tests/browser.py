@@ -199,3 +199,22 @@ def record(page, check: str) -> None:
 
 def seen(page) -> dict:
     return page.evaluate("() => window.mpiMagicSeen")
+
+
+def shoot(page, folder: str, name: str) -> None:
+    """Screenshots of the page and of the dashboard (or summary) alone, as ``name``.png and ``name``-dashboard.png."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    page.screenshot(path=os.path.join(folder, f"{name}.png"), full_page=True)
+    dashboard = page.locator(".mpi-magic-dashboard, .mpi-magic-summary").first
+    try:
+        if dashboard.count():
+            dashboard.screenshot(path=os.path.join(folder, f"{name}-dashboard.png"), timeout=5_000)
+    except PlaywrightError:  # the summary replaced the dashboard meanwhile: the page's picture stands
+        pass
+
+
+def wait_rows(page, count: int) -> None:
+    """Until the dashboard shows ``count`` rows (the aggregate and one per rank)."""
+    page.wait_for_function(f"() => document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-row').length === {count}",
+                           timeout=90_000)

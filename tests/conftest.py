@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from browser import CHROMIUM, Server
 from helpers import BUCKET, ROLE, held_folders
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -24,7 +25,8 @@ _MODULE_ROOTS: set[str] = set()
 # first: a worker takes a whole file, so these start at once and the short files fill the last minutes
 # (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
 # many tests they hold).
-LONGEST_FIRST = ["test_sagemaker_session.py", "test_sagemaker.py", "test_browser.py", "test_sagemaker_watch.py",
+LONGEST_FIRST = ["test_sagemaker.py", "test_browser.py", "test_sagemaker_session.py",
+                 "test_sagemaker_session_faults.py", "test_browser_layouts.py", "test_sagemaker_watch.py",
                  "test_magic_local.py", "test_hardening.py", "test_notebooks.py", "test_sessions.py",
                  "test_notebook_sessions.py", "test_types.py"]
 
@@ -192,3 +194,33 @@ def kernel_sigint_handler():
     yield
     signal.signal(signal.SIGINT, previous)
 
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory) -> str:
+    """Where the browser tests save their screenshots (``MPI_MAGIC_SCREENSHOTS``, else a temporary folder)."""
+    folder = os.environ.get("MPI_MAGIC_SCREENSHOTS") or str(tmp_path_factory.mktemp("screenshots"))
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def jupyter(tmp_path, monkeypatch, screenshots):
+    """Starts a Jupyter server over a folder of notebooks for this test; stops it at the end."""
+    assert os.path.exists(CHROMIUM), (f"the browser tests need Chromium at {CHROMIUM} (apt-get install chromium); "
+                                      "deselect them with -m 'not browser'")
+    for name in [n for n in os.environ if n.startswith("MPI_MAGIC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MPI_MAGIC_CACHE_DIR", str(tmp_path / "cache"))  # the kernel's jobs live in this test's folder
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    servers: list[Server] = []
+
+    def start(theme: str | None = None) -> Server:
+        server = Server(str(root), str(tmp_path / f"jupyter-{len(servers)}"), theme)
+        servers.append(server)
+        return server
+
+    print(f"screenshots: {screenshots}")
+    yield start
+    for server in servers:
+        server.stop()

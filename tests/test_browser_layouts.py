@@ -1,0 +1,110 @@
+"""The dashboard as a person sees it, as ``test_browser`` checks it, for a job too wide for a
+row per rank (the compact grid) and in JupyterLab's dark theme.
+
+Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from browser import (CONTRAST_JS, DARK, browser_page, open_notebook, record, run_all, seen, shoot, wait_rows,
+                     write_notebook)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+READABLE = 4.5  # WCAG AA contrast for text
+
+WIDE_CELL = """%%mpirun_remote --instances 1 --gpus 80
+import time
+import mpi_magic
+
+time.sleep(1.5)
+if mpi_magic.rank() == 79:
+    raise RuntimeError('rank 79 failed')
+time.sleep(30)
+"""
+
+# every kind of text the dashboard shows: running, unknown total, done and waiting, failed
+MIXED_CELL = """%%mpirun_remote --instances 2 --gpus 2
+import itertools
+import time
+import mpi_magic
+from mpi4py import MPI
+
+rank = MPI.COMM_WORLD.rank
+items = itertools.islice(itertools.count(), 20) if rank == 1 else range(4 if rank == 0 else 20)
+for step in mpi_magic.progress(items, desc='steps'):
+    print(f'rank {rank} step {step}')
+    time.sleep(0.15)
+if rank == 3:
+    raise KeyError('missing shard')
+MPI.COMM_WORLD.barrier()
+"""
+
+
+def test_more_than_64_ranks_show_a_compact_grid_that_names_the_failed_rank(jupyter, screenshots):
+    server = jupyter()
+    write_notebook(os.path.join(server.root, "wide.ipynb"), "%load_ext mpi_magic", WIDE_CELL)
+    with browser_page() as page:
+        open_notebook(page, server, "wide.ipynb")
+        record(page, """
+            const grid = document.querySelector('.mpi-magic-dashboard .mpi-magic-grid');
+            if (!grid) return;
+            seen.cells = grid.querySelectorAll('.mpi-magic-cell').length;
+            const label = grid.querySelector('.mpi-magic-label').getBoundingClientRect();
+            seen.aligned = [...grid.querySelectorAll('.mpi-magic-cell')].every(
+                (c) => c.getBoundingClientRect().left >= label.right - 0.5);
+            const named = document.querySelector('.mpi-magic-dashboard .mpi-magic-named').textContent;
+            if (/rank 79 \\(instance 0\\) failed: RuntimeError: rank 79 failed/.test(named)) seen.named = named;
+        """)
+        run_all(page)
+        page.wait_for_function("() => window.mpiMagicSeen.named", timeout=120_000)
+        shoot(page, screenshots, "wide-running")
+        page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
+        shoot(page, screenshots, "wide-finished")
+        shown = seen(page)
+        assert shown["cells"] == 80 and shown["aligned"], "80 squares, all in their instance's block"
+        assert page.locator(".mpi-magic-dashboard .mpi-magic-row").count() == 0
+        summary = page.locator(".mpi-magic-summary")
+        listed = summary.locator(":scope > table tr.mpi-magic-failed")
+        assert listed.count() == 1 and listed.locator("td").first.text_content() == "79"
+        assert summary.locator("details").evaluate("(d) => !d.open"), "the full table is folded"
+        assert summary.locator(":scope > table").bounding_box()["height"] < 200
+
+
+def _contrast_failures(page, selector: str) -> list[dict]:
+    return [t for t in page.evaluate(f"() => ({CONTRAST_JS})(document.querySelector('{selector}'))") or []
+            if t["ratio"] < READABLE]
+
+
+def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
+    server = jupyter(theme=DARK)
+    write_notebook(os.path.join(server.root, "dark.ipynb"), "%load_ext mpi_magic", MIXED_CELL)
+    with browser_page(dark=True) as page:
+        open_notebook(page, server, "dark.ipynb")
+        assert page.evaluate("() => document.body.dataset.jpThemeLight") == "false", "the dark theme is on"
+        record(page, f"""
+            const view = document.querySelector('.mpi-magic-dashboard');
+            if (!view) return;
+            const bad = ({CONTRAST_JS})(view).filter((t) => t.ratio < {READABLE});
+            seen.bad = (seen.bad || []).concat(bad).slice(-20);
+            seen.looks = (seen.looks || 0) + 1;
+            if (/done, waiting for others/.test(view.textContent)) seen.waiting = true;
+            if (view.querySelector('.mpi-magic-indeterminate')) seen.moving = true;
+            if (/KeyError: 'missing shard'/.test(view.textContent)) seen.failed = true;
+        """)
+        run_all(page)
+        wait_rows(page, 5)
+        time.sleep(1.5)
+        shoot(page, screenshots, "dark-running")
+        page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
+        time.sleep(0.3)
+        shoot(page, screenshots, "dark-finished")
+        shown = seen(page)
+        assert shown["looks"] > 5 and shown.get("waiting") and shown.get("moving") and shown.get("failed"), shown
+        assert not shown.get("bad"), f"text below {READABLE}:1 on the dashboard: {shown['bad']}"
+        bad = _contrast_failures(page, ".mpi-magic-summary")
+        assert not bad, f"text below {READABLE}:1 in the summary: {bad}"
