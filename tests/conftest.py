@@ -3,6 +3,7 @@ and a check that nothing outlives a test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -174,7 +175,8 @@ def nothing_leaks(request, tmp_path):
             break
         time.sleep(0.05)
     for proc in children + ranks:
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+            proc.kill()
     assert not children, f"left running: {[p.cmdline() for p in children]}"
     assert not ranks, f"ranks left running: {[p.pid for p in ranks]}"
     assert not threads, f"threads left running: {threads}"

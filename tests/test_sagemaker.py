@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 from helpers import BUCKET, ROLE, once_running, run
@@ -191,11 +190,9 @@ def test_the_request_is_valid_for_botocores_service_model():
 
 
 def test_async_returns_at_once_and_the_results_arrive_when_the_job_ends(ip, cloud):
-    started = time.monotonic()
     run(ip, "-i 2 -g 1 --async --out job", "import time\ntime.sleep(3)\nvalue = 42\n")
-    assert time.monotonic() - started < 3, "the cell returned before the job ended"
     job = ip.user_ns["job"]
-    assert "value" not in ip.user_ns and not job.done
+    assert "value" not in ip.user_ns and not job.done, "the cell returned before the job ended"
     job.wait(timeout=120)
     assert job.status == "completed" and ip.user_ns["value"] == 42
 
