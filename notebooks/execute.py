@@ -21,8 +21,6 @@ import sys
 import tempfile
 import time
 
-import nbformat
-from nbclient import NotebookClient
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NOTEBOOKS = sorted(name for name in os.listdir(HERE) if name.endswith(".ipynb"))
@@ -62,6 +60,9 @@ def rehearsal_settings(env: dict[str, str]) -> dict[str, str]:
 
 def run(path: str, env: dict[str, str], cwd: str, timeout: int = 300):
     """Execute the notebook at ``path`` in a fresh python3 kernel with ``env`` added; return it."""
+    import nbformat  # here, not above: the tests import this module, and nbformat takes seconds to import
+    from nbclient import NotebookClient
+
     nb = nbformat.read(path, as_version=4)
     env = {**env, **REHEARSAL_SIZES.get(os.path.basename(path), {})}
     before = {name: os.environ.get(name) for name in env}
@@ -94,6 +95,8 @@ def stored_form(nb):
 
 
 def main(names: list[str]) -> int:
+    import nbformat
+
     from mpi_magic.testing.local_aws import local_aws
 
     with tempfile.TemporaryDirectory(prefix="mpi_magic_notebooks_") as work:

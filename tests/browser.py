@@ -12,8 +12,6 @@ import sys
 import time
 import urllib.request
 
-import nbformat
-
 from mpi_magic.procs import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,6 +52,8 @@ CONTRAST_JS = """
 def write_notebook(path: str, *sources: str, template: str | None = None) -> None:
     """A notebook of ``sources`` (or ``template`` up to its first job cell, so that the page
     holds one dashboard) that opens with the python3 kernel."""
+    import nbformat  # here: every worker imports this module, and nbformat (jsonschema) takes seconds to import
+
     if template:
         nb = nbformat.read(template, as_version=4)
         first_job = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%mpirun_remote"))

@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-from browser import CHROMIUM, Server
 from helpers import BUCKET, ROLE, held_folders
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -208,6 +207,8 @@ def screenshots(tmp_path_factory) -> str:
 @pytest.fixture
 def jupyter(tmp_path, monkeypatch, screenshots):
     """Starts a Jupyter server over a folder of notebooks for this test; stops it at the end."""
+    from browser import CHROMIUM, Server
+
     assert os.path.exists(CHROMIUM), (f"the browser tests need Chromium at {CHROMIUM} (apt-get install chromium); "
                                       "deselect them with -m 'not browser'")
     for name in [n for n in os.environ if n.startswith("MPI_MAGIC_")]:

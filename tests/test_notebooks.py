@@ -11,7 +11,6 @@ import re
 import socket
 import sys
 
-import nbformat
 import pytest
 
 NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
@@ -23,6 +22,8 @@ RUNNING_LINE = re.compile(r"mpi_magic: job \S+ \(.*\) running ")  # the text vie
 
 
 def _stored(name: str):
+    import nbformat  # here: every worker imports this module, and nbformat (jsonschema) takes seconds to import
+
     return nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
 
 
