@@ -43,10 +43,9 @@ for cell in nbformat.read(sys.argv[1], as_version=4).cells:
 PY
         rm -rf "$out" ;;
     test)
-        # two workers per core, each taking whole test files (a file's tests share its servers):
-        # much of a test's time is spent waiting for kernels, mpirun and the emulated cloud, so
-        # one worker per core would leave the cores idle; -n 0 runs them in this process
-        .venv/bin/python -m pytest -n "$(( $(nproc) * 2 ))" --dist loadfile "$@" ;;
+        # one worker per core, each taking whole test files (a file's tests share its servers);
+        # -n 0 runs them in this process, -n 4 sooner on two cores (see the README)
+        .venv/bin/python -m pytest -n auto --dist loadfile "$@" ;;
     notebooks)
         .venv/bin/python notebooks/execute.py "$@" ;;
     bench)
