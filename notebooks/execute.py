@@ -62,13 +62,19 @@ def run(path: str, env: dict[str, str], cwd: str, timeout: int = 300):
     """Execute the notebook at ``path`` in a fresh python3 kernel with ``env`` added; return it."""
     import nbformat  # here, not above: the tests import this module, and nbformat takes seconds to import
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
     nb = nbformat.read(path, as_version=4)
     env = {**env, **REHEARSAL_SIZES.get(os.path.basename(path), {})}
     before = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": cwd}}).execute()
+        with tempfile.TemporaryDirectory(prefix="mpi_magic_kernel_") as sockets:
+            # the kernel's channels are sockets in a folder of its own, not TCP ports: a port Jupyter
+            # found free can be taken by another process before the kernel binds it
+            channels = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+            NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": cwd}},
+                           config=channels).execute()
     finally:
         for name, value in before.items():
             if value is None:
