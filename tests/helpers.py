@@ -61,9 +61,9 @@ def held_folders(pid: int | str = "self") -> set[str]:
     return held
 
 
-# -- SageMaker sessions on the rehearsal cloud --------------------------------------------------
+# -- sessions, here and on the rehearsal cloud -------------------------------------------------
 
-def start_session(ip, line: str):
+def start_session(ip, line: str = "-i 2 -g 2"):
     """Start a session with ``line``'s options; its handle."""
     ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
     return ip.user_ns["s"]

@@ -19,16 +19,11 @@ import time
 import numpy as np
 import psutil
 import pytest
-from helpers import once, run
+from helpers import once, run, start_session
 from IPython.core.error import UsageError
 
 from mpi_magic.channel import RankEnd, SocketChannel
 from mpi_magic.errors import JobTimeoutError, RemoteRankError, SessionStartError
-
-
-def start(ip, line: str = "-i 2 -g 2"):
-    ip.run_line_magic("mpirun_session", f"start {line} --out s --quiet")
-    return ip.user_ns["s"]
 
 
 def _dead(pids) -> bool:
@@ -46,7 +41,7 @@ def _wait_dead(pids, limit: float = 15.0) -> bool:
 
 def test_the_ranks_keep_their_globals_across_cells(sessions):
     ip = sessions
-    s = start(ip)
+    s = start_session(ip)
     assert (s.status, s.world_size, s.cells) == ("idle", 4, 0)
     assert len({r.pid for r in s.ranks}) == 4 and all(r.status == "idle" and r.host for r in s.ranks)
     pids = [r.pid for r in s.ranks]
@@ -61,7 +56,7 @@ def test_the_ranks_keep_their_globals_across_cells(sessions):
 
 def test_an_unchanged_value_crosses_once_and_a_changed_one_again(sessions):
     ip = sessions
-    s = start(ip)
+    s = start_session(ip)
     ip.user_ns["a"] = np.arange(5_000_000, dtype=np.float64)  # 40 MB
     run(ip, "--quiet", "first = float(a.sum())")
     sent = s.bytes_sent
@@ -81,7 +76,7 @@ def test_an_unchanged_value_crosses_once_and_a_changed_one_again(sessions):
 
 def test_a_value_that_came_back_never_overwrites_the_ranks_copy(sessions):
     ip = sessions
-    start(ip)
+    start_session(ip)
     run(ip, "--quiet", "model = [0]")
     run(ip, "--quiet", "model.append(1)")  # changed on the ranks only: the notebook's copy is stale
     assert ip.user_ns["model"] == [0]
@@ -95,7 +90,7 @@ def test_a_value_that_came_back_never_overwrites_the_ranks_copy(sessions):
 def test_values_too_big_or_unpicklable_stay_on_the_ranks_and_say_so_once(sessions, capsys):
     ip = sessions
     ip.run_line_magic("mpirun_config", "return_limit=100000")
-    start(ip)
+    start_session(ip)
     run(ip, "--quiet", "import numpy as np, threading\nbig = np.zeros(50_000)\nlock = threading.Lock()\nsmall = 1")
     err = capsys.readouterr().err
     assert re.search(r"big stayed on the ranks: ndarray, 390\.\d KiB, more than the 97\.7 KiB return_limit", err)
@@ -109,7 +104,7 @@ def test_values_too_big_or_unpicklable_stay_on_the_ranks_and_say_so_once(session
 
 def test_a_failure_every_rank_gets_back_from_keeps_the_session(sessions):
     ip = sessions
-    s = start(ip)
+    s = start_session(ip)
     run(ip, "--quiet", "import mpi_magic\nkept = 'state'")
     with pytest.raises(RemoteRankError) as raised:
         run(ip, "--quiet", "if mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
@@ -122,7 +117,7 @@ def test_a_failure_every_rank_gets_back_from_keeps_the_session(sessions):
 def test_a_rank_stuck_in_a_collective_after_a_failure_tears_the_session_down(sessions, capsys):
     ip = sessions
     ip.run_line_magic("mpirun_config", "session_grace=1")
-    s = start(ip)
+    s = start_session(ip)
     pids = [r.pid for r in s.ranks]
     with pytest.raises(RemoteRankError):
         run(ip, "--quiet", (
@@ -140,7 +135,7 @@ def test_a_rank_stuck_in_a_collective_after_a_failure_tears_the_session_down(ses
 
 def test_interrupt_reaches_the_cell_on_every_rank_and_keeps_the_session(sessions, capsys):
     ip = sessions
-    s = start(ip)
+    s = start_session(ip)
     run(ip, "--quiet", "kept = 5")
 
     with once(lambda: s.status == "running", _thread.interrupt_main, pause=0.5), pytest.raises(KeyboardInterrupt):
@@ -154,7 +149,7 @@ def test_interrupt_reaches_the_cell_on_every_rank_and_keeps_the_session(sessions
 
 def test_timeout_interrupts_the_cell_and_keeps_the_session(sessions):
     ip = sessions
-    s = start(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
     started = time.monotonic()
     with pytest.raises(JobTimeoutError):
         run(ip, "--quiet --timeout 1", "import time\ntime.sleep(60)")
@@ -165,7 +160,7 @@ def test_timeout_interrupts_the_cell_and_keeps_the_session(sessions):
 
 def test_a_rank_that_dies_ends_the_session_with_nothing_left(sessions):
     ip = sessions
-    s = start(ip)
+    s = start_session(ip)
     pids = [r.pid for r in s.ranks]
     with pytest.raises(Exception):
         run(ip, "--quiet", "import os, mpi_magic\nif mpi_magic.rank() == 2:\n    os._exit(3)\nimport time\ntime.sleep(30)")
@@ -183,19 +178,19 @@ def test_a_rank_that_cannot_start_ends_the_start_with_its_words(sessions, tmp_pa
         "    os._exit(7)\n")
     ip = sessions
     with pytest.raises(SessionStartError) as caught:
-        start(ip, f"-i 1 -g 2 --env PYTHONPATH={tmp_path} --env MPI_MAGIC_TEST_BROKEN=1")
+        start_session(ip, f"-i 1 -g 2 --env PYTHONPATH={tmp_path} --env MPI_MAGIC_TEST_BROKEN=1")
     message = str(caught.value)
     assert "could not start: its ranks ended before all 2 were up (" in message
     assert message.endswith("[rank 1] cannot start: no licence")
     session = ip.magics_manager.registry["MpiMagics"].session
     assert session is None or session.status == "stopped"
     with pytest.raises(SessionStartError, match="the launcher refused to start the ranks: .*Option: --no-such-flag"):
-        start(ip, "-i 1 -g 2 --mpirun-args=--no-such-flag")
+        start_session(ip, "-i 1 -g 2 --mpirun-args=--no-such-flag")
 
 
 def test_idle_timeout_ends_the_session(sessions):
     ip = sessions
-    s = start(ip, "-i 1 -g 2 --idle-timeout 1")
+    s = start_session(ip, "-i 1 -g 2 --idle-timeout 1")
     pids = [r.pid for r in s.ranks]
     deadline = time.monotonic() + 20
     while s.status != "stopped" and time.monotonic() < deadline:
@@ -247,7 +242,7 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
 
 def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(sessions):
     ip = sessions
-    start(ip, "-i 1 -g 2")
+    start_session(ip, "-i 1 -g 2")
     for line, expected in [
         ("-i 2 -g 2", "this cell asks for 2 x 2 ranks, but session"),
         ("-g 3", "this cell asks for 1 x 3 ranks"),
@@ -279,14 +274,14 @@ def test_every_bad_session_command_is_one_sentence(sessions):
         with pytest.raises(UsageError, match=expected) as refused:
             ip.run_line_magic("mpirun_session", line)
         assert "\n" not in str(refused.value)
-    start(ip, "-i 1 -g 1")
+    start_session(ip, "-i 1 -g 1")
     with pytest.raises(UsageError, match="is up already"):
         ip.run_line_magic("mpirun_session", "start")
 
 
 def test_status_restart_and_stop(sessions, capsys):
     ip = sessions
-    s = start(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
     run(ip, "--quiet", "kept = 1")
     capsys.readouterr()
     ip.run_line_magic("mpirun_session", "")
@@ -304,7 +299,7 @@ def test_status_restart_and_stop(sessions, capsys):
 
 def test_forged_session_events_from_a_cell_are_not_believed(sessions):
     ip = sessions
-    start(ip, "-i 1 -g 2")
+    start_session(ip, "-i 1 -g 2")
     run(ip, "--quiet", (
         "import json, time, sys\n"
         "for token in ('', 'deadbeefdeadbeef'):\n"
@@ -349,7 +344,7 @@ def test_the_channel_accepts_only_the_secret_and_then_nobody(tmp_path):
 
 def test_idle_ranks_do_not_keep_the_cores_busy(sessions):
     ip = sessions
-    s = start(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
     procs = [psutil.Process(r.pid) for r in s.ranks]
     before = [p.cpu_times() for p in procs]
     time.sleep(2)
@@ -359,7 +354,7 @@ def test_idle_ranks_do_not_keep_the_cores_busy(sessions):
 
 def test_sigint_between_cells_is_ignored_by_the_ranks(sessions):
     ip = sessions
-    s = start(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
     for r in s.ranks:
         os.kill(r.pid, signal.SIGINT)
     time.sleep(0.3)
@@ -370,7 +365,7 @@ def test_sigint_between_cells_is_ignored_by_the_ranks(sessions):
 def test_a_session_cell_has_what_a_one_off_cell_has(sessions, capsys):
     ip = sessions
     ip.run_line_magic("mpirun_config", "view=widgets")
-    start(ip)
+    start_session(ip)
     value = run(ip, "--out job", (
         "import sys, mpi_magic\n"
         "for i in range(2000):\n"
@@ -394,7 +389,7 @@ def test_a_session_cell_has_what_a_one_off_cell_has(sessions, capsys):
 
 def test_dry_run_in_a_session_says_what_would_be_sent(sessions, capsys):
     ip = sessions
-    s = start(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
     ip.user_ns.update(small=[1, 2, 3])
     run(ip, "--quiet", "total = sum(small)")
     ip.user_ns["fresh"] = "new"
