@@ -74,6 +74,17 @@ def described(aws, job_name: str) -> dict:
     return aws.client("sagemaker").describe_training_job(TrainingJobName=job_name)
 
 
+def uploaded(aws, prefix: str) -> list[str]:
+    """The keys of every S3 object under a test's ``prefix``."""
+    return [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/").get("Contents", [])]
+
+
+def training_jobs(aws) -> list[str]:
+    """The names of every training job the rehearsal cloud has seen."""
+    pages = aws.client("sagemaker").get_paginator("list_training_jobs").paginate()
+    return [job["TrainingJobName"] for page in pages for job in page["TrainingJobSummaries"]]
+
+
 def leader_log(aws, job_name: str) -> list[str]:
     """Every line of the job's first instance's log, from the start."""
     logs = aws.client("logs")

@@ -1,0 +1,366 @@
+"""What the cloud settings and an instance type make of a SageMaker job: the request and dry
+runs, settings refused before anything is uploaded, GPU and NeuronCore counts, EFA, the network
+SageMaker names, prices and billing. Over real HTTP to the rehearsal cloud, as ``test_sagemaker``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from helpers import BUCKET, ROLE, run, training_jobs, uploaded
+
+import mpi_magic
+
+
+def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, prefix, capsys):
+    jobs_before = training_jobs(cloud)
+    run(ip, "-i 4 -g 2 --dry-run --job-name dry-1 --tags team=ml", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["TrainingJobName"] == "dry-1" and request["ResourceConfig"]["InstanceCount"] == 4
+    assert request["Environment"]["MPI_MAGIC_PROCS_PER_INSTANCE"] == "2"
+    assert request["Tags"] == [{"Key": "team", "Value": "ml"}]
+    assert f"s3://{BUCKET}/{prefix}/dry-1/payload/payload.bin" in out
+    assert uploaded(cloud, prefix) == []
+    assert training_jobs(cloud) == jobs_before
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("role=", "pass --role arn:aws:iam::ACCOUNT:role/NAME"),
+    ("role=my-role", "'my-role' is not an IAM role ARN"),
+    ("instance_type=ml.p4dd.24xlarge", "did you mean ml.p4d.24xlarge?"),
+    ("s3_root=s3://no-such-bucket/x", "the bucket 'no-such-bucket' of --s3-root cannot be used"),
+])
+def test_bad_cloud_settings_are_one_sentence_before_anything_isuploaded(ip, cloud, prefix, setting, message):
+    ip.run_line_magic("mpirun_config", setting)
+    with pytest.raises(mpi_magic.MpiMagicError, match=message) as caught:
+        run(ip, "", "x = 1\n")
+    assert "\n" not in str(caught.value)
+    assert uploaded(cloud, prefix) == []
+
+
+def test_checkpoint_s3_maps_sagemakers_checkpoint_channel_and_a_bad_one_is_one_sentence(ip, cloud, prefix, capsys):
+    run(ip, f"-i 2 -g 1 --spot --checkpoint-s3 s3://{BUCKET}/{prefix}/ck/ --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["CheckpointConfig"] == {"S3Uri": f"s3://{BUCKET}/{prefix}/ck", "LocalPath": "/opt/ml/checkpoints"}
+    assert request["Environment"]["MPI_MAGIC_CHECKPOINT_S3"] == f"s3://{BUCKET}/{prefix}/ck"
+    for uri, message in (("ck/x", "--checkpoint-s3: 'ck/x' is not an s3:// address"),
+                         ("s3://no-such-bucket/ck", "the bucket 'no-such-bucket' of --checkpoint-s3 cannot be used")):
+        with pytest.raises(mpi_magic.MpiMagicError, match=message) as caught:
+            run(ip, f"-i 2 -g 1 --checkpoint-s3 {uri}", "x = 1\n")
+        assert "\n" not in str(caught.value)
+    assert uploaded(cloud, prefix) == []
+
+
+def test_the_default_image_is_the_sdks_pytorch_training_image_for_this_python(ip, cloud, capsys):
+    import sys
+
+    ip.run_line_magic("mpirun_config", "image_uri=")
+    run(ip, "-i 2 -g 1 --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    image = request["AlgorithmSpecification"]["TrainingImage"]
+    assert image.startswith("763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:")
+    assert f"-py3{sys.version_info[1]}" in image
+
+
+def test_missing_region_and_credentials_are_named(ip, cloud, monkeypatch):
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    with pytest.raises(mpi_magic.MpiMagicError, match="no AWS region: pass --region"):
+        run(ip, "", "x = 1\n")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(mpi_magic.MpiMagicError, match="no AWS credentials found"):
+        run(ip, "", "x = 1\n")
+
+
+def test_more_processes_than_gpus_is_a_warning(ip, cloud, capsys):
+    ip.run_line_magic("mpirun_config", "instance_type=ml.g5.xlarge")
+    run(ip, "-g 2 --dry-run", "x = 1\n")
+    assert "ml.g5.xlarge has 1 GPU but --gpus asks for 2 processes per instance" in capsys.readouterr().err
+
+
+def test_the_request_is_valid_for_botocores_service_model():
+    from mpi_magic.backends.sagemaker.request import CloudSettings, training_job_request, validate
+
+    settings = CloudSettings("us-west-2", ROLE, "img", "ml.p4d.24xlarge", "s3://b/p", spot=True, keep_alive=600,
+                             subnets=("subnet-1",), security_groups=("sg-1",), kms_key="key", tags={"a": "b"})
+    validate(training_job_request(settings, "job-1", 4, 8, "d" * 64, {"A": "1"}))
+
+
+def test_an_image_for_another_python_is_refused_before_submitting(ip, cloud, prefix):
+    import sys
+
+    other = sys.version_info[1] - 1
+    ip.run_line_magic("mpirun_config", "image_uri=763104351884.dkr.ecr.us-east-1.amazonaws.com/"
+                                       f"pytorch-training:2.1.0-gpu-py3{other}-cu121-ubuntu20.04-sagemaker")
+    with pytest.raises(mpi_magic.MpiMagicError,
+                       match=rf"runs Python 3\.{other} but this notebook runs Python 3\.{sys.version_info[1]}"):
+        run(ip, "", "x = 1\n")
+    assert uploaded(cloud, prefix) == []
+
+
+def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir):
+    import sys
+
+    from IPython.core.error import UsageError
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what an install without the extra looks like
+    with pytest.raises(UsageError, match=r"pip install 'mpi-magic\[sagemaker\]'"):
+        run(ip, "--backend sagemaker", "x = 1\n")
+
+
+@pytest.mark.parametrize(("version_text", "launch"), [
+    ("mpirun.real (OpenRTE) 4.1.7\n\nReport bugs to", ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn",
+                                                      "1", "--allow-run-as-root"]),
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1"]),
+])
+def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch):
+    """Only `mpirun --version` is stood in for (a script printing what each version prints)."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\nprintf '{version_text}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MPI_MAGIC_ENV_NAMES", "STAGE")
+    monkeypatch.setenv("STAGE", "eval")
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", "--mca btl_tcp_if_include eth0")
+    argv = bootstrap.mpirun_argv(str(fake), "ssh", "/hosts", 16)
+    assert argv[:6] == [str(fake), "--hostfile", "/hosts", "-np", "16", "--tag-output"]
+    assert argv[6:6 + len(launch)] == launch
+    rest = argv[6 + len(launch):]
+    assert rest[:5] == ["--bind-to", "none", "--mca", "btl_tcp_if_include", "eth0"]
+    assert ["-x", "STAGE"] == rest[rest.index("STAGE") - 1:rest.index("STAGE") + 1]
+
+
+def test_defaults_come_from_the_sagemaker_sdks_config_file(ip, cloud, tmp_path, monkeypatch, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "SchemaVersion: '1.0'\n"
+        "SageMaker:\n"
+        "  TrainingJob:\n"
+        "    RoleArn: arn:aws:iam::123456789012:role/from-sdk-config\n"
+        "    Tags:\n"
+        "      - Key: team\n"
+        "        Value: research\n"
+    )
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(config))
+    ip.run_line_magic("mpirun_config", "role=")
+    run(ip, "-i 2 -g 1 --dry-run", "x = 1\n")
+    out = capsys.readouterr().out
+    request = json.loads(out[out.index("{"):out.index("\nS3 objects:")])
+    assert request["RoleArn"] == "arn:aws:iam::123456789012:role/from-sdk-config"
+    assert request["Tags"] == [{"Key": "team", "Value": "research"}]
+
+
+def _version_stand_in(tmp_path, version_text: str) -> str:
+    """An `mpirun` that only prints a version: all `mpirun_argv` asks of it."""
+    stand_in = tmp_path / "mpirun"
+    stand_in.write_text(f"#!/bin/sh\nprintf '{version_text}'\n")
+    stand_in.chmod(0o755)
+    return str(stand_in)
+
+
+@pytest.mark.parametrize(("version_text", "daemons"), [
+    ("mpirun.real (OpenRTE) 4.1.7\n", ["--mca", "oob_tcp_if_include", "eth0"]),
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "prte_if_include", "eth0"]),
+])
+def test_mpirun_keeps_to_the_network_sagemaker_names(tmp_path, monkeypatch, version_text, daemons):
+    """As the SageMaker SDK's mpirun: MPI traffic, the daemons' channel and NCCL on network_interface_name."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("MPI_MAGIC_MPIRUN_ARGS", raising=False)
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    joined = " ".join(argv)
+    assert "--mca btl_tcp_if_include eth0 " + " ".join(daemons) in joined
+    assert argv[argv.index("NCCL_SOCKET_IFNAME=eth0") - 1] == "-x"
+
+    # the job's own choices win: --env NCCL_SOCKET_IFNAME, and an interface set in --mpirun-args
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ens5")
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", f"{daemons[0]} {daemons[1]} ens5 --mca btl_tcp_if_include ens5")
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    assert "eth0" not in argv and "NCCL_SOCKET_IFNAME=eth0" not in argv
+    assert argv.count("btl_tcp_if_include") == 1 and argv.count(daemons[1]) == 1
+    assert argv[argv.index("NCCL_SOCKET_IFNAME") - 1] == "-x"  # forwarded as the job set it
+
+    # an exclude is the job's choice too (Open MPI refuses an include beside it), in --mpirun-args or the environment
+    monkeypatch.setenv("MPI_MAGIC_MPIRUN_ARGS", "--mca btl_tcp_if_exclude docker0")
+    monkeypatch.setenv("OMPI_MCA_oob_tcp_if_exclude" if daemons[1].startswith("oob") else "PRTE_MCA_prte_if_exclude",
+                       "docker0")
+    argv = bootstrap.mpirun_argv(_version_stand_in(tmp_path, version_text), "ssh", "/hosts", 16, "eth0")
+    assert "btl_tcp_if_include" not in argv and daemons[1] not in argv
+
+
+def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
+    from mpi_magic.testing.sagemaker_emulator import network_interface
+
+    run(ip, "-i 2 -g 2 --gather --out job", "import os\nnic = os.environ.get('NCCL_SOCKET_IFNAME')\n")
+    interface = network_interface()
+    assert ip.user_ns["nic"] == [interface] * 4
+    logs = cloud.client("logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    stream = logs.describe_log_streams(logGroupName=group, logStreamNamePrefix=ip.user_ns["job"].name + "/algo-1-")
+    lines = [e["message"] for e in logs.get_log_events(logGroupName=group, startFromHead=True,
+                                                        logStreamName=stream["logStreams"][0]["logStreamName"])["events"]]
+    launch = next(line for line in lines if line.startswith("mpi_magic bootstrap: running mpirun"))
+    assert f"--mca btl_tcp_if_include {interface} --prtemca prte_if_include {interface}" in launch
+
+
+@pytest.mark.parametrize(("instance_type", "env", "expected"), [
+    ("ml.p4d.24xlarge", {}, {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple", "FI_EFA_USE_DEVICE_RDMA": "1"}),
+    ("ml.g5.48xlarge", {}, {"FI_PROVIDER": "efa", "NCCL_PROTO": "simple"}),  # EFA without RDMA, as the SDK has it
+    ("ml.g5.12xlarge", {}, {}),
+    ("ml.m5.xlarge", {}, {}),
+    ("ml.p5.48xlarge", {"NCCL_PROTO": "LL128", "FI_PROVIDER": "tcp"},
+     {"FI_PROVIDER": "tcp", "NCCL_PROTO": "LL128", "FI_EFA_USE_DEVICE_RDMA": "1"}),
+])
+def test_efa_instance_types_get_what_nccl_and_libfabric_need_and_the_cells_env_wins(instance_type, env, expected):
+    from mpi_magic.backends.sagemaker.request import CloudSettings, training_job_request
+
+    settings = CloudSettings("us-east-1", ROLE, "img", instance_type, "s3://b/p")
+    environment = training_job_request(settings, "job-1", 2, 8, "d" * 64, env)["Environment"]
+    fabric = {k: v for k, v in environment.items() if k.startswith(("FI_", "NCCL_"))}
+    assert fabric == expected
+
+
+def test_efa_variables_reach_every_rank_and_the_cells_env_wins_there_too(ip, cloud):
+    ip.run_line_magic("mpirun_config", "instance_type=ml.p4d.24xlarge")
+    run(ip, "-i 2 -g 1 --gather --env NCCL_PROTO=LL", (
+        "import os\n"
+        "fabric = {k: v for k, v in os.environ.items() if k.startswith(('FI_', 'NCCL_PROTO'))}\n"
+    ))
+    assert ip.user_ns["fabric"] == [{"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "LL"}] * 2
+
+
+def test_the_gpu_table_agrees_with_the_sagemaker_sdks_and_counts_the_current_training_types():
+    """The SDK's instance_gpu_info (per region) wherever it has a training type; the types it
+    lacks (g6e, p5en, trn2, ...) must still be counted where botocore lists them."""
+    import os
+
+    from sagemaker.core import instance_types_gpu_info
+
+    from mpi_magic.backends.sagemaker.settings import GPUS, accelerators, training_instance_types
+
+    with open(os.path.join(os.path.dirname(instance_types_gpu_info.__file__), "image_uri_config",
+                           "instance_gpu_info.json")) as f:
+        regions = list(json.load(f))
+    training = set(training_instance_types())
+    sdk: dict[str, set[int]] = {}
+    for region in regions:
+        for instance_type, info in instance_types_gpu_info.retrieve(region).items():
+            sdk.setdefault(instance_type, set()).add(info["Count"])
+    compared = {t: counts for t, counts in sdk.items() if t in training}
+    assert len(compared) > 20, "the SDK's table was not found"
+    assert {t: (GPUS.get(t), counts) for t, counts in compared.items() if {GPUS.get(t)} != counts} == {}
+    families = ("g6", "g6e", "p5", "p5e", "p5en", "trn1", "trn1n", "trn2")
+    current = [t for t in training if t.split(".")[1] in families]
+    assert {"ml.g6e.48xlarge", "ml.p5en.48xlarge", "ml.trn2.48xlarge"} <= set(current)
+    assert [t for t in current if not accelerators(t) or not accelerators(t)[0]] == []
+
+
+def test_a_type_without_a_known_gpu_count_needs_gpus_before_anything_isuploaded(ip, cloud, prefix, capsys):
+    from mpi_magic.backends.sagemaker.settings import accelerators, training_instance_types
+
+    uncounted = next(t for t in training_instance_types() if accelerators(t) is None)
+    ip.run_line_magic("mpirun_config", f"instance_type={uncounted}")
+    jobs_before = training_jobs(cloud)
+    with pytest.raises(mpi_magic.MpiMagicError) as caught:
+        run(ip, "-i 2", "x = 1\n")
+    assert str(caught.value) == (f"mpi_magic does not know how many GPUs {uncounted} has: pass --gpus N (the "
+                                 "processes to run on each instance), or choose a type it knows")
+    assert uploaded(cloud, prefix) == [] and training_jobs(cloud) == jobs_before
+    run(ip, "-i 2 -g 3 --dry-run", "x = 1\n")  # with --gpus it goes ahead, without a warning
+    out, err = capsys.readouterr()
+    assert '"MPI_MAGIC_PROCS_PER_INSTANCE": "3"' in out and not re.search(r"GPU|NeuronCore", err)
+
+
+def test_trainium_counts_neuroncores(ip, cloud, capsys):
+    from mpi_magic.backends.sagemaker.settings import NEURON
+
+    cores = NEURON["ml.trn1.2xlarge"][1]
+    ip.run_line_magic("mpirun_config", "instance_type=ml.trn1.2xlarge")
+    run(ip, "-i 2 --dry-run", "x = 1\n")
+    run(ip, f"-i 2 -g {cores + 1} --dry-run", "x = 1\n")
+    out, err = capsys.readouterr()
+    assert f'"MPI_MAGIC_PROCS_PER_INSTANCE": "{cores}"' in out
+    assert f"ml.trn1.2xlarge has {cores} NeuronCores but --gpus asks for {cores + 1} processes per instance" in err
+
+
+def test_each_rank_of_an_8_gpu_instance_knows_its_place_and_sees_every_gpu(ip, cloud):
+    """The documented binding: every rank of an instance sees all its GPUs (CUDA_VISIBLE_DEVICES is
+    left as the instance has it) and picks its own by LOCAL_RANK, as torch DDP expects."""
+    import os
+
+    ip.run_line_magic("mpirun_config", "instance_type=ml.p4d.24xlarge")
+    run(ip, "-i 2 --gather --out job", (
+        "import os\n"
+        "names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'NODE_RANK', 'GROUP_RANK',\n"
+        "         'CUDA_VISIBLE_DEVICES')\n"
+        "seen = {name: os.environ.get(name) for name in names}\n"
+    ))
+    assert ip.user_ns["job"].world_size == 16, "eight processes on each ml.p4d.24xlarge by default"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # what the emulated instances inherited from here
+    assert ip.user_ns["seen"] == [
+        {"RANK": str(rank), "WORLD_SIZE": "16", "LOCAL_RANK": str(rank % 8), "LOCAL_WORLD_SIZE": "8",
+         "NODE_RANK": str(rank // 8), "GROUP_RANK": str(rank // 8), "CUDA_VISIBLE_DEVICES": visible}
+        for rank in range(16)
+    ]
+
+
+def test_the_billable_time_and_cost_are_the_tables_price_times_what_sagemaker_bills(ip, cloud, capsys):
+    """Checked against DescribeTrainingJob: BillableTimeInSeconds per instance, times InstanceCount."""
+    from mpi_magic.backends.sagemaker.pricing import PRICES
+    from mpi_magic.cost import Cost
+    from mpi_magic.view.summary import duration
+
+    run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(2)\n")
+    job = ip.user_ns["job"]
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    config = described["ResourceConfig"]
+    billed = described["BillableTimeInSeconds"] * config["InstanceCount"]
+    assert billed >= 2 * 2, "two instances for at least the cell's two seconds"
+    expected = Cost(PRICES[cloud.session.Session().region_name][config["InstanceType"]] * billed / 3600)
+    assert job.model.billable_seconds() == billed and job.model.cost() == expected
+    assert f"billable {duration(billed)} of instance time, {expected}" in capsys.readouterr().err
+
+
+def test_billing_is_live_from_the_training_start_and_spot_is_an_upper_bound():
+    from datetime import datetime, timezone
+
+    from mpi_magic.backends.sagemaker.job import billing_of
+    from mpi_magic.backends.sagemaker.pricing import PRICES, cost
+    from mpi_magic.events import Billing
+
+    hourly = PRICES["us-east-1"]["ml.g5.xlarge"]
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    described = {"ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 3},
+                 "SecondaryStatus": "Downloading"}
+    assert billing_of(described, "us-east-1", now=start.timestamp() + 60) is None, "not billed before training"
+    described["TrainingStartTime"] = start
+    assert billing_of(described, "us-east-1", now=start.timestamp() + 60) == Billing(3, 180.0, True, hourly)
+    described.update(TrainingEndTime=datetime(2026, 1, 1, 0, 2, tzinfo=timezone.utc), BillableTimeInSeconds=100,
+                     EnableManagedSpotTraining=True)
+    assert billing_of(described, "us-east-1") == Billing(3, 300.0, False, hourly, spot=True)
+    assert str(cost("ml.g5.xlarge", "us-east-1", 300.0, spot=True)).startswith("at most $")
+    assert billing_of(described, "xx-nowhere-1").hourly_price is None  # shown as "cost unknown"
+
+
+def test_dry_run_names_the_list_price_or_that_the_table_has_none(ip, cloud, capsys):
+    from mpi_magic.backends.sagemaker.pricing import PRICES, TABLE_DATE, cost
+    from mpi_magic.cost import dollars
+
+    region = cloud.session.Session().region_name
+    run(ip, "-i 4 -g 1 --dry-run", "x = 1\n")  # the fixture's ml.m5.xlarge
+    hourly = PRICES[region]["ml.m5.xlarge"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"Price: ml.m5.xlarge in {region} lists at {dollars(hourly)} per instance-hour on demand (AWS price list "
+        f"of {TABLE_DATE}); 4 instances: {cost('ml.m5.xlarge', region, 4 * 3600.0)} an hour")
+    unpriced = next(t for t in ("ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.g5.48xlarge") if t not in PRICES[region])
+    ip.run_line_magic("mpirun_config", f"instance_type={unpriced}")
+    run(ip, "-i 2 --spot --dry-run", "x = 1\n")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"Price: mpi_magic's table has none for {unpriced} in {region}; see the SageMaker pricing page")
