@@ -4,6 +4,7 @@ and a check that nothing outlives a test."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 import time
@@ -25,9 +26,9 @@ _MODULE_ROOTS: set[str] = set()
 # first: a worker takes a whole file, so these start at once and the short files fill the last minutes
 # (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
 # many tests they hold).
-LONGEST_FIRST = ["test_sagemaker.py", "test_browser.py", "test_sagemaker_session.py",
-                 "test_sagemaker_session_faults.py", "test_browser_layouts.py", "test_sagemaker_watch.py",
-                 "test_magic_local.py", "test_hardening.py", "test_notebooks.py", "test_sessions.py",
+LONGEST_FIRST = ["test_sagemaker.py", "test_sagemaker_session_faults.py", "test_sagemaker_watch.py",
+                 "test_notebooks.py", "test_magic_local.py", "test_browser.py", "test_sagemaker_session.py",
+                 "test_sagemaker_instances.py", "test_hardening.py", "test_browser_layouts.py", "test_sessions.py",
                  "test_notebook_sessions.py", "test_types.py"]
 
 
@@ -155,6 +156,16 @@ def _job_processes(markers: list[str]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+@pytest.fixture(autouse=True)
+def old_objects_frozen():
+    """What a worker holds by now (botocore's service models, the SageMaker SDK, the modules earlier
+    tests loaded) is left out of garbage collection from here on: otherwise every full collection,
+    IPython's reset among them, walks it all again (0.3 s each in a worker that ran SageMaker tests).
+    The test's own garbage is collected as usual."""
+    gc.collect(1)
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
