@@ -4,15 +4,10 @@ chosen by the documented settings that notebooks/execute.py also uses."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import boto3
-
-NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
-sys.path.insert(0, NOTEBOOKS)
-import execute  # noqa: E402  (notebooks/execute.py)
+from notebook_runs import execute, executed
 
 
 def _text(cell) -> str:
@@ -21,8 +16,7 @@ def _text(cell) -> str:
 
 def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, local_aws_env):
     cloud = execute.rehearsal_settings(local_aws_env)
-    env = {"MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"), "MPI_MAGIC_VIEW": "text", **cloud}
-    nb = execute.run(os.path.join(NOTEBOOKS, "sessions.ipynb"), env, str(tmp_path))
+    nb = executed("sessions.ipynb", tmp_path, cloud=cloud)
     code = [c for c in nb.cells if c.cell_type == "code"]
     shown = [(c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source, _text(c)) for c in code]
     local = dict(shown[:shown.index(next(s for s in shown if "--backend sagemaker" in s[0]))])

@@ -1,54 +1,19 @@
 """The notebooks execute in a real kernel (nbclient), as stored, and are stored as they last ran.
-
-The SageMaker cells run on the rehearsal cloud (a moto server and the SageMaker emulator on
-loopback), chosen by the documented settings that notebooks/execute.py also uses."""
+Those whose cells run on SageMaker are in ``test_notebooks_sagemaker``."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import sys
 
 import pytest
-
-NOTEBOOKS = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks")
-sys.path.insert(0, NOTEBOOKS)
-import execute  # noqa: E402  (notebooks/execute.py)
-
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-RUNNING_LINE = re.compile(r"mpi_magic: job \S+ \(.*\) running ")  # the text view's line while a job runs
-
-
-def _stored(name: str):
-    import nbformat  # here: every worker imports this module, and nbformat (jsonschema) takes seconds to import
-
-    return nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-
-
-def _execute(name: str, tmp_path, view: str = "text", cloud: dict | None = None):
-    env = {"MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache"), "MPI_MAGIC_VIEW": view, **(cloud or {})}
-    return execute.run(os.path.join(NOTEBOOKS, name), env, str(tmp_path))
-
-
-def _cell(nb, first_line: str):
-    return next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith(first_line))
-
-
-def _text(outputs) -> str:
-    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") + o.get("evalue", "")
-                   for o in outputs)
-
-
-@pytest.fixture(scope="module")
-def cloud(local_aws_env):
-    return execute.rehearsal_settings(local_aws_env)
+from notebook_runs import RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
 
 @pytest.mark.parametrize("name", execute.NOTEBOOKS)
 def test_each_notebook_is_stored_as_it_last_ran(name):
-    nb = _stored(name)
+    nb = stored_notebook(name)
     assert nb.metadata.get("mpi_magic", {}).get("code_digest") == execute.code_digest(nb), (
         f"{name} changed since it was executed: run python notebooks/execute.py {name}")
     for cell in nb.cells:
@@ -59,9 +24,9 @@ def test_each_notebook_is_stored_as_it_last_ran(name):
 
 
 def test_the_digest_sees_a_changed_code_cell():
-    nb = _stored("quickstart.ipynb")
+    nb = stored_notebook("quickstart.ipynb")
     before = execute.code_digest(nb)
-    _cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --gather").source += "\nx = 1"
+    code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --gather").source += "\nx = 1"
     assert execute.code_digest(nb) != before
 
 
@@ -80,25 +45,25 @@ def _comparable(outputs) -> list[dict]:
 
 
 def _check_quickstart_results(nb) -> None:
-    shown = _text(_cell(nb, "print(total)").outputs).splitlines()
+    shown = text_of(code_cell(nb, "print(total)").outputs).splitlines()
     assert shown[0] == "3120.0"
     assert "completed: 4 ranks (4 completed)" in shown[1]
     assert shown[2] == "[(0, 0, 12, 12), (1, 0, 12, 12), (2, 1, 12, 12), (3, 1, 12, 12)]"
-    assert _text(_cell(nb, "where").outputs) == "[(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]"
-    failed = _cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom mpi4py")
+    assert text_of(code_cell(nb, "where").outputs) == "[(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]"
+    failed = code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom mpi4py")
     error = [o for o in failed.outputs if o.output_type == "error"]
     assert [e.ename for e in error] == ["RemoteRankError"]
     assert error[0].evalue.startswith("rank 2 (instance 1, ") and error[0].evalue.endswith("ValueError: shard 2 is empty")
     assert "    raise ValueError(f'shard {mpi_magic.rank()} is empty')" in error[0].traceback
-    config = _text(_cell(nb, "%mpirun_config instances=2").outputs)
+    config = text_of(code_cell(nb, "%mpirun_config instances=2").outputs)
     assert re.search(r"^instances +2 +\(%mpirun_config\)", config, re.MULTILINE), config
-    assert _text(_cell(nb, "ranks").outputs) == "4", "the cell without options used the defaults set above"
+    assert text_of(code_cell(nb, "ranks").outputs) == "4", "the cell without options used the defaults set above"
 
 
 @pytest.mark.timeout(300)
 def test_quickstart_in_a_kernel_shows_the_dashboard_then_the_summary_in_its_place(tmp_path):
-    nb = _execute("quickstart.ipynb", tmp_path, view="auto")
-    outputs = _cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --out job").outputs
+    nb = executed("quickstart.ipynb", tmp_path, view="auto")
+    outputs = code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --out job").outputs
     models = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()
     bars = [m["state"] for m in models if m["model_name"] == "FloatProgressModel"]
     main_job = bars[:5]
@@ -109,89 +74,45 @@ def test_quickstart_in_a_kernel_shows_the_dashboard_then_the_summary_in_its_plac
     assert outputs[0]["output_type"] == "display_data", "the summary sits above the printed lines"
     summary = outputs[0].data["text/html"].replace(" style='text-align:left'", "")
     assert summary.count("<td>completed</td>") == 4 and summary.count("<td>12/12</td>") == 4
-    assert "4 ranks agree: total = 3120.0" in _text(outputs)
+    assert "4 ranks agree: total = 3120.0" in text_of(outputs)
     _check_quickstart_results(nb)
 
 
 @pytest.mark.timeout(300)
 def test_quickstart_headless_prints_each_ranks_progress_and_the_failure_it_stores(tmp_path):
-    nb = _execute("quickstart.ipynb", tmp_path)
-    outputs = _cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --out job").outputs
-    progress = [line for line in _text(outputs).splitlines() if " running " in line]
+    nb = executed("quickstart.ipynb", tmp_path)
+    outputs = code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --out job").outputs
+    progress = [line for line in text_of(outputs).splitlines() if " running " in line]
     per_rank = [i for i, line in enumerate(progress) if "; ranks 0:" in line and " 3:" in line]
     assert per_rank, "progress lines with every rank's share are printed while the job runs"
     assert len(per_rank) == len(progress) - per_rank[0], "once a rank reports progress, every line lists each rank"
     assert WIDGET_VIEW not in [mime for o in outputs for mime in o.get("data", {})]
     _check_quickstart_results(nb)
-    stored = _stored("quickstart.ipynb")
+    stored = stored_notebook("quickstart.ipynb")
     for ran, kept in zip(nb.cells, stored.cells):
         if execute.keeps_output(kept):
             assert _comparable(ran.outputs) == _comparable(kept.outputs), "the stored output is what execution shows"
-    assert socket.gethostname() in _text(_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom").outputs)
+    assert socket.gethostname() in text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom").outputs)
 
 
 @pytest.mark.timeout(300)
 def test_data_parallel_training_matches_a_single_process_run(tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build")
-    nb = _execute("data_parallel_training.ipynb", tmp_path)
-    training = _text(_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
+    nb = executed("data_parallel_training.ipynb", tmp_path)
+    training = text_of(code_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
     assert re.search(r"completed [\d.]+s: 2/2 ranks done", training), training
     # a line every 2 s lists each rank's tqdm progress; on a loaded machine either rank's short loop can
     # start and end between two lines, so a line must list both ranks with at least one rank's share
     assert re.search(r"ranks 0:\d+% 1:(\d+%|-)|ranks 0:- 1:\d+%", training), "the ranks' tqdm loops were reported"
-    shown = _text(_cell(nb, "def train_single_process").outputs)
+    shown = text_of(code_cell(nb, "def train_single_process").outputs)
     steps = int(re.search(r"^(\d+) steps; loss", shown, re.MULTILINE).group(1))
     assert steps == 4 * 2048 // (2 * 32), "epochs x batches of two ranks' samples"
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", shown).groups())
     assert last < first / 10, "the model learned"
     loss_gap, weight_gap = map(float, re.search(r"loss ([\d.e+-]+), weights ([\d.e+-]+)", shown).groups())
     assert loss_gap < 1e-4 and weight_gap < 1e-4
-    gpu = _text(_cell(nb, "%%mpirun_remote --instances 1\n").outputs)
+    gpu = text_of(code_cell(nb, "%%mpirun_remote --instances 1\n").outputs)
     if not torch.cuda.is_available():
         assert "no CUDA GPU here" in gpu
     else:
         assert re.search(r"rank 0 of \d+ on .*: loss", gpu)
-
-
-@pytest.mark.timeout(300)
-def test_mpi4py_patterns_and_the_same_cell_on_sagemaker(tmp_path, cloud):
-    import boto3
-
-    nb = _execute("mpi4py_patterns.ipynb", tmp_path, cloud=cloud)
-    import numpy as np
-
-    expected = repr(np.sqrt(np.linspace(0.0, 1.0, 1_000_000))[:4])
-    assert _text(_cell(nb, "assert np.allclose(result").outputs) == expected, "rank 0 gathered every rank's slice"
-    assert _text(_cell(nb, "total, largest").outputs) == f"({sum(range(40))}, 39)"
-    local, remote = [_text(c.outputs) for c in nb.cells if c.cell_type == "code" and "pi is about" in c.source]
-    assert local == remote and re.match(r"pi is about 3\.1\d+; hits by rank: \[\d+, \d+, \d+, \d+\]$", local.strip())
-    moved = _cell(nb, "%%mpirun_remote --backend sagemaker")
-    job_name = re.search(r"job (mpi-\d{8}-\d{6}-[0-9a-f]+) \(sagemaker, 2 x 2\) completed", _text(moved.outputs)).group(1)
-    sagemaker = boto3.client("sagemaker", region_name=cloud["AWS_DEFAULT_REGION"], endpoint_url=cloud["AWS_ENDPOINT_URL_SAGEMAKER"],
-                             aws_access_key_id="testing", aws_secret_access_key="testing")
-    described = sagemaker.describe_training_job(TrainingJobName=job_name)
-    assert described["TrainingJobStatus"] == "Completed" and described["ResourceConfig"]["InstanceCount"] == 2
-
-
-@pytest.mark.timeout(300)
-def test_sagemaker_multinode_runs_on_the_rehearsal_cloud_at_its_sizes(tmp_path, cloud):
-    pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build")
-    nb = _execute("sagemaker_multinode.ipynb", tmp_path, cloud=cloud)
-    config = _text(_cell(nb, "import os").outputs)
-    assert re.search(r"^instances +2 +\(MPI_MAGIC_INSTANCES\)", config, re.MULTILINE), "the environment's sizes won"
-    dry_run = _text(_cell(nb, "%%mpirun_remote --backend sagemaker --dry-run").outputs)
-    request = json.loads(dry_run[dry_run.index("{"):dry_run.index("\nS3 objects:")])
-    assert request["ResourceConfig"]["InstanceCount"] == 2
-    assert request["Environment"]["MPI_MAGIC_PROCS_PER_INSTANCE"] == "2"
-    assert request["RoleArn"] == cloud["MPI_MAGIC_ROLE"]
-    started = _text(_cell(nb, "print(job.name, job.status)").outputs).split()
-    assert started[1] == "running", "--async returned while the job ran"
-    # An --async job that ends while a later cell runs shows its summary in that cell's output too:
-    # what a cell printed is looked for in each of its outputs.
-    listed = _cell(nb, "%mpirun_jobs").outputs
-    assert any(o.get("text", "").startswith(started[0]) for o in listed), "%mpirun_jobs lists the job"
-    assert f"job {started[0]} (sagemaker, 2 x 2) completed" in _text(listed)
-    printed = [match for o in _cell(nb, "job.wait()").outputs for match in re.finditer(
-        r"^4 ranks, 128 steps; loss [\d.]+ -> [\d.]+; largest difference from one process (\S+)$", o.get("text", ""),
-        re.MULTILINE)]
-    assert len(printed) == 1 and float(printed[0][1]) < 1e-4
