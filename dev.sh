@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with everything mpi_magic needs, then run one task:
 #   ./dev.sh demo    execute notebooks/quickstart.ipynb headless on the local backend
-#   ./dev.sh test    run the test suite, a worker per core (extra arguments go to pytest)
+#   ./dev.sh test    run the test suite, three workers per core (extra arguments go to pytest)
 #   ./dev.sh notebooks   re-execute the notebooks (or those named) and store them as they ran
 #   ./dev.sh bench   run the benchmarks
 set -euo pipefail
@@ -43,9 +43,10 @@ for cell in nbformat.read(sys.argv[1], as_version=4).cells:
 PY
         rm -rf "$out" ;;
     test)
-        # one worker per core, each taking whole test files (a file's tests share its servers);
-        # -n 0 runs them in this process, -n 4 sooner on two cores (see the README)
-        .venv/bin/python -m pytest -n auto --dist loadfile "$@" ;;
+        # three workers per core, each taking whole test files (a file's tests share its servers):
+        # most of a test is waiting on kernels, mpirun and the emulated cloud (see the README);
+        # -n 0 runs them in this process
+        .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadfile "$@" ;;
     notebooks)
         .venv/bin/python notebooks/execute.py "$@" ;;
     bench)
