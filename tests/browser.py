@@ -7,8 +7,10 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -82,7 +84,12 @@ class Server:
         for name, values in settings.items():
             with open(os.path.join(folder, f"{name}.jupyterlab-settings"), "w") as f:
                 json.dump(values, f)
+        # the kernels' channels are sockets in a short folder of their own (a socket's path has at most 107
+        # characters), not TCP ports: a port Jupyter found free can be taken by another process before the
+        # kernel binds it
+        self.sockets = tempfile.mkdtemp(prefix="mpi_magic_jupyter_")
         command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+                   "--KernelManager.transport=ipc", f"--KernelManager.ip={os.path.join(self.sockets, 'kernel')}",
                    f"--port={self.port}", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
                    "--LabApp.expose_app_in_browser=True", "--JupyterNotebookApp.expose_app_in_browser=True",
                    "--ServerApp.disable_check_xsrf=False", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
@@ -130,6 +137,7 @@ class Server:
             self.process.kill()
             self.process.wait()
         self.log.close()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @contextlib.contextmanager

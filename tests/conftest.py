@@ -26,10 +26,10 @@ _MODULE_ROOTS: set[str] = set()
 # first: a worker takes a whole file, so these start at once and the short files fill the last minutes
 # (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
 # many tests they hold).
-LONGEST_FIRST = ["test_sagemaker_watch.py", "test_sagemaker.py", "test_sagemaker_instances.py", "test_browser.py",
-                 "test_notebooks_sagemaker.py", "test_sagemaker_session.py", "test_notebooks.py", "test_hardening.py",
-                 "test_magic_local.py", "test_sagemaker_session_faults.py", "test_sagemaker_session_spot.py",
-                 "test_notebook_sessions.py", "test_sessions.py", "test_browser_layouts.py", "test_types.py"]
+LONGEST_FIRST = ["test_sagemaker_watch.py", "test_browser.py", "test_sagemaker.py", "test_sagemaker_instances.py",
+                 "test_notebooks_sagemaker.py", "test_sagemaker_session.py", "test_magic_local.py", "test_notebooks.py",
+                 "test_hardening.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
+                 "test_browser_layouts.py", "test_sessions.py", "test_notebook_sessions.py", "test_types.py"]
 
 
 def pytest_collection_modifyitems(items):
