@@ -25,11 +25,12 @@ _MODULE_ROOTS: set[str] = set()
 # The files that take most of the suite's time (emulated clouds, a browser, kernels, mpirun), longest
 # first: a worker takes a whole file, so these start at once and the short files fill the last minutes
 # (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
-# many tests they hold).
+# many tests they hold). xdist hands a worker its next file once two of its tests are left, so a
+# file of two long tests holds the next one back: none of those comes late.
 LONGEST_FIRST = ["test_sagemaker_watch.py", "test_browser.py", "test_sagemaker.py", "test_sagemaker_instances.py",
                  "test_notebooks_sagemaker.py", "test_sagemaker_session.py", "test_magic_local.py", "test_notebooks.py",
-                 "test_hardening.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
-                 "test_browser_layouts.py", "test_sessions.py", "test_notebook_sessions.py", "test_types.py"]
+                 "test_browser_layouts.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
+                 "test_hardening.py", "test_sessions.py", "test_notebook_sessions.py", "test_types.py"]
 
 
 def pytest_collection_modifyitems(items):
@@ -163,7 +164,8 @@ def old_objects_frozen():
     """What a worker holds by now (botocore's service models, the SageMaker SDK, the modules earlier
     tests loaded) is left out of garbage collection from here on: otherwise every full collection,
     IPython's reset among them, walks it all again (0.3 s each in a worker that ran SageMaker tests).
-    The test's own garbage is collected as usual."""
+    What a test makes is collected as usual; a cycle an earlier test left, once frozen, stays (a
+    little memory in a test worker)."""
     gc.collect(1)
     gc.freeze()
 
