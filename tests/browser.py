@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -49,6 +50,18 @@ CONTRAST_JS = """
   return found;
 }
 """
+
+
+QUICKSTART = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks", "quickstart.ipynb")
+
+
+def quickstart_world_size() -> int:
+    """The ranks of the quickstart's first job cell (``--instances N --gpus G``)."""
+    import nbformat
+
+    source = next(c.source for c in nbformat.read(QUICKSTART, as_version=4).cells if c.source.startswith("%%mpirun_remote"))
+    line = source.splitlines()[0]
+    return int(re.search(r"--instances (\d+)", line).group(1)) * int(re.search(r"--gpus (\d+)", line).group(1))
 
 
 def write_notebook(path: str, *sources: str, template: str | None = None) -> None:

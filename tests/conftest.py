@@ -27,9 +27,9 @@ _MODULE_ROOTS: set[str] = set()
 # (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
 # many tests they hold). xdist hands a worker its next file once two of its tests are left, so a
 # file of two long tests holds the next one back: none of those comes late.
-LONGEST_FIRST = ["test_sagemaker_watch.py", "test_browser.py", "test_sagemaker.py", "test_sagemaker_instances.py",
+LONGEST_FIRST = ["test_sagemaker_watch.py", "test_sagemaker.py", "test_sagemaker_instances.py", "test_browser_layouts.py",
                  "test_notebooks_sagemaker.py", "test_sagemaker_session.py", "test_magic_local.py", "test_notebooks.py",
-                 "test_browser_layouts.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
+                 "test_browser.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
                  "test_hardening.py", "test_sessions.py", "test_notebook_sessions.py", "test_types.py"]
 
 

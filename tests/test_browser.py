@@ -1,24 +1,21 @@
 """The dashboard as a person sees it: real JupyterLab and Notebook 7 on loopback, a real kernel
 and mpirun, Debian's Chromium driven by Playwright; checked on the page's DOM and computed
-styles, with screenshots (running, finished) saved under the folder each test prints. A job too
-wide for a row per rank, and the dark theme, are in ``test_browser_layouts``.
+styles, with screenshots (running, finished) saved under the folder each test prints. Notebook 7,
+a job too wide for a row per rank, and the dark theme are in ``test_browser_layouts``.
 
 Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
 
 from __future__ import annotations
 
 import os
-import re
 import time
 
 import pytest
 
-from browser import (ROWS_JS, THEME_COLOUR_JS, browser_page, open_notebook, record, run_all, seen, shoot, wait_rows,
-                     write_notebook)
+from browser import (QUICKSTART, ROWS_JS, THEME_COLOUR_JS, browser_page, open_notebook, quickstart_world_size, record,
+                     run_all, seen, shoot, wait_rows, write_notebook)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
-
-QUICKSTART = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks", "quickstart.ipynb")
 
 FAILING_CELL = """%%mpirun_remote --instances 2 --gpus 2
 import time
@@ -34,17 +31,6 @@ MPI.COMM_WORLD.barrier()
 """
 
 
-def _world_size(source: str) -> int:
-    line = source.splitlines()[0]
-    return int(re.search(r"--instances (\d+)", line).group(1)) * int(re.search(r"--gpus (\d+)", line).group(1))
-
-
-def _mpi_cell(path: str) -> str:
-    import nbformat
-
-    return next(c.source for c in nbformat.read(path, as_version=4).cells if c.source.startswith("%%mpirun_remote"))
-
-
 def _stdout_of_cell(page, marker: str) -> str:
     """The stream output the cell whose source starts with ``marker`` shows now."""
     return page.evaluate("""(marker) => {
@@ -58,7 +44,7 @@ def _stdout_of_cell(page, marker: str) -> str:
 def test_quickstart_shows_a_live_bar_per_rank_each_reaching_its_end_then_the_summary(jupyter, screenshots):
     server = jupyter()
     write_notebook(os.path.join(server.root, "quickstart.ipynb"), template=QUICKSTART)
-    world_size = _world_size(_mpi_cell(QUICKSTART))
+    world_size = quickstart_world_size()
     with browser_page() as page:
         open_notebook(page, server, "quickstart.ipynb")
         success = page.evaluate(THEME_COLOUR_JS, "--jp-success-color1")
@@ -148,21 +134,3 @@ def test_a_failing_rank_is_red_its_pane_and_the_summary_show_its_traceback(jupyt
         assert error.bounding_box()["y"] > summary.bounding_box()["y"] + summary.bounding_box()["height"] - 1, \
             "the traceback is below the summary"
         assert f"line {raise_line}, in <module>" in error.text_content()
-
-
-def test_notebook_7_renders_the_same_dashboard(jupyter, screenshots):
-    server = jupyter()
-    write_notebook(os.path.join(server.root, "quickstart.ipynb"), template=QUICKSTART)
-    world_size = _world_size(_mpi_cell(QUICKSTART))
-    with browser_page() as page:
-        open_notebook(page, server, "quickstart.ipynb", ui="notebook")
-        assert page.locator("#main-panel, .jp-NotebookPanel").count() and "/notebooks/" in page.url
-        run_all(page)
-        wait_rows(page, world_size + 1)
-        rows = page.evaluate(ROWS_JS)
-        shoot(page, screenshots, "notebook7-running")
-        assert [r["label"] for r in rows] == ["all ranks"] + [f"rank {r}" for r in range(world_size)]
-        assert page.locator(".mpi-magic-dashboard select").count() == 1
-        page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
-        shoot(page, screenshots, "notebook7-finished")
-        assert page.locator(".mpi-magic-summary tr.mpi-magic-completed").count() == world_size

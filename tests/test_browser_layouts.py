@@ -1,5 +1,5 @@
-"""The dashboard as a person sees it, as ``test_browser`` checks it, for a job too wide for a
-row per rank (the compact grid) and in JupyterLab's dark theme.
+"""The dashboard as a person sees it, as ``test_browser`` checks it, in Notebook 7, for a job too
+wide for a row per rank (the compact grid) and in JupyterLab's dark theme.
 
 Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from browser import (CONTRAST_JS, DARK, browser_page, open_notebook, record, run_all, seen, shoot, wait_rows,
-                     write_notebook)
+from browser import (CONTRAST_JS, DARK, QUICKSTART, ROWS_JS, browser_page, open_notebook, quickstart_world_size, record,
+                     run_all, seen, shoot, wait_rows, write_notebook)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -108,3 +108,21 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
         assert not shown.get("bad"), f"text below {READABLE}:1 on the dashboard: {shown['bad']}"
         bad = _contrast_failures(page, ".mpi-magic-summary")
         assert not bad, f"text below {READABLE}:1 in the summary: {bad}"
+
+
+def test_notebook_7_renders_the_same_dashboard(jupyter, screenshots):
+    server = jupyter()
+    write_notebook(os.path.join(server.root, "quickstart.ipynb"), template=QUICKSTART)
+    world_size = quickstart_world_size()
+    with browser_page() as page:
+        open_notebook(page, server, "quickstart.ipynb", ui="notebook")
+        assert page.locator("#main-panel, .jp-NotebookPanel").count() and "/notebooks/" in page.url
+        run_all(page)
+        wait_rows(page, world_size + 1)
+        rows = page.evaluate(ROWS_JS)
+        shoot(page, screenshots, "notebook7-running")
+        assert [r["label"] for r in rows] == ["all ranks"] + [f"rank {r}" for r in range(world_size)]
+        assert page.locator(".mpi-magic-dashboard select").count() == 1
+        page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
+        shoot(page, screenshots, "notebook7-finished")
+        assert page.locator(".mpi-magic-summary tr.mpi-magic-completed").count() == world_size
