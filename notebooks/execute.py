@@ -100,7 +100,17 @@ def stored_form(nb):
     return nb
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Execute the demo notebooks (or those named) on the local backend "
+                                                 "and the rehearsal cloud, and store each as it ran.")
+    parser.add_argument("names", nargs="*", metavar="NOTEBOOK", help=f"one of {', '.join(NOTEBOOKS)}; all if none")
+    names = parser.parse_args(argv).names
+    unknown = [name for name in names if os.path.basename(name) not in NOTEBOOKS]
+    if unknown:
+        parser.error(f"{unknown[0]} is not one of the notebooks: {', '.join(NOTEBOOKS)}")
+
     import nbformat
 
     from mpi_magic.testing.local_aws import local_aws

@@ -4,11 +4,14 @@ Those whose cells run on SageMaker are in ``test_notebooks_sagemaker``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
-from notebook_runs import RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
+from notebook_runs import NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
 
 @pytest.mark.parametrize("name", execute.NOTEBOOKS)
@@ -28,6 +31,16 @@ def test_the_digest_sees_a_changed_code_cell():
     before = execute.code_digest(nb)
     code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --gather").source += "\nx = 1"
     assert execute.code_digest(nb) != before
+
+
+def test_the_notebook_runner_names_what_it_runs_and_refuses_a_name_it_does_not_know():
+    script = os.path.join(NOTEBOOKS, "execute.py")
+    shown = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "quickstart.ipynb" in shown.stdout, shown.stderr
+    refused = subprocess.run([sys.executable, script, "quikstart.ipynb"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (f"execute.py: error: quikstart.ipynb is not one of the notebooks: "
+                                               f"{', '.join(execute.NOTEBOOKS)}")
 
 
 def _comparable(outputs) -> list[dict]:
