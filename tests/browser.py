@@ -15,6 +15,8 @@ import tempfile
 import time
 import urllib.request
 
+from notebook_runs import NOTEBOOKS, code_cell, stored_notebook
+
 from mpi_magic.procs import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -52,15 +54,12 @@ CONTRAST_JS = """
 """
 
 
-QUICKSTART = os.path.join(os.path.dirname(__file__), os.pardir, "notebooks", "quickstart.ipynb")
+QUICKSTART = os.path.join(NOTEBOOKS, "quickstart.ipynb")
 
 
 def quickstart_world_size() -> int:
     """The ranks of the quickstart's first job cell (``--instances N --gpus G``)."""
-    import nbformat
-
-    source = next(c.source for c in nbformat.read(QUICKSTART, as_version=4).cells if c.source.startswith("%%mpirun_remote"))
-    line = source.splitlines()[0]
+    line = code_cell(stored_notebook("quickstart.ipynb"), "%%mpirun_remote").source.splitlines()[0]
     return int(re.search(r"--instances (\d+)", line).group(1)) * int(re.search(r"--gpus (\d+)", line).group(1))
 
 

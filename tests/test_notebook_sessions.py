@@ -7,18 +7,14 @@ from __future__ import annotations
 import re
 
 import boto3
-from notebook_runs import execute, executed
-
-
-def _text(cell) -> str:
-    return "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+from notebook_runs import execute, executed, text_of
 
 
 def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, local_aws_env):
     cloud = execute.rehearsal_settings(local_aws_env)
     nb = executed("sessions.ipynb", tmp_path, cloud=cloud)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    shown = [(c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source, _text(c)) for c in code]
+    shown = [(c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source, text_of(c.outputs)) for c in code]
     local = dict(shown[:shown.index(next(s for s in shown if "--backend sagemaker" in s[0]))])
     assert "4 ranks ready in" in local["%mpirun_session start -i 2 -g 2 --idle-timeout 600 --out session"]
     assert "2000000 [3. 3. 3. 3. 3. 3. 3. 3.]" in local["print(count, mean.round(2))"]
