@@ -11,7 +11,7 @@ import os
 import time
 
 import pytest
-from helpers import BUCKET, run
+from helpers import BUCKET, run, wait_until
 
 
 class ClientFaults:
@@ -231,6 +231,38 @@ def test_the_rehearsal_clouds_live_tail_streams_only_new_lines_and_samples_a_flo
     assert len(sample) == 500 and sample == sorted(set(sample)), "500 of them, in order"
     earlier = [r["message"] for u in updates[:-1] for r in u["sessionResults"]]
     assert earlier == ["one", "two"], "each new line once, none stored before the session began"
+
+
+def test_closing_a_live_tail_session_ends_it_without_waiting_for_the_next_update(aws, tmp_path):
+    """The watch loop closes its session when the job ends: the read in progress, which holds the
+    connection until the next update (a second on), must not hold the loop or the session as long."""
+    from botocore.config import Config
+
+    from mpi_magic.backends.sagemaker.livetail import LiveTail, live_tail_client
+    from mpi_magic.testing.moto_live_tail import UPDATE_EVERY
+
+    logs, group, stream = aws.client("logs"), f"/mpi-magic-tests/{tmp_path.name}", "leader"
+    logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    arn = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"][0]["logGroupArn"]
+    logs.put_log_events(logGroupName=group, logStreamName=stream,
+                        logEvents=[{"timestamp": int(time.time() * 1000), "message": "a line"}])
+    live = LiveTail(live_tail_client(aws.session.Session(), logs, Config()), arn, stream)
+    try:
+        assert wait_until(lambda: live.started, 10), "the session started"
+        logs.put_log_events(logGroupName=group, logStreamName=stream,
+                            logEvents=[{"timestamp": int(time.time() * 1000), "message": "a line"}])
+        deadline = time.monotonic() + 10
+        while not live.take() and time.monotonic() < deadline:  # watched closely: an update came just now
+            time.sleep(0.01)
+        updated = time.monotonic()
+    finally:
+        live.close()
+    closed = time.monotonic()
+    live._thread.join(10)
+    assert not live._thread.is_alive() and live.ended == "closed"
+    assert closed - updated < UPDATE_EVERY / 2, f"close() took {closed - updated:.2f}s"
+    assert time.monotonic() - updated < UPDATE_EVERY, "the session ended before its next update"
 
 
 def _watched_jobs(monkeypatch) -> list:

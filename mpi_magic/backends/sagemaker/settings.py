@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import BackendNotAvailable, SageMakerSetupError
 from . import sdk
