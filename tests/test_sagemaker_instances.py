@@ -77,6 +77,20 @@ def test_missing_region_and_credentials_are_named(ip, cloud, monkeypatch):
         run(ip, "", "x = 1\n")
 
 
+def test_each_cells_session_reads_credentials_afresh_and_botocores_models_from_one_loader(cloud, monkeypatch):
+    from mpi_magic.backends.sagemaker.aws import aws_session
+
+    first = aws_session("us-east-1")
+    assert first.get_credentials().access_key == "testing"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "changed-since")
+    second = aws_session("eu-west-1")
+    assert second.get_credentials().access_key == "changed-since"
+    assert (first.region_name, second.region_name) == ("us-east-1", "eu-west-1")
+    first_loader, second_loader = (s._session.get_component("data_loader") for s in (first, second))
+    assert first_loader is second_loader, "the service models are read once"
+    assert len(set(second_loader.search_paths)) == len(second_loader.search_paths), "no folder searched twice"
+
+
 def test_more_processes_than_gpus_is_a_warning(ip, cloud, capsys):
     ip.run_line_magic("mpirun_config", "instance_type=ml.g5.xlarge")
     run(ip, "-g 2 --dry-run", "x = 1\n")

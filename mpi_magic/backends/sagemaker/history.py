@@ -9,7 +9,7 @@ from typing import Any
 
 from ... import jobdir
 from ...options import Config
-from .settings import import_boto3
+from .aws import import_boto3
 
 JOBS_RECORD = "sagemaker_jobs.json"
 

@@ -21,7 +21,7 @@ from ...payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
 from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
-from .settings import import_boto3
+from .aws import aws_session
 
 if TYPE_CHECKING:
     from ..base import BackendJob
@@ -482,8 +482,7 @@ def _epoch(value) -> float:
 
 def described_job(name: str, region: str | None) -> tuple[Any, dict]:
     """(boto3 session, DescribeTrainingJob reply) of an existing job; one sentence when there is none."""
-    boto3 = import_boto3()
-    session = boto3.session.Session(region_name=region)
+    session = aws_session(region)
     if not session.region_name:
         raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
     sagemaker = session.client("sagemaker")

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from ...rankinfo import CHECKPOINT_VARIABLE, CHECKPOINTS, NO_CHECKPOINTS
 from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
+from .aws import service_model
 
 BOOTSTRAP = "bootstrap.py"
 CHECKPOINT_PATH = f"/opt/ml/{CHECKPOINTS}"  # SageMaker's default LocalPath, where rankinfo.checkpoint_dir() points
@@ -161,11 +162,10 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
 
 def validate(request: dict) -> None:
     """Raise botocore's ParamValidationError where the request breaks SageMaker's service model."""
-    import botocore.session
     from botocore.validate import ParamValidator
     from botocore.exceptions import ParamValidationError
 
-    model = botocore.session.get_session().get_service_model("sagemaker")
+    model = service_model("sagemaker")
     report = ParamValidator().validate(request, model.operation_model("CreateTrainingJob").input_shape)
     if report.has_errors():
         raise ParamValidationError(report=report.generate_report())

@@ -9,11 +9,11 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from typing import Any
 
-from ...errors import BackendNotAvailable, SageMakerSetupError
+from ...errors import SageMakerSetupError
 from . import sdk
 from ...layout import split_s3
+from .aws import aws_session, service_model
 from .request import CloudSettings
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
@@ -78,23 +78,9 @@ def default_processes(instance_type: str | None) -> int:
     return max(1, known[0])
 
 
-def import_boto3() -> Any:
-    """boto3, or the one sentence that says which extra installs it."""
-    try:
-        import boto3
-    except ImportError:
-        raise BackendNotAvailable(
-            "the sagemaker backend needs boto3, which is not installed: pip install 'mpi-magic[sagemaker]'"
-        ) from None
-    return boto3
-
-
 def training_instance_types() -> list[str]:
     """Every training instance type in botocore's SageMaker service model."""
-    import botocore.session
-
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return list(model.shape_for("TrainingInstanceType").enum)
+    return list(service_model("sagemaker").shape_for("TrainingInstanceType").enum)
 
 
 def instance_gpus(instance_type: str) -> int | None:
@@ -131,8 +117,7 @@ def _check_bucket(s3, bucket: str, option: str) -> None:
 
 def resolve(values: dict) -> tuple[CloudSettings, object]:
     """Settings from the cell's options and defaults, checked; (settings, boto3 session)."""
-    boto3 = import_boto3()
-    session = boto3.session.Session(region_name=values.get("region"))
+    session = aws_session(values.get("region"))
     region = session.region_name
     if not region:
         raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
