@@ -517,6 +517,8 @@ class Emulator:
 
 def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # connections kept open between calls, as AWS's endpoints keep them
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             target = self.headers.get("X-Amz-Target", "")
             length = int(self.headers.get("Content-Length") or 0)
