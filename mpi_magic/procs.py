@@ -12,13 +12,41 @@ if TYPE_CHECKING:
     import psutil
 
 
+LOWEST_PORT = 15000  # free ports are picked from here up to the ephemeral range
+PORT_TRIES = 64
+
+
 def free_port() -> int:
-    """A loopback TCP port nothing listens on now."""
+    """A TCP port nothing listens on now, for a server that binds it a moment later.
+
+    Picked below the system's ephemeral range where there is room: every outgoing connection takes
+    its local port from that range, and on a busy machine (many short connections) one of them
+    could take a port picked there before its server binds it (EADDRINUSE)."""
+    import random
     import socket
 
+    below = ephemeral_ports()[0]
+    for port in random.sample(range(LOWEST_PORT, below), min(PORT_TRIES, max(0, below - LOWEST_PORT))):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:  # in use
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the system takes outgoing connections' local ports from (Linux's setting, else
+    the IANA dynamic range that macOS and Windows use)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = f.read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def session(leader: int, job: str | None = None, started: float | None = None) -> list[psutil.Process]:

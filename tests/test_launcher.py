@@ -1,13 +1,15 @@
-"""Finding mpirun and building its command line; reading what it says when ranks die."""
+"""Finding mpirun and building its command line and environment (a free port for the ranks' own
+servers); reading what it says when ranks die."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
 
-from mpi_magic import launcher
+from mpi_magic import launcher, procs
 from mpi_magic.errors import LauncherNotFound
 from mpi_magic.launcher import Launcher, exit_reports, mpirun_argv, parse_version
 
@@ -113,3 +115,14 @@ def test_a_launcher_that_started_no_rank_is_quoted_by_its_first_sentence():
     assert ended[1].ended(213, ranks_started=False).refused == (
         "prterun was unable to find the specified executable file, and therefore did not launch the job")
     assert ended[0].ended(213, ranks_started=True).refused == "", "once a rank ran, the launcher did not refuse"
+
+
+def test_a_port_for_a_server_is_free_and_below_the_range_outgoing_connections_take_theirs(monkeypatch):
+    below = procs.ephemeral_ports()[0]
+    ports = {procs.free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(procs.LOWEST_PORT <= port < below for port in ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", min(ports)))
+        taken.listen()
+        monkeypatch.setattr("random.sample", lambda population, k: [min(ports), max(ports)])
+        assert procs.free_port() == max(ports), "a port in use is passed over"
