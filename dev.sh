@@ -43,10 +43,10 @@ for cell in nbformat.read(sys.argv[1], as_version=4).cells:
 PY
         rm -rf "$out" ;;
     test)
-        # three workers per core, each taking whole test files (a file's tests share its servers):
+        # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
         # most of a test is waiting on kernels, mpirun and the emulated cloud (see the README);
         # -n 0 runs them in this process
-        .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadfile "$@" ;;
+        .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadscope "$@" ;;
     notebooks)
         .venv/bin/python notebooks/execute.py "$@" ;;
     bench)

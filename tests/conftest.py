@@ -22,15 +22,35 @@ _MODULE_SERVERS: set[int] = set()
 _MODULE_ROOTS: set[str] = set()
 
 
-# The files that take most of the suite's time (emulated clouds, a browser, kernels, mpirun), longest
-# first: a worker takes a whole file, so these start at once and the short files fill the last minutes
-# (with the ``--no-loadscope-reorder`` of pyproject.toml; xdist would otherwise order files by how
-# many tests they hold). xdist hands a worker its next file once two of its tests are left, so a
-# file of two long tests holds the next one back: none of those comes late.
-LONGEST_FIRST = ["test_sagemaker_watch.py", "test_sagemaker.py", "test_sagemaker_instances.py", "test_browser_layouts.py",
-                 "test_notebooks_sagemaker.py", "test_sagemaker_session.py", "test_magic_local.py", "test_notebooks.py",
-                 "test_browser.py", "test_sagemaker_session_spot.py", "test_sagemaker_session_faults.py",
-                 "test_hardening.py", "test_sessions.py", "test_notebook_sessions.py", "test_types.py"]
+# The files whose tests share a module's fixture (its moto server and SageMaker emulator, its mypy
+# check): under ``./dev.sh test`` (``--dist loadscope``) each goes to one worker whole, as one unit;
+# every other test is a unit of its own, so the short ones fill the last minute on whichever
+# workers are free. A test that uses a module's fixture in a file not named here is refused.
+SHARED_BY_FILE = {"test_sagemaker_watch.py", "test_sagemaker.py", "test_notebooks_sagemaker.py",
+                  "test_sagemaker_instances.py", "test_sagemaker_session.py", "test_sagemaker_session_faults.py",
+                  "test_notebook_sessions.py", "test_sagemaker_session_spot.py", "test_types.py"}
+# Units are handed out in this order of their files, longest first (``--no-loadscope-reorder`` in
+# pyproject.toml keeps it): the emulated clouds' files, which mostly wait, start beside the tests that
+# keep the cores busy (browsers, kernels, many ranks).
+LONGEST_FIRST = ["test_sagemaker_watch.py", "test_sagemaker.py", "test_notebooks_sagemaker.py",
+                 "test_sagemaker_instances.py", "test_sagemaker_session.py", "test_sagemaker_session_faults.py",
+                 "test_browser_layouts.py", "test_browser.py", "test_notebook_sessions.py",
+                 "test_sagemaker_session_spot.py", "test_notebooks.py", "test_types.py", "test_hardening.py",
+                 "test_magic_local.py", "test_sessions.py"]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadscope, with a whole file as the unit only where its tests share a module's fixture."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTest(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if os.path.basename(path) in SHARED_BY_FILE else nodeid
+
+    return FileOrTest(config, log)
 
 
 def pytest_collection_modifyitems(items):
@@ -38,6 +58,11 @@ def pytest_collection_modifyitems(items):
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
+    for item in items:
+        fixtures = item._fixtureinfo.name2fixturedefs.values()  # pytest's own record of what a test uses
+        if item.path.name not in SHARED_BY_FILE and any(d.scope == "module" for ds in fixtures for d in ds):
+            raise pytest.UsageError(f"{item.nodeid} uses a module-scoped fixture: add {item.path.name} to "
+                                    "SHARED_BY_FILE in tests/conftest.py, so that its tests run on one worker")
     items.sort(key=place)  # stable: each file's tests keep their order
 
 
