@@ -2,6 +2,9 @@
 
 Measured in one run, 4 x 2 ranks by default:
 - a cold one-off cell (a new training job) from the cell's start to its result;
+- then one-off cells in the warm kernel: the cell's time against the job's own, from CreateTrainingJob
+  to the TrainingEndTime the emulator reports (what the notebook adds: packing and uploading the cell,
+  noticing the end, fetching the results);
 - the session's start (one training job whose ranks then wait for cells);
 - a trivial cell on the idle session: median and worst of its round trips (S3 in, CloudWatch out);
 - AWS API calls per minute the notebook makes for the session while it idles, and while a cell runs
@@ -18,11 +21,20 @@ from _common import rehearsal_shell
 
 
 
+def own_time(job_name: str) -> float:
+    """Seconds from a training job's creation to the end of its training, as SageMaker reports them."""
+    import boto3
+
+    described = boto3.client("sagemaker").describe_training_job(TrainingJobName=job_name)
+    return (described["TrainingEndTime"] - described["CreationTime"]).total_seconds()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--cells", type=int, default=10)
+    parser.add_argument("--one-off-cells", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--running-seconds", type=float, default=60)
     args = parser.parse_args()
@@ -31,6 +43,12 @@ def main() -> None:
         started = time.monotonic()
         ip.run_cell_magic("mpirun_remote", f"{shape} --quiet", "one_off = 1\n")
         cold = time.monotonic() - started
+        one_off, jobs = [], []
+        for i in range(args.one_off_cells):
+            started = time.monotonic()
+            ip.run_cell_magic("mpirun_remote", f"{shape} --quiet --out one_off_job", f"one_off = {i}\n")
+            one_off.append(time.monotonic() - started)
+            jobs.append(own_time(ip.user_ns["one_off_job"].name))
 
         started = time.monotonic()
         ip.run_line_magic("mpirun_session", f"start {shape} --quiet --out session")
@@ -53,6 +71,9 @@ def main() -> None:
         ip.run_line_magic("mpirun_session", "stop")
     print(f"sagemaker session on the emulated cloud, {args.instances} x {args.gpus} ranks:")
     print(f"  cold one-off cell (a new training job): {cold:.1f} s")
+    print(f"  one-off cell in the warm kernel: median {statistics.median(one_off):.2f} s, the job itself "
+          f"{statistics.median(jobs):.2f} s (created to ended), ratio "
+          f"{statistics.median(one_off) / statistics.median(jobs):.2f} ({len(one_off)} cells)")
     print(f"  session start: {start:.1f} s")
     print(f"  trivial cell on the idle session: median {statistics.median(round_trips):.2f} s, "
           f"max {max(round_trips):.2f} s ({len(round_trips)} cells)")
