@@ -193,22 +193,29 @@ def test_attempts_and_billable_time_of_a_job_started_again_after_a_spot_interrup
 
 # -- Live Tail: the log pushed each second instead of read each time ----------------------------
 
+def _log_stream(aws, tmp_path):
+    """A new CloudWatch log stream of this test's own: (logs client, its group's ARN, the stream's
+    name, ``put(messages)`` that writes lines to it now)."""
+    logs, group, stream = aws.client("logs"), f"/mpi-magic-tests/{tmp_path.name}", "leader"
+    logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+
+    def put(messages: list[str]) -> None:
+        now = int(time.time() * 1000)
+        logs.put_log_events(logGroupName=group, logStreamName=stream,
+                            logEvents=[{"timestamp": now, "message": m} for m in messages])
+
+    arn = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"][0]["logGroupArn"]
+    return logs, arn, stream, put
+
+
 def test_the_rehearsal_clouds_live_tail_streams_only_new_lines_and_samples_a_flood_as_aws_does(aws, tmp_path):
     from botocore.config import Config
 
     from mpi_magic.backends.sagemaker.livetail import live_tail_client
 
-    logs, group, stream = aws.client("logs"), f"/mpi-magic-tests/{tmp_path.name}", "leader"
-    logs.create_log_group(logGroupName=group)
-    logs.create_log_stream(logGroupName=group, logStreamName=stream)
-
-    def put(messages):
-        now = int(time.time() * 1000)
-        logs.put_log_events(logGroupName=group, logStreamName=stream,
-                            logEvents=[{"timestamp": now, "message": m} for m in messages])
-
+    logs, arn, stream, put = _log_stream(aws, tmp_path)
     put(["stored before the session"])
-    arn = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"][0]["logGroupArn"]
     client = live_tail_client(aws.session.Session(), logs, Config())
     with pytest.raises(client.exceptions.ResourceNotFoundException):
         client.start_live_tail(logGroupIdentifiers=[arn + "-none"])
@@ -241,17 +248,11 @@ def test_closing_a_live_tail_session_ends_it_without_waiting_for_the_next_update
     from mpi_magic.backends.sagemaker.livetail import LiveTail, live_tail_client
     from mpi_magic.testing.moto_live_tail import UPDATE_EVERY
 
-    logs, group, stream = aws.client("logs"), f"/mpi-magic-tests/{tmp_path.name}", "leader"
-    logs.create_log_group(logGroupName=group)
-    logs.create_log_stream(logGroupName=group, logStreamName=stream)
-    arn = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"][0]["logGroupArn"]
-    logs.put_log_events(logGroupName=group, logStreamName=stream,
-                        logEvents=[{"timestamp": int(time.time() * 1000), "message": "a line"}])
+    logs, arn, stream, put = _log_stream(aws, tmp_path)
     live = LiveTail(live_tail_client(aws.session.Session(), logs, Config()), arn, stream)
     try:
         assert wait_until(lambda: live.started, 10), "the session started"
-        logs.put_log_events(logGroupName=group, logStreamName=stream,
-                            logEvents=[{"timestamp": int(time.time() * 1000), "message": "a line"}])
+        put(["a line"])
         deadline = time.monotonic() + 10
         while not live.take() and time.monotonic() < deadline:  # watched closely: an update came just now
             time.sleep(0.01)

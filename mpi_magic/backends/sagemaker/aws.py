@@ -19,20 +19,17 @@ def import_boto3() -> Any:
     return boto3
 
 
-# botocore's loader of service models, shared by the sessions below once the first made it
-_loader: Any = None
+# a botocore session kept for its loader of service models, which every session below shares
+_models: Any = None
 
 
-def _botocore_session() -> Any:
-    global _loader
-    import botocore.session
+def _models_session() -> Any:
+    global _models
+    if _models is None:
+        import botocore.session
 
-    session = botocore.session.get_session()
-    if _loader is None:
-        _loader = session.get_component("data_loader")
-    else:
-        session.register_component("data_loader", _loader)
-    return session
+        _models = botocore.session.get_session()
+    return _models
 
 
 def aws_session(region: str | None = None) -> Any:
@@ -40,12 +37,17 @@ def aws_session(region: str | None = None) -> Any:
     have changed since the last cell; botocore's service models, megabytes of JSON that take a
     third of a second to parse, are read once, by the loader every such session shares."""
     boto3 = import_boto3()
-    session = boto3.session.Session(botocore_session=_botocore_session(), region_name=region)
-    _loader.search_paths[:] = list(dict.fromkeys(_loader.search_paths))  # boto3 adds its folder again each time
+    import botocore.session
+
+    loader = _models_session().get_component("data_loader")
+    core = botocore.session.get_session()
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core, region_name=region)
+    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))  # boto3 adds its folder again each time
     return session
 
 
 def service_model(name: str) -> Any:
     """botocore's model of one AWS service, from the shared loader."""
     import_boto3()
-    return _botocore_session().get_service_model(name)
+    return _models_session().get_service_model(name)
