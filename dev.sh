@@ -44,7 +44,7 @@ PY
         rm -rf "$out" ;;
     test)
         # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
-        # most of a test is waiting on kernels, mpirun and the emulated cloud (see the README);
+        # most of a test is waiting on kernels, mpirun and the emulated cloud (see docs/development.md);
         # -n 0 runs them in this process
         .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadscope "$@" ;;
     notebooks)

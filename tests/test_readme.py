@@ -1,4 +1,4 @@
-"""The README's option reference is the magic's own help (regenerate: python tests/test_readme.py)."""
+"""docs/using.md's option reference is the magic's own help (regenerate: python tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+README = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "using.md")
 BLOCK = re.compile(r"(<!-- options:start -->\n```\n)(.*?)(```\n<!-- options:end -->)", re.DOTALL)
 
 
@@ -28,8 +28,8 @@ def option_help() -> str:
 def test_readme_option_reference_matches_the_magics_help():
     with open(README, encoding="utf-8") as f:
         match = BLOCK.search(f.read())
-    assert match, "README.md lost its options block"
-    assert match.group(2) == option_help(), "README is out of date: run python tests/test_readme.py"
+    assert match, "docs/using.md lost its options block"
+    assert match.group(2) == option_help(), "docs/using.md is out of date: run python tests/test_readme.py"
 
 
 if __name__ == "__main__":
