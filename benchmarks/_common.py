@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from mpi_magic import launcher
+from mpi_magic.backends import launcher
 
 
 def shell() -> InteractiveShell:
@@ -76,9 +76,9 @@ def interleaved(fns: list, repeats: int) -> list[list[float]]:
 
 def bare_launch(world_size: int, code: str, tuned: bool) -> Callable[[], None]:
     """A bare mpirun run of ``code``, its command found beforehand (what a timing should not count),
-    with a session folder of its own, as each launch of the magic has (``launcher.session_folder_variable``)."""
+    with a session folder of its own, as each launch of the magic has (``launcher.tmpdir_variable``)."""
     argv, env = bare_mpirun(world_size, code, tuned)
-    variable = launcher.session_folder_variable(launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")))
+    variable = launcher.tmpdir_variable(launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")))
 
     def run() -> None:
         with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_mpirun_") as folder:

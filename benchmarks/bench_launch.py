@@ -14,9 +14,9 @@ import time
 
 from _common import bare_launch, interleaved, median, shell
 
-from mpi_magic import events
+from mpi_magic.shared import events
 from mpi_magic.backends import local
-from mpi_magic.job import Job
+from mpi_magic.notebook.job import Job
 
 CODE = "from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1)"
 

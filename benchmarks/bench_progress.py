@@ -14,10 +14,10 @@ import argparse
 import io
 import time
 
-from mpi_magic import reporting
+from mpi_magic.shared import reporting
 from mpi_magic.backends.local import READ_CHUNK
-from mpi_magic.events import Progress, RankStarted, StreamDecoder, encode
-from mpi_magic.wire import Emitter
+from mpi_magic.shared.events import Progress, RankStarted, StreamDecoder, encode
+from mpi_magic.shared.wire import Emitter
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.widgets import WidgetView
 

@@ -16,9 +16,9 @@ import time
 
 from _common import rehearsal_shell
 
-from mpi_magic import job as jobs
-from mpi_magic.backends.sagemaker.job import SageMakerJob
-from mpi_magic.events import Progress
+from mpi_magic.notebook import job as jobs
+from mpi_magic.backends.sagemaker.training_job import SageMakerJob
+from mpi_magic.shared.events import Progress
 
 
 def main() -> None:

@@ -24,11 +24,11 @@ import time
 
 from _common import rehearsal_shell
 
-from mpi_magic import job as jobs
-from mpi_magic.backends.sagemaker import job as sagemaker_job
-from mpi_magic.backends.sagemaker.job import ADAPTIVE, FIXED, SageMakerJob
-from mpi_magic.events import Progress
-from mpi_magic.layout import result_path, result_uri, split_s3
+from mpi_magic.notebook import job as jobs
+from mpi_magic.backends.sagemaker import training_job as sagemaker_job
+from mpi_magic.backends.sagemaker.training_job import ADAPTIVE, FIXED, SageMakerJob
+from mpi_magic.shared.events import Progress
+from mpi_magic.shared.layout import result_path, result_uri, split_s3
 
 
 def download_each(job: SageMakerJob, job_dir: str, ranks) -> None:

@@ -52,7 +52,7 @@ def ipyparallel_cells(ip, repeats: int) -> dict[str, float] | None:
         return None
     import ipyparallel as ipp
 
-    from mpi_magic import launcher
+    from mpi_magic.backends import launcher
 
     mpirun = launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN"))
     env_before = dict(os.environ)

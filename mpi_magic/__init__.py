@@ -10,8 +10,8 @@ __version__ = "0.1.0"
 _HOMES = {
     **dict.fromkeys(["CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound", "MpiMagicError", "PayloadError",
                      "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError"], "errors"),
-    **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "rankinfo"),
-    "progress": "reporting",
+    **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
+    "progress": "shared.reporting",
 }
 __all__ = sorted([*_HOMES, "load_ipython_extension"])
 
@@ -19,8 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .errors import (CaptureError, JobError, JobTimeoutError, LauncherNotFound, MpiMagicError, PayloadError,
                          RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError)
-    from .rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
-    from .reporting import progress
+    from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
+    from .shared.reporting import progress
 
 
 def __getattr__(name: str):

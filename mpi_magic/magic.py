@@ -10,11 +10,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import execute
+from .notebook import pipeline
 from .errors import BackendNotAvailable, LauncherNotFound
 from .options import Config, launch_arguments, parse_line
-from .session import Session
-from .session import describe as describe_session
+from .notebook.session import Session
+from .notebook.session import describe as describe_session
 from .view.console import ConsoleEcho
 
 if TYPE_CHECKING:
@@ -57,9 +57,9 @@ class MpiMagics(Magics):
         session = self._session_for(options)
         try:
             if session is not None:
-                run = execute.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle)
+                run = pipeline.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle)
             else:
-                run = execute.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
+                run = pipeline.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
                                        deliver=user_ns.update)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
@@ -154,7 +154,7 @@ class MpiMagics(Magics):
                 raise UsageError("--detach applies to --backend sagemaker sessions; a local session's ranks "
                                  "end with the kernel")
         try:
-            self.session = execute.start_session(options, self.defaults)
+            self.session = pipeline.start_session(options, self.defaults)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         if options.out:
@@ -183,7 +183,7 @@ class MpiMagics(Magics):
         if current is not None and current.status != "stopped":
             raise UsageError(f"session {current.name} is up already: %mpirun_session stop it first")
         try:
-            self.session = execute.attach_session(names[0], self.defaults, "--detach" in flags, "--quiet" in flags)
+            self.session = pipeline.attach_session(names[0], self.defaults, "--detach" in flags, "--quiet" in flags)
         except BackendNotAvailable as exc:
             raise UsageError(str(exc)) from None
         if out:
@@ -207,7 +207,7 @@ class MpiMagics(Magics):
             raise UsageError("usage: %mpirun_attach JOB_NAME [--out NAME]; "
                              "%mpirun_jobs lists your recent jobs") from None
         try:
-            run = execute.attach(args.job_name, self.shell.user_ns, self.defaults)
+            run = pipeline.attach(args.job_name, self.shell.user_ns, self.defaults)
         except BackendNotAvailable as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns.update(run.values)

@@ -17,7 +17,7 @@ import urllib.request
 
 from notebook_runs import NOTEBOOKS, code_cell, stored_notebook
 
-from mpi_magic.procs import free_port
+from mpi_magic.shared.procs import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 DARK = "JupyterLab Dark"

@@ -47,8 +47,8 @@ def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
 
 
 def held_folders(pid: int | str = "self") -> set[str]:
-    """The scratch folders (``mpi_magic.scratch``) process ``pid`` holds, read from its open files."""
-    from mpi_magic.scratch import LOCK_NAME
+    """The scratch folders (``mpi_magic.backends.scratch``) process ``pid`` holds, read from its open files."""
+    from mpi_magic.backends.scratch import LOCK_NAME
 
     held = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):

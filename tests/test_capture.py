@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_magic.capture import analyze, capture
+from mpi_magic.notebook.capture import analyze, capture
 from mpi_magic.errors import CaptureError
 
 

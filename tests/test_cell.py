@@ -9,8 +9,8 @@ import traceback
 import pytest
 from IPython.utils.capture import capture_output
 
-from mpi_magic import cell
-from mpi_magic.capture import analyze
+from mpi_magic.shared import cell
+from mpi_magic.notebook.capture import analyze
 from mpi_magic.runtime.rank import new_namespace, run_source
 
 CELLS = [

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from mpi_magic import wire
-from mpi_magic.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
-                              encode, parse_tag)
-from mpi_magic.wire import marker
+from mpi_magic.shared import wire
+from mpi_magic.shared.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
+                                     encode, parse_tag)
+from mpi_magic.shared.wire import marker
 
 TOKEN = "0123456789abcdef"
 MARKER = marker(TOKEN)
@@ -94,7 +94,7 @@ def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decod
     rejects, is what ``decode_payload`` and the rank check make of the same record."""
     import random
 
-    from mpi_magic.events import BadEvent, decode_payload
+    from mpi_magic.shared.events import BadEvent, decode_payload
 
     rng = random.Random(3)
     fields = ["3", "7", "12.5", "1733224567.123456", "100", "", "0", "1", "1e-05", "9" * 16, "9" * 40, "1" * 400 + ".5",

@@ -8,10 +8,10 @@ import time
 import pytest
 
 import mpi_magic
-from mpi_magic import jobdir, payload
-from mpi_magic.events import LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
-from mpi_magic.execute import FollowSettings, Follower
-from mpi_magic.job import Job
+from mpi_magic.shared import jobdir, payload
+from mpi_magic.shared.events import LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
+from mpi_magic.notebook.pipeline import FollowSettings, Follower
+from mpi_magic.notebook.job import Job
 from mpi_magic.runtime.rank import result_path
 from mpi_magic.testing.scripted import FakeClock, ScriptedJob
 from mpi_magic.view.console import ConsoleEcho

@@ -18,9 +18,9 @@ import pytest
 from helpers import run
 
 import mpi_magic
-from mpi_magic import events, wire
-from mpi_magic.events import Output, Progress, RankFinished, RankStarted, StreamDecoder, encode
-from mpi_magic.wire import marker
+from mpi_magic.shared import events, wire
+from mpi_magic.shared.events import Output, Progress, RankFinished, RankStarted, StreamDecoder, encode
+from mpi_magic.shared.wire import marker
 
 TOKEN = "0123456789abcdef"
 
@@ -88,7 +88,7 @@ def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
     and a malformed event is dropped and counted, never raised in the notebook."""
     cell = textwrap.dedent("""
         import json, mpi_magic, sys
-        from mpi_magic import reporting, wire
+        from mpi_magic.shared import reporting, wire
         token = reporting.current_reporter()._emitter.token
         if mpi_magic.rank() == 1:
             bodies = [
@@ -210,13 +210,13 @@ def test_a_process_started_in_a_session_of_its_own_is_stopped_with_the_job(ip):
 def test_a_launchers_number_taken_by_another_process_names_none_of_its_processes():
     """After the launcher ended, its process number may be another process's: stopping what
     was left of the job must not reach that process, its tree or its session."""
-    from mpi_magic import procs
+    from mpi_magic.shared import procs
 
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         started = psutil.Process(other.pid).create_time()
-        assert [p.pid for p in procs.session(other.pid, None, started)] == [other.pid]
-        assert procs.session(other.pid, None, started - 10.0) == [], "the same number, another process"
+        assert [p.pid for p in procs.job_processes(other.pid, None, started)] == [other.pid]
+        assert procs.job_processes(other.pid, None, started - 10.0) == [], "the same number, another process"
     finally:
         other.kill()
         other.wait()
@@ -321,7 +321,7 @@ def test_files_a_killed_launcher_left_do_not_stop_a_launcher_given_its_number(ip
 
     from helpers import once_running
 
-    from mpi_magic.launcher import find_launcher
+    from mpi_magic.backends.launcher import find_launcher
 
     real, launches = find_launcher().path, tmp_path / "launches"
     wrapper = tmp_path / "mpirun"

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from mpi_magic import launcher, procs
+from mpi_magic.backends import launcher
+from mpi_magic.shared import procs
 from mpi_magic.errors import LauncherNotFound
-from mpi_magic.launcher import Launcher, exit_reports, mpirun_argv, parse_version
+from mpi_magic.backends.launcher import Launcher, exit_reports, mpirun_argv, parse_version
 
 OMPI5 = Launcher("/x/mpirun", "openmpi", (5, 0, 11))
 OMPI4 = Launcher("/x/mpirun", "openmpi", (4, 1, 7))

@@ -296,7 +296,7 @@ def test_ranks_refuse_a_payload_from_another_python_minor_version(ip, tmp_path):
     import io
     import subprocess
 
-    from mpi_magic import payload
+    from mpi_magic.shared import payload
 
     path = tmp_path / payload.PAYLOAD_FILE
     payload.write(str(path), [payload.pack("x", 1)], {"source": "y = x", "returns": ["y"]})

@@ -9,7 +9,7 @@ import tracemalloc
 import pytest
 from IPython.core.error import UsageError
 
-from mpi_magic import execute
+from mpi_magic.notebook import pipeline
 from mpi_magic.options import SETTINGS, Config, LaunchOptions
 
 
@@ -160,7 +160,7 @@ def test_a_dry_run_builds_nothing_per_rank(cache_dir, capsys):
     options = LaunchOptions(instances=1000, gpus=1000, dry_run=True)
     tracemalloc.start()
     try:
-        execute.run_cell("x = 1", {}, options, config)
+        pipeline.run_cell("x = 1", {}, options, config)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

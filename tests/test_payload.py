@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from mpi_magic import payload
+from mpi_magic.shared import payload
 from mpi_magic.errors import PayloadError
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_magic import progress, reporting
-from mpi_magic.events import Progress, StreamDecoder
-from mpi_magic.wire import Emitter
-from mpi_magic.reporting import Reporter
+from mpi_magic import progress
+from mpi_magic.shared import reporting
+from mpi_magic.shared.events import Progress, StreamDecoder
+from mpi_magic.shared.wire import Emitter
+from mpi_magic.shared.reporting import Reporter
 
 TOKEN = "0123456789abcdef"  # the job's marker token
 
@@ -132,7 +133,7 @@ def test_an_outer_bar_moves_while_an_inner_bar_keeps_the_rate_limit_busy():
 
 
 def test_the_dashboard_follows_the_open_bar_not_a_finished_one():
-    from mpi_magic.events import Progress
+    from mpi_magic.shared.events import Progress
     from mpi_magic.view.model import JobModel
 
     model = JobModel("j", "local", 1, 1)

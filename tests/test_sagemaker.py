@@ -64,7 +64,7 @@ def test_interrupt_stops_the_training_job(ip, cloud, capsys):
 
 
 def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypatch):
-    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
 
     create = SageMakerJob.create
 
@@ -145,7 +145,7 @@ def test_the_summary_shows_sagemakers_failure_reason_and_billable_time(ip, cloud
 
 
 def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
-    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
 
     create = SageMakerJob.create
 

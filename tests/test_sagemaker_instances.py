@@ -78,12 +78,12 @@ def test_missing_region_and_credentials_are_named(ip, cloud, monkeypatch):
 
 
 def test_each_cells_session_reads_credentials_afresh_and_botocores_models_from_one_loader(cloud, monkeypatch):
-    from mpi_magic.backends.sagemaker.aws import aws_session
+    from mpi_magic.backends.sagemaker.aws import aws_clients
 
-    first = aws_session("us-east-1")
+    first = aws_clients("us-east-1")
     assert first.get_credentials().access_key == "testing"
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "changed-since")
-    second = aws_session("eu-west-1")
+    second = aws_clients("eu-west-1")
     assert second.get_credentials().access_key == "changed-since"
     assert (first.region_name, second.region_name) == ("us-east-1", "eu-west-1")
     first_loader, second_loader = (s._session.get_component("data_loader") for s in (first, second))
@@ -328,7 +328,7 @@ def test_each_rank_of_an_8_gpu_instance_knows_its_place_and_sees_every_gpu(ip, c
 def test_the_billable_time_and_cost_are_the_tables_price_times_what_sagemaker_bills(ip, cloud, capsys):
     """Checked against DescribeTrainingJob: BillableTimeInSeconds per instance, times InstanceCount."""
     from mpi_magic.backends.sagemaker.pricing import PRICES
-    from mpi_magic.cost import Cost
+    from mpi_magic.shared.cost import Cost
     from mpi_magic.view.summary import duration
 
     run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(2)\n")
@@ -345,9 +345,9 @@ def test_the_billable_time_and_cost_are_the_tables_price_times_what_sagemaker_bi
 def test_billing_is_live_from_the_training_start_and_spot_is_an_upper_bound():
     from datetime import datetime, timezone
 
-    from mpi_magic.backends.sagemaker.job import billing_of
+    from mpi_magic.backends.sagemaker.training_job import billing_of
     from mpi_magic.backends.sagemaker.pricing import PRICES, cost
-    from mpi_magic.events import Billing
+    from mpi_magic.shared.events import Billing
 
     hourly = PRICES["us-east-1"]["ml.g5.xlarge"]
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -365,7 +365,7 @@ def test_billing_is_live_from_the_training_start_and_spot_is_an_upper_bound():
 
 def test_dry_run_names_the_list_price_or_that_the_table_has_none(ip, cloud, capsys):
     from mpi_magic.backends.sagemaker.pricing import PRICES, TABLE_DATE, cost
-    from mpi_magic.cost import dollars
+    from mpi_magic.shared.cost import dollars
 
     region = cloud.session.Session().region_name
     run(ip, "-i 4 -g 1 --dry-run", "x = 1\n")  # the fixture's ml.m5.xlarge

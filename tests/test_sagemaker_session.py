@@ -19,9 +19,9 @@ from helpers import BUCKET, described, leader_log, once, run, start_session, wai
 from IPython.core.error import UsageError
 
 import mpi_magic
-from mpi_magic import payload, s3channel
+from mpi_magic.shared import payload, s3channel
 from mpi_magic.backends.sagemaker.pricing import PRICES
-from mpi_magic.cost import dollars
+from mpi_magic.shared.cost import dollars
 from mpi_magic.errors import RemoteRankError
 
 def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(cloud_sessions, aws, capsys):
@@ -172,7 +172,7 @@ def test_ranks_started_again_never_run_a_cell_sent_before(aws, tmp_path):
     notebook = s3channel.NotebookEnd(aws.client("s3"), uri, job, signer)
     for cell in (1, 2):
         notebook.send_cell(cell, str(tmp_path / payload.PAYLOAD_FILE))
-    rank0 = s3channel.RankEnd(uri, signer.public_text, None, job)
+    rank0 = s3channel.S3RankEnd(uri, signer.public_text, None, job)
     rank0.skip_cells_sent()
     assert rank0.receive(timeout=0.5) is None
     notebook.send_cell(3, str(tmp_path / payload.PAYLOAD_FILE))

@@ -15,7 +15,7 @@ import sys
 import pytest
 from helpers import described, leader_log, once, run, start_session, wait_until
 
-from mpi_magic import events, wire
+from mpi_magic.shared import events, wire
 
 
 def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, cloud_settings, local_aws_env, tmp_path):
@@ -58,7 +58,7 @@ def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, cloud
 
 def test_a_notebook_another_took_the_session_from_lets_go_and_an_interrupted_attach_stops_nothing(
         cloud_sessions, aws, cloud_settings, local_aws_env, cache_dir, monkeypatch):
-    from mpi_magic.backends.sagemaker.session import SageMakerSessionRanks
+    from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
 
     ip = cloud_sessions
     s = start_session(ip, "-i 1 -g 2")

@@ -14,7 +14,7 @@ import pytest
 from helpers import LOG_GROUP, described, job_story, once, run, start_session, wait_until
 
 import mpi_magic
-from mpi_magic import events, wire
+from mpi_magic.shared import events, wire
 
 
 def test_a_spot_interruption_ends_the_session_and_says_why(cloud_sessions, aws, local_aws_env):

@@ -58,7 +58,7 @@ class _Body:
 
 
 def test_throttling_and_server_errors_neither_stop_a_job_nor_lose_a_result(ip, cloud, monkeypatch, local_aws_env):
-    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
     from mpi_magic.testing.sagemaker_emulator import set_faults
 
     faults, init = ClientFaults(every=2), SageMakerJob.__init__
@@ -82,9 +82,9 @@ def test_throttling_and_server_errors_neither_stop_a_job_nor_lose_a_result(ip, c
 
 def test_status_unread_beyond_botocores_retries_is_one_note_and_the_job_still_ends_with_its_results(
         ip, cloud, monkeypatch, local_aws_env):
-    from mpi_magic.backends.sagemaker import job as sagemaker_job
-    from mpi_magic.backends.sagemaker.job import SageMakerJob
-    from mpi_magic.events import Note
+    from mpi_magic.backends.sagemaker import training_job as sagemaker_job
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
+    from mpi_magic.shared.events import Note
     from mpi_magic.testing.sagemaker_emulator import set_faults
 
     endpoint = local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"]
@@ -114,7 +114,7 @@ def test_status_unread_beyond_botocores_retries_is_one_note_and_the_job_still_en
 
 
 def test_the_log_is_read_less_often_while_quiet_up_to_a_bound_and_soon_again_once_lines_arrive(aws):
-    from mpi_magic.backends.sagemaker.job import ADAPTIVE, SageMakerJob
+    from mpi_magic.backends.sagemaker.training_job import ADAPTIVE, SageMakerJob
 
     job = SageMakerJob(aws.session.Session(), "quiet-job", "s3://bucket/results", "token")
     quiet = [job._logs_wait_after(False) for _ in range(8)]
@@ -175,7 +175,7 @@ def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_chec
 
 
 def test_attempts_and_billable_time_of_a_job_started_again_after_a_spot_interruption():
-    from mpi_magic.backends.sagemaker.job import Attempts, attempts, billing_of
+    from mpi_magic.backends.sagemaker.training_job import Attempts, attempts, billing_of
 
     transitions = [{"Status": "Starting", "StartTime": 1000.0}, {"Status": "Downloading", "StartTime": 1010.0},
                    {"Status": "Training", "StartTime": 1020.0}, {"Status": "Interrupted", "StartTime": 1100.0},
@@ -268,7 +268,7 @@ def test_closing_a_live_tail_session_ends_it_without_waiting_for_the_next_update
 
 def _watched_jobs(monkeypatch) -> list:
     """Every SageMakerJob made from now on in this test."""
-    from mpi_magic.backends.sagemaker.job import SageMakerJob
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
 
     made, init = [], SageMakerJob.__init__
 
@@ -330,7 +330,7 @@ def test_a_refused_or_sampled_live_tail_leaves_the_log_to_reads_with_every_line_
 
 def test_results_fetched_twice_at_once_into_one_folder_arrive_whole(aws, prefix, tmp_path):
     """Two watchers of one job (its own --async follower and %mpirun_attach) may fetch its results together."""
-    from mpi_magic.backends.sagemaker.job import fetch_each
+    from mpi_magic.backends.sagemaker.training_job import fetch_each
 
     s3, body = aws.client("s3"), bytes(range(256)) * 16384  # 4 MiB
     s3.put_object(Bucket=BUCKET, Key=f"{prefix}/rank-0.bin", Body=body)

@@ -22,7 +22,7 @@ import pytest
 from helpers import once, run, start_session
 from IPython.core.error import UsageError
 
-from mpi_magic.channel import RankEnd, SocketChannel
+from mpi_magic.shared.channel import SocketChannel, SocketRankEnd
 from mpi_magic.errors import JobTimeoutError, RemoteRankError, SessionStartError
 
 
@@ -202,7 +202,7 @@ def test_idle_timeout_ends_the_session(sessions):
 def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tmp_path, monkeypatch):
     from helpers import held_folders
 
-    from mpi_magic.scratch import ScratchFolder
+    from mpi_magic.backends.scratch import ScratchFolder
 
     script = (
         "import os, sys, time\n"
@@ -324,7 +324,7 @@ def test_the_channel_accepts_only_the_secret_and_then_nobody(tmp_path):
         assert intruder.recv(16) == b"", "dropped without an answer"
         intruder.close()
         result = {}
-        thread = threading.Thread(target=lambda: result.setdefault("end", RankEnd(channel.path, "s3cret")))
+        thread = threading.Thread(target=lambda: result.setdefault("end", SocketRankEnd(channel.path, "s3cret")))
         thread.start()
         deadline = time.monotonic() + 5
         while not channel.try_accept() and time.monotonic() < deadline:

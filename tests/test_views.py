@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from mpi_magic.events import (Output, Phase, Progress, RankFinished, RankStarted, StreamDecoder, encode)
+from mpi_magic.shared.events import Output, Phase, Progress, RankFinished, RankStarted, StreamDecoder, encode
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.summary import Summary
 from mpi_magic.view.text import TextView
@@ -326,8 +326,8 @@ def test_while_a_view_shows_the_output_rank_0s_prints_wait_for_the_end_in_order(
 def test_billable_time_and_cost_move_on_while_the_instances_run_and_both_views_show_them():
     import html
 
-    from mpi_magic.cost import Cost
-    from mpi_magic.events import Billing
+    from mpi_magic.shared.cost import Cost
+    from mpi_magic.shared.events import Billing
     from mpi_magic.view.summary import billing_phrase, duration
 
     clock = Clock()
@@ -361,7 +361,7 @@ def test_billable_time_and_cost_move_on_while_the_instances_run_and_both_views_s
 
 def test_a_running_jobs_billing_reports_cause_no_redraw_of_their_own():
     """The figure moves on by the clock; a new report only re-anchors it (a quiet job prints no lines)."""
-    from mpi_magic.events import Billing
+    from mpi_magic.shared.events import Billing
 
     clock = Clock()
     model = JobModel("job-4", "sagemaker", 2, 1, clock)
@@ -377,7 +377,7 @@ def test_a_running_jobs_billing_reports_cause_no_redraw_of_their_own():
 
 
 def test_a_job_started_again_resets_every_rank_and_both_views_say_so(world):
-    from mpi_magic.events import Restarted
+    from mpi_magic.shared.events import Restarted
 
     clock, model, view, slot, decoder = world
     clock.now += 2

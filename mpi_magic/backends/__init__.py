@@ -16,8 +16,8 @@ def get_backend(name: str, config, options) -> Backend:
         from .sagemaker.backend import SageMakerBackend
         from .sagemaker.settings import resolve
 
-        settings, session = resolve(options.cloud)
-        return SageMakerBackend(settings, session, options.requirements, config.get("live_tail"))
+        settings, aws = resolve(options.cloud)
+        return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"))
     raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
 
 

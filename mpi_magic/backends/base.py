@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Protocol
 
-from ..events import Event
+from ..shared.events import Event
 
 if TYPE_CHECKING:  # options reads the backends' instance facts: no import back at run time
     from ..options import LaunchOptions

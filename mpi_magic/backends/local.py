@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 
-from .. import launcher as launchers
-from .. import procs, wire
-from ..events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
+from . import launcher as launchers
+from ..shared import procs, wire
+from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
-from ..scratch import ScratchFolder
+from .scratch import ScratchFolder
 
 if TYPE_CHECKING:
     from .base import Backend, BackendJob, SessionRanks
@@ -69,7 +69,7 @@ class LocalBackend:
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
 
-        from ..channel import SECRET_VARIABLE, SocketChannel
+        from ..shared.channel import SECRET_VARIABLE, SocketChannel
 
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
@@ -100,7 +100,7 @@ class LocalBackend:
         env.update(options.env)
         env.update(extra_env)
         return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style),
-                        launchers.session_folder_variable(self.launcher))
+                        launchers.tmpdir_variable(self.launcher))
 
 
 class LocalJob:
@@ -331,7 +331,7 @@ class LocalJob:
     def _processes(self) -> list[psutil.Process]:
         """mpirun's process tree, everything else in its session, and every process that
         carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a session of its own)."""
-        return procs.session(self.pid, self.name, self.started)
+        return procs.job_processes(self.pid, self.name, self.started)
 
 
 class LocalSessionRanks:

@@ -5,7 +5,7 @@ import sys
 
 if __name__ == "__main__":
     if "--session" in sys.argv[1:2]:
-        from .session import main
+        from .cell_loop import main
     else:
         from .rank import main
     sys.exit(main(sys.argv[1:]))

@@ -15,9 +15,9 @@ TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one 
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from .. import cell, payload, procs, reporting, wire
-from ..layout import VALUE_NAME, result_path, result_uri, split_s3
-from ..rebind import rebind_all
+from ..shared import cell, payload, procs, reporting, wire
+from ..shared.layout import VALUE_NAME, result_path, result_uri, split_s3
+from ..shared.rebind import rebind_all
 from . import tqdm_hook
 from .shell import RankShell
 

@@ -13,7 +13,7 @@ import io
 import sys
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 
-from ..reporting import Reporter
+from ..shared.reporting import Reporter
 
 if TYPE_CHECKING:
     from importlib.abc import Loader

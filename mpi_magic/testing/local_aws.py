@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from ..procs import free_port
+from ..shared.procs import free_port
 
 
 def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) -> None:

@@ -2,7 +2,7 @@
 
 moto answers StartLiveTail with one snapshot of the events already stored, then ends the
 response. AWS instead holds the response open as an event stream: a ``sessionStart``, then every
-second a ``sessionUpdate`` with the events ingested in that second (none stored before the session
+second a ``sessionUpdate`` with the events ingested in that second (none stored before the stream
 began), at most 500 of them (sampled above that, and then ``sampled`` is true), until the client
 closes it or three hours pass (``SessionTimeoutException``). This server does the same in front of
 moto's own application, reading moto's stored events in this process. It applies no filter
@@ -26,9 +26,9 @@ import zlib
 
 LIVE_TAIL_TARGET = "Logs_20140328.StartLiveTail"
 REFUSAL_PATH = "/_mpi_magic/live_tail_refusal"
-UPDATE_EVERY = 1.0  # seconds between session updates, as AWS sends them
+UPDATE_EVERY = 1.0  # seconds between stream updates, as AWS sends them
 MOST_PER_UPDATE = 500  # events in one update; above that AWS samples them down
-SESSION_LIMIT = 3 * 3600.0  # seconds a session stays open
+STREAM_LIMIT = 3 * 3600.0  # seconds a stream stays open
 
 
 def event_message(name: str, body: dict, kind: str = "event") -> bytes:
@@ -58,7 +58,7 @@ def _error(start_response, status: str, kind: str, message: str) -> list[bytes]:
     return [json.dumps({"__type": kind, "message": message}).encode()]
 
 
-class LiveTail:
+class LiveTailFront:
     """WSGI middleware: StartLiveTail streamed here, every other request passed to moto."""
 
     def __init__(self, app):
@@ -116,7 +116,7 @@ class LiveTail:
 
         read_to = {(group.arn, stream.log_stream_name): len(stream.events) for group, stream in matching()}
         opened = time.monotonic()
-        while time.monotonic() - opened < SESSION_LIMIT:
+        while time.monotonic() - opened < STREAM_LIMIT:
             time.sleep(UPDATE_EVERY)
             results = []
             for group, stream in matching():
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    run_simple(args.host, args.port, LiveTail(DomainDispatcherApplication(create_backend_app)), threaded=True,
+    run_simple(args.host, args.port, LiveTailFront(DomainDispatcherApplication(create_backend_app)), threaded=True,
                request_handler=handler)
 
 

@@ -50,8 +50,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 
-from ..layout import split_s3
-from ..procs import session
+from ..shared.layout import split_s3
+from ..shared.procs import job_processes
 from .ssh_standin import private_tmp
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -84,7 +84,7 @@ class ClientError(Exception):
         self.code, self.status = code, status
 
 
-class Job:
+class EmulatedJob:
     def __init__(self, request: dict, region: str, root: str):
         self.request = request
         self.name = request["TrainingJobName"]
@@ -382,7 +382,7 @@ class Job:
             while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for process in self.processes:  # what the instances started in their own sessions too
-            for member in session(process.pid, self.name):
+            for member in job_processes(process.pid, self.name):
                 try:
                     member.kill()
                 except psutil.Error:
@@ -439,7 +439,7 @@ class Emulator:
 
         self.root, self.region = root, region
         self.session = boto3.session.Session(region_name=region)
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, EmulatedJob] = {}
         self.lock = threading.Lock()
         self.faults: dict[str, tuple[float, float]] = {}  # operation: (share throttled, share failing with 5xx)
         self.injected: dict[str, int] = {}
@@ -470,7 +470,7 @@ class Emulator:
             raise ClientError("UnknownOperationException", f"the emulator does not implement {action}")
         return handler(body)
 
-    def _job(self, name: str) -> Job:
+    def _job(self, name: str) -> EmulatedJob:
         job = self.jobs.get(name)
         if job is None:
             raise ClientError("ValidationException", f"Requested resource not found: training job {name}")
@@ -480,7 +480,7 @@ class Emulator:
         with self.lock:
             if body["TrainingJobName"] in self.jobs:
                 raise ClientError("ResourceInUse", f"Training job {body['TrainingJobName']} already exists")
-            job = self.jobs[body["TrainingJobName"]] = Job(body, self.region, self.root)
+            job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root)
         threading.Thread(target=job.run, args=(self.session,), daemon=True).start()
         return {"TrainingJobArn": job.arn}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Union, cast
 
-from ..events import Event, LauncherExited, LauncherOutput
+from ..shared.events import Event, LauncherExited, LauncherOutput
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, BackendJob

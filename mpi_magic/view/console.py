@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .. import events
+from ..shared import events
 
 
 class ConsoleEcho:

@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import events
-from ..cost import Cost, estimate
+from ..shared import events
+from ..shared.cost import Cost, estimate
 from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")

@@ -19,7 +19,7 @@ def import_boto3() -> Any:
     return boto3
 
 
-# a botocore session kept for its loader of service models, which every session below shares
+# a botocore session kept for its loader of service models, which every handle below shares
 _models: Any = None
 
 
@@ -32,10 +32,10 @@ def _models_session() -> Any:
     return _models
 
 
-def aws_session(region: str | None = None) -> Any:
-    """A boto3 session for one cell. Credentials, region and endpoints are read afresh, as they may
+def aws_clients(region: str | None = None) -> Any:
+    """boto3's handle (a ``boto3.Session``) for one cell. Credentials, region and endpoints are read afresh, as they may
     have changed since the last cell; botocore's service models, megabytes of JSON that take a
-    third of a second to parse, are read once, by the loader every such session shares."""
+    third of a second to parse, are read once, by the loader every such handle shares."""
     boto3 = import_boto3()
     import botocore.session
 

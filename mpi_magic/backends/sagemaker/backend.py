@@ -8,20 +8,20 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from ... import wire
-from ...layout import split_s3
-from ...payload import PAYLOAD_FILE
+from ...shared import wire
+from ...shared.layout import split_s3
+from ...shared.payload import PAYLOAD_FILE
 from . import package, pricing
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .history import record_job
-from .job import SageMakerJob
+from .training_job import SageMakerJob
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
 from .settings import accelerators
 
 if TYPE_CHECKING:
     from ..base import Backend
     from ...options import Config, LaunchOptions
-    from .session import SageMakerSessionRanks
+    from .session_ranks import SageMakerSessionRanks
 
 IDLE_TIMEOUT = 1800.0  # seconds a SageMaker session may sit without a cell, unless --idle-timeout says
 
@@ -31,8 +31,8 @@ class SageMakerBackend:
     pins_digest = True  # the payload travels through S3
     stop_description = "StopTrainingJob"
 
-    def __init__(self, settings: CloudSettings, session, requirements: str | None = None, live_tail: bool = True):
-        self.settings, self.session, self.requirements = settings, session, requirements
+    def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True):
+        self.settings, self.aws, self.requirements = settings, aws, requirements
         self.live_tail = live_tail  # follow a job's log through CloudWatch Live Tail (``livetail``)
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
@@ -92,8 +92,8 @@ class SageMakerBackend:
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SageMakerJob:
         token = wire.new_token()
         request = self.request(job_name, digest or "", options, token)
-        self.upload(self.session.client("s3"), job_name, job_dir)
-        job = SageMakerJob(self.session, job_name, results_uri(self.settings, job_name), token, self.live_tail)
+        self.upload(self.aws.client("s3"), job_name, job_dir)
+        job = SageMakerJob(self.aws, job_name, results_uri(self.settings, job_name), token, self.live_tail)
         job.create(request)
         try:
             record_job(job_name, self.settings.region)
@@ -104,7 +104,7 @@ class SageMakerBackend:
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SageMakerSessionRanks:
         """One training job whose ranks wait for cells (``session.py``); returns once it is created."""
-        from .session import start
+        from .session_ranks import start
 
         return start(self, name, options, options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT,
                      config.get("heartbeat"), config.get("heartbeat_limit"), config.get("cache_dir"))

@@ -42,8 +42,8 @@ NOT_FORWARDED = {"SAGEMAKER_BASE_DIR", "MPI_MAGIC_SSH_AGENT", "PYTHONPATH", "MPI
 RANK_LAUNCH = (
     "import os, sys; base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml'); "
     "sys.path.insert(0, os.path.join(base, 'mpi_magic_code')); "
-    "from mpi_magic import s3channel; from mpi_magic.runtime import rank, session; "
-    "sys.exit(session.main(['--s3']) if os.environ.get(s3channel.URI_VARIABLE) else "
+    "from mpi_magic.shared import s3channel; from mpi_magic.runtime import cell_loop, rank; "
+    "sys.exit(cell_loop.main(['--s3']) if os.environ.get(s3channel.URI_VARIABLE) else "
     "rank.main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % PAYLOAD_CHANNEL
 )
 
@@ -248,8 +248,8 @@ def network_args(major, interface, user_args=()):
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
     line came (``relayed["at"]``) and whether it ended in a newline."""
-    from mpi_magic.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
-    from mpi_magic.wire import TOKEN_VARIABLE
+    from mpi_magic.shared.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
+    from mpi_magic.shared.wire import TOKEN_VARIABLE
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(TOKEN_VARIABLE, ""))

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from ... import jobdir
+from ...shared import jobdir
 from ...options import Config
 from .aws import import_boto3
 

@@ -2,10 +2,10 @@
 lines ingested each second, instead of one GetLogEvents call per look.
 
 Polling cannot be both cheap and quick: reading every T seconds makes a line wait T/2 on average,
-so 30 calls a minute means a second's wait at least. A Live Tail session is one call that brings
-every line about a second after it was written, at $0.01 a minute of session (CloudWatch's price
+so 30 calls a minute means a second's wait at least. A Live Tail stream is one call that brings
+every line about a second after it was written, at $0.01 a minute of it (CloudWatch's price
 list). It carries at most 500 lines a second (AWS samples above that) and needs the
-``logs:StartLiveTail`` permission; the watch loop's own reads of the log, rarer while a session
+``logs:StartLiveTail`` permission; the watch loop's own reads of the log, rarer while a stream
 runs, bring whatever it misses, and ``Ledger`` passes each line on once whichever reader brings it.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 AWS_HOSTS = (".amazonaws.com", ".amazonaws.com.cn", ".api.aws")
-UNTAKEN_LIMIT = 30.0  # seconds without a take(): the watch loop is gone, so the session (billed) ends
+UNTAKEN_LIMIT = 30.0  # seconds without a take(): the watch loop is gone, so the stream (billed) ends
 READ_AHEAD_KEPT = 60.0  # seconds a line read first waits for Live Tail's copy: AWS buffers 10 s of updates at most
 
 
-def live_tail_client(session, logs, config):
+def live_tail_client(clients, logs, config):
     """A CloudWatch Logs client for StartLiveTail. AWS routes it by a host prefix ("stream-logs.REGION...");
     an endpoint of the user's own (an emulator, a proxy) has no such host, so it gets none."""
     from botocore.config import Config
@@ -30,20 +30,20 @@ def live_tail_client(session, logs, config):
     host = urlsplit(logs.meta.endpoint_url).hostname or ""
     if not host.endswith(AWS_HOSTS):
         config = config.merge(Config(inject_host_prefix=False))
-    return session.client("logs", config=config)
+    return clients.client("logs", config=config)
 
 
 class LiveTail:
-    """A Live Tail session on one log stream, read by a thread: ``take()`` the lines it brought.
+    """Live Tail on one log stream, read by a thread: ``take()`` the lines it brought.
 
     ``ended`` says why it ended (refused, sampled, the connection dropped, three hours passed);
-    an ended session stays ended, and the watch loop reads the log itself again. A session whose
+    an ended stream stays ended, and the watch loop reads the log itself again. A stream whose
     lines nobody takes for ``UNTAKEN_LIMIT`` seconds ends itself, however the watching stopped.
     """
 
     def __init__(self, client, log_group_arn: str, stream: str):
         self.opened = self._taken_at = time.monotonic()
-        self.started = False  # AWS opened the session: it brings every line ingested from now on
+        self.started = False  # AWS opened the stream: it brings every line ingested from now on
         self.ended: str | None = None
         self._lines: deque[tuple[int, str]] = deque()  # (timestamp, message), appended by the thread
         self._reply: Any = None  # botocore's EventStream, once StartLiveTail answered
@@ -53,7 +53,7 @@ class LiveTail:
         self._thread.start()
 
     def _follow(self, client, log_group_arn: str, stream: str) -> None:
-        reason = "the session ended"
+        reason = "the stream ended"
         try:
             self._reply = client.start_live_tail(logGroupIdentifiers=[log_group_arn],
                                                  logStreamNames=[stream])["responseStream"]
@@ -83,7 +83,7 @@ class LiveTail:
         return taken
 
     def close(self) -> None:
-        """End the session without waiting: the thread's read in progress holds the connection until
+        """End the stream without waiting: the thread's read in progress holds the connection until
         AWS's next update (a second), so the socket is shut for reading instead, which ends that read
         at once; the thread then closes the connection. Where urllib3 cannot (before 2.3), the thread
         notices at the next update."""
@@ -109,7 +109,7 @@ class Ledger:
 
     A line is known by its timestamp and text; repeats of one line are counted. A line read with
     GetLogEvents that Live Tail has not brought yet waits ``READ_AHEAD_KEPT`` seconds for its copy:
-    Live Tail brings nothing ingested before its session began, or that it sampled away.
+    Live Tail brings nothing ingested before its stream began, or that it sampled away.
     """
 
     def __init__(self, clock=time.monotonic):
@@ -128,7 +128,7 @@ class Ledger:
         return True
 
     def first_read(self, key: tuple[int, str], live: bool) -> bool:
-        """GetLogEvents brought ``key``; ``live``: a Live Tail session runs and may bring it too."""
+        """GetLogEvents brought ``key``; ``live``: a Live Tail stream runs and may bring it too."""
         if self._live_ahead[key]:
             self._take(self._live_ahead, key)
             return False

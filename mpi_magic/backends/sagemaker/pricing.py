@@ -15,7 +15,7 @@ bound ("at most $X"). Storage, data transfer and taxes are not included.
 
 from __future__ import annotations
 
-from ...cost import SECONDS_PER_HOUR, Cost, dollars, estimate
+from ...shared.cost import SECONDS_PER_HOUR, Cost, dollars, estimate
 
 TABLE_DATE = "2026-09-24"
 

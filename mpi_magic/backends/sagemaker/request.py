@@ -6,7 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ...rankinfo import CHECKPOINT_VARIABLE, CHECKPOINTS, NO_CHECKPOINTS
+from ...shared.rankinfo import CHECKPOINT_VARIABLE, CHECKPOINTS, NO_CHECKPOINTS
 from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 from .aws import service_model
 

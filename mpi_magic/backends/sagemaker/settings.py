@@ -12,8 +12,8 @@ import sys
 
 from ...errors import SageMakerSetupError
 from . import sdk
-from ...layout import split_s3
-from .aws import aws_session, service_model
+from ...shared.layout import split_s3
+from .aws import aws_clients, service_model
 from .request import CloudSettings
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
@@ -116,12 +116,12 @@ def _check_bucket(s3, bucket: str, option: str) -> None:
 
 
 def resolve(values: dict) -> tuple[CloudSettings, object]:
-    """Settings from the cell's options and defaults, checked; (settings, boto3 session)."""
-    session = aws_session(values.get("region"))
-    region = session.region_name
+    """Settings from the cell's options and defaults, checked; (settings, boto3 handle)."""
+    aws = aws_clients(values.get("region"))
+    region = aws.region_name
     if not region:
         raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
-    if session.get_credentials() is None:
+    if aws.get_credentials() is None:
         raise SageMakerSetupError("no AWS credentials found: run `aws configure`, set AWS_PROFILE, "
                                   "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     values = {**{k: v for k, v in sdk.config_defaults().items()}, **{k: v for k, v in values.items() if v}}
@@ -129,7 +129,7 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
     if not instance_type:
         raise SageMakerSetupError("no instance type: pass --instance-type, for example ml.g5.12xlarge")
     instance_gpus(instance_type)
-    role = values.get("role") or _from_sdk(sdk.execution_role, session, "--role arn:aws:iam::ACCOUNT:role/NAME")
+    role = values.get("role") or _from_sdk(sdk.execution_role, aws, "--role arn:aws:iam::ACCOUNT:role/NAME")
     if not role:
         raise SageMakerSetupError("no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME "
                                   "(or set it once with %mpirun_config role=...)")
@@ -144,12 +144,12 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
             f"{sys.version_info[1]} image")
     s3_root = (values.get("s3_root") or "").rstrip("/")
     if not s3_root:
-        s3_root = f"s3://{_from_sdk(sdk.default_bucket, session, '--s3-root s3://your-bucket/prefix')}/mpi-magic"
+        s3_root = f"s3://{_from_sdk(sdk.default_bucket, aws, '--s3-root s3://your-bucket/prefix')}/mpi-magic"
     try:
         bucket, _ = split_s3(s3_root)
     except ValueError as exc:
         raise SageMakerSetupError(f"--s3-root: {exc}") from None
-    s3 = session.client("s3")
+    s3 = aws.client("s3")
     _check_bucket(s3, bucket, "--s3-root")
     checkpoint_s3 = (values.get("checkpoint_s3") or "").rstrip("/") or None
     if checkpoint_s3:
@@ -167,4 +167,4 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
         subnets=tuple(values.get("subnets") or ()), security_groups=tuple(values.get("security_groups") or ()),
         kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}),
     )
-    return settings, session
+    return settings, aws

@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import payload
+from ..shared import payload
 
 ABSENT = object()  # the notebook had no value under the name
 

@@ -1,4 +1,4 @@
-"""A session on SageMaker: one training job whose ranks wait for cells (``runtime/session.py``).
+"""A session on SageMaker: one training job whose ranks wait for cells (``runtime/cell_loop.py``).
 
 Cells, values and results go through S3 under the job's prefix (``s3channel``: signed by a key
 only this notebook holds); the ranks' events and output come back through the leader's
@@ -18,14 +18,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from ... import jobdir, s3channel, wire
-from ...cost import estimate
+from ...shared import jobdir, s3channel, wire
+from ...shared.cost import estimate
 from ...errors import SageMakerSetupError
-from ...events import Event, RankReady
-from ...layout import result_path, result_uri
-from ...payload import PAYLOAD_FILE
+from ...shared.events import Event, RankReady
+from ...shared.layout import result_path, result_uri
+from ...shared.payload import PAYLOAD_FILE
 from .history import record_job
-from .job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
+from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -242,7 +242,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
         s3channel.IDLE_VARIABLE: repr(float(idle_timeout)),
     })
     validate(request)
-    job = SageMakerJob(backend.session, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here
+    job = SageMakerJob(backend.aws, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here
     backend.upload(job.s3, name, None)
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, name, signer),
                                   options.world_size, heartbeat_every, key_path(cache_dir, name))
@@ -267,7 +267,7 @@ def _refuse_a_running_namesake(backend, name: str, cache_dir: str) -> None:
     if not os.path.exists(key_path(cache_dir, name)):
         return
     try:
-        status = backend.session.client("sagemaker").describe_training_job(TrainingJobName=name)["TrainingJobStatus"]
+        status = backend.aws.client("sagemaker").describe_training_job(TrainingJobName=name)["TrainingJobStatus"]
     except ClientError:
         status = "gone"
     if status in ("InProgress", "Stopping"):
@@ -278,7 +278,7 @@ def _refuse_a_running_namesake(backend, name: str, cache_dir: str) -> None:
 
 def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: float) -> tuple[SageMakerSessionRanks, dict]:
     """A running session started from this machine, its cells counted from S3; (ranks, facts)."""
-    session, described = described_job(job_name, region)
+    aws, described = described_job(job_name, region)
     environment = described.get("Environment", {})
     uri = environment.get(s3channel.URI_VARIABLE)
     if not uri:
@@ -291,7 +291,7 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     signer = load_key(cache_dir, job_name)
     if signer.public_text != environment.get(s3channel.KEY_VARIABLE):
         raise SageMakerSetupError(f"the key kept here for {job_name} is not the one the session checks cells with")
-    job = SageMakerJob(session, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""),
+    job = SageMakerJob(aws, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""),
                        live_tail=False)
     instances = int(environment["MPI_MAGIC_INSTANCES"])
     per_instance = int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"])

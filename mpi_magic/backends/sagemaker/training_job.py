@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import SageMakerSetupError
-from ... import jobdir, wire
-from ...events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
-                       Restarted, StreamDecoder)
-from ...launcher import LauncherLog
-from ...layout import result_path, result_uri, split_s3
-from ...payload import PAYLOAD_FILE, read_header
+from ...shared import jobdir, wire
+from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
+                              Restarted, StreamDecoder)
+from ..launcher import LauncherLog
+from ...shared.layout import result_path, result_uri, split_s3
+from ...shared.payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
 from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
-from .aws import aws_session
+from .aws import aws_clients
 
 if TYPE_CHECKING:
     from ..base import BackendJob
@@ -86,15 +86,15 @@ class SageMakerJob:
     pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces
     attempts = 10  # of each call: botocore retries throttling and 5xx errors with backoff
 
-    def __init__(self, session, name: str, results_uri: str, token: str, live_tail: bool = True):
+    def __init__(self, aws, name: str, results_uri: str, token: str, live_tail: bool = True):
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": self.attempts})
         self.name, self.results_uri, self.host = name, results_uri, "algo-1"
-        self.sagemaker = session.client("sagemaker", config=config)
+        self.sagemaker = aws.client("sagemaker", config=config)
         self.region: str = self.sagemaker.meta.region_name
-        self.logs = session.client("logs", config=config)
-        self.s3 = session.client("s3", config=config)
+        self.logs = aws.client("logs", config=config)
+        self.s3 = aws.client("s3", config=config)
         self.calls: Counter[str] = Counter()  # AWS calls made so far, by operation
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
@@ -102,7 +102,7 @@ class SageMakerJob:
         self.live_tail = live_tail
         self._live_client: Any = None
         self._live_config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5)
-        self._session = session
+        self._aws = aws
         self._log_group_arn: str | None = None  # from the job's ARN: Live Tail names log groups by ARN
         self.lines_from: Counter[str] = Counter()  # log lines passed on, by the reader that brought them first
         self.live_endings: list[str] = []  # why each Live Tail session ended
@@ -241,7 +241,7 @@ class SageMakerJob:
                 or self._ended_status or self._log_group_arn is None):
             return
         if self._live_client is None:
-            self._live_client = live_tail_client(self._session, self.logs, self._live_config)
+            self._live_client = live_tail_client(self._aws, self.logs, self._live_config)
             self._live_client.meta.events.register("before-call", self._count)
         self._live, self._live_read = LiveTail(self._live_client, self._log_group_arn, self._stream), False
 
@@ -481,30 +481,30 @@ def _epoch(value) -> float:
 
 
 def described_job(name: str, region: str | None) -> tuple[Any, dict]:
-    """(boto3 session, DescribeTrainingJob reply) of an existing job; one sentence when there is none."""
-    session = aws_session(region)
-    if not session.region_name:
+    """(boto3 handle, DescribeTrainingJob reply) of an existing job; one sentence when there is none."""
+    aws = aws_clients(region)
+    if not aws.region_name:
         raise SageMakerSetupError("no AWS region: pass --region us-east-1 or set AWS_DEFAULT_REGION")
-    sagemaker = session.client("sagemaker")
+    sagemaker = aws.client("sagemaker")
     try:
-        return session, sagemaker.describe_training_job(TrainingJobName=name)
+        return aws, sagemaker.describe_training_job(TrainingJobName=name)
     except sagemaker.exceptions.ClientError as exc:
-        raise SageMakerSetupError(f"no training job {name!r} in {session.region_name} ({exc})") from None
+        raise SageMakerSetupError(f"no training job {name!r} in {aws.region_name} ({exc})") from None
 
 
 def attach(name: str, region: str | None, live_tail: bool = True) -> tuple[SageMakerJob, dict]:
     """An existing job (started by any notebook), with what is needed to follow it to its end."""
-    session, described = described_job(name, region)
+    aws, described = described_job(name, region)
     environment = described.get("Environment", {})
     if "MPI_MAGIC_RESULTS_URI" not in environment:
         raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")
     channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == PAYLOAD_CHANNEL)
     bucket, key = split_s3(f"{channel['DataSource']['S3DataSource']['S3Uri'].rstrip('/')}/{PAYLOAD_FILE}")
-    header, _ = read_header(_ranged_reads(session.client("s3"), bucket, key), f"s3://{bucket}/{key}")
+    header, _ = read_header(_ranged_reads(aws.client("s3"), bucket, key), f"s3://{bucket}/{key}")
     info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
             "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
-    job = SageMakerJob(session, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""),
+    job = SageMakerJob(aws, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""),
                        live_tail)
     return job, info  # reads the log from its start
 

@@ -274,7 +274,7 @@ def _sha256():
 
 def _refused(message: str) -> Exception:
     """The PayloadError to raise; errors is imported only when a file is refused, not on every rank's start."""
-    from .errors import PayloadError
+    from ..errors import PayloadError
 
     return PayloadError(message)
 

@@ -12,11 +12,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from . import events, jobdir
-from .view.model import JobModel, RankState
+from ..shared import events, jobdir
+from ..view.model import JobModel, RankState
 
 if TYPE_CHECKING:
-    from .view import View
+    from ..view import View
 
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5

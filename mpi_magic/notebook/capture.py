@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, cast
 
 import cloudpickle
 
-from . import cell, payload
-from .errors import CaptureError
+from ..shared import cell, payload
+from ..errors import CaptureError
 
 # Names IPython puts in every namespace; the ranks have their own (or no use for them).
 _SHELL_NAMES = frozenset(

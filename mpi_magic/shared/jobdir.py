@@ -17,8 +17,6 @@ import stat
 import time
 from typing import IO, Any
 
-import psutil
-
 from .payload import PAYLOAD_FILE
 
 JOB_FILE = "job.json"
@@ -158,6 +156,8 @@ def _is_running(data: dict[str, Any]) -> bool:
     pid, started = data.get("launcher_pid"), data.get("launcher_started")
     if not pid:
         return False
+    import psutil  # the notebook's side alone prunes folders: ranks import this module without it
+
     try:
         return abs(psutil.Process(pid).create_time() - started) < 1
     except (psutil.Error, TypeError):

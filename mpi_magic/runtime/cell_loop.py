@@ -18,8 +18,8 @@ import signal
 import threading
 import time
 
-from .. import channel, payload, s3channel, wire
-from ..layout import result_path
+from ..shared import channel, payload, s3channel, wire
+from ..shared.layout import result_path
 from . import rank as one_off
 
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
@@ -67,7 +67,7 @@ class LocalCells:
     """Cells from the notebook's Unix socket; payloads and results in the notebook's job folders."""
 
     def __init__(self, socket_path: str, secret: str, place: one_off.Placement):
-        self.source = channel.RankEnd(socket_path, secret) if place.rank == 0 else None
+        self.source = channel.SocketRankEnd(socket_path, secret) if place.rank == 0 else None
 
     def running(self, message: dict):
         return _Nothing()
@@ -105,7 +105,7 @@ class S3Cells:
         if place.rank == 0:
             s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
         # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
-        self.end = s3channel.RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
+        self.end = s3channel.S3RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
                                      env.get("MPI_MAGIC_JOB", ""), say=_say)
         self.source = self.end if place.rank == 0 else None
         if self.source is not None:
@@ -243,7 +243,7 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _next_message(comm, source: channel.RankEnd | s3channel.RankEnd | None, idle_timeout: float | None,
+def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | None, idle_timeout: float | None,
                   emitter: wire.Emitter, cells: LocalCells | S3Cells) -> dict:
     """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
     or the session has idled too long); every rank: that message, broadcast.

@@ -49,7 +49,7 @@ def ephemeral_ports() -> tuple[int, int]:
         return 49152, 65535
 
 
-def session(leader: int, job: str | None = None, started: float | None = None) -> list[psutil.Process]:
+def job_processes(leader: int, job: str | None = None, started: float | None = None) -> list[psutil.Process]:
     """``leader``'s process tree, every other process of the session it leads, and (given
     ``job``) every process whose ``MPI_MAGIC_JOB`` names that job: a job's processes,
     including those that left its tree or started a session of their own. Given the leader's
@@ -70,14 +70,14 @@ def session(leader: int, job: str | None = None, started: float | None = None) -
         if proc.pid in members or proc.pid == me:
             continue
         try:
-            if _session_of(proc.pid) == leader or (job is not None and proc.environ().get("MPI_MAGIC_JOB") == job):
+            if _unix_session_of(proc.pid) == leader or (job is not None and proc.environ().get("MPI_MAGIC_JOB") == job):
                 members[proc.pid] = proc
         except psutil.Error:
             pass
     return list(members.values())
 
 
-def _session_of(pid: int) -> int | None:
+def _unix_session_of(pid: int) -> int | None:
     try:
         return os.getsid(pid)
     except OSError:

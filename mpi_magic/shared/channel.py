@@ -102,7 +102,7 @@ class SocketChannel:
                 self._peer = None
 
 
-class RankEnd:
+class SocketRankEnd:
     """Rank 0's end of a ``SocketChannel``."""
 
     def __init__(self, path: str, secret: str, timeout: float = 30.0):

@@ -1,6 +1,6 @@
 """Ranks that stay up between cells: started once, fed cell after cell, stopped on request.
 
-A session is one launcher run whose ranks wait for cells (``runtime/session.py``). A pump
+A session is one launcher run whose ranks wait for cells (``runtime/cell_loop.py``). A pump
 thread takes every event the backend delivers and routes it to the cell being run, or,
 between cells, to the session's own log. Each cell is followed like a one-off job
 (``SessionCell`` is its backend job), except that it ends when every rank is back to waiting.
@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import events, jobdir
-from .backends.base import SessionRanks
-from .errors import JobError, SessionStartError
+from ..shared import events, jobdir
+from ..backends.base import SessionRanks
+from ..errors import JobError, SessionStartError
 from .holdings import Holdings
-from .options import LaunchOptions
-from .view.model import JobModel, ranks_phrase
+from ..options import LaunchOptions
+from ..view.model import JobModel, ranks_phrase
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
@@ -296,7 +296,7 @@ class Session:
     def _replaced(self, event: events.Restarted) -> None:
         """SageMaker started the session's job again (a spot interruption) on new instances: what
         the ranks held is gone and a cell that ran is lost, so the session ends instead of going on
-        as if nothing happened (its ranks never run an earlier cell again: ``s3channel.RankEnd``)."""
+        as if nothing happened (its ranks never run an earlier cell again: ``s3channel.S3RankEnd``)."""
         with self._lock:
             self.ended_reason = self.ended_reason or (
                 f"{event.cause}: SageMaker replaced its instances, and what the ranks held with them")
@@ -503,7 +503,7 @@ def describe(session: Session) -> str:
         facts.append(f"idle for: {idle:.0f}s")
     memory = session.memory()
     if memory:
-        from .payload import size_text
+        from ..shared.payload import size_text
 
         facts.append(f"memory per rank: {size_text(sum(memory.values()) / len(memory))} "
                      f"(largest {size_text(max(memory.values()))})")

@@ -90,7 +90,7 @@ class Signer:
         try:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         except ImportError:
-            from .errors import BackendNotAvailable
+            from ..errors import BackendNotAvailable
 
             raise BackendNotAvailable("a SageMaker session signs its cells with the cryptography package, which is "
                                       "not installed: pip install 'mpi-magic[sagemaker]'") from None
@@ -233,10 +233,10 @@ def last_cell(s3, uri: str, public_text: str, job_name: str) -> int:
 
 # -- rank 0's end -----------------------------------------------------------------------------------
 
-class RankEnd:
+class S3RankEnd:
     """Rank 0's end: waits for the next cell's message, checks the heartbeat, looks for interrupts.
 
-    ``receive`` has the contract of ``channel.RankEnd.receive``: the next message, None after
+    ``receive`` has the contract of ``channel.SocketRankEnd.receive``: the next message, None after
     ``timeout`` seconds without one, ``ChannelError`` once the notebook is gone (its heartbeat
     stopped). A refused object is said on stderr (it reaches the job's log) once per version.
     """
@@ -362,7 +362,7 @@ class RankEnd:
 
     def fetch_payload(self, cell: int, sha256: str, folder: str) -> str:
         """The payload of ``cell`` in ``folder``, checked against the signed digest before anyone reads it."""
-        from .errors import PayloadError
+        from ..errors import PayloadError
         from .payload import PAYLOAD_FILE, file_digest
 
         os.makedirs(folder, mode=0o700, exist_ok=True)

@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from .errors import LauncherNotFound
-from .events import LauncherExited
+from ..errors import LauncherNotFound
+from ..shared.events import LauncherExited
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) ->
     return env
 
 
-def session_folder_variable(launcher: Launcher) -> str | None:
+def tmpdir_variable(launcher: Launcher) -> str | None:
     """The variable that tells this launcher where to keep its session folder, when it needs one
     of its own per launch: Open MPI 5's launcher names the folder by its process number and finds
     in it the files a killed launcher of that number left ("ompi.<pid>" in the temporary folder);

@@ -16,18 +16,19 @@ from typing import Any, Callable, Mapping
 
 from IPython.core.error import UsageError
 
-from . import capture, jobdir, payload
-from .backends import get_backend
-from .backends.base import BackendJob
-from .errors import JobError, JobTimeoutError, PayloadError
-from .events import LauncherExited, Phase, StopRequested
+from . import capture
+from ..shared import jobdir, payload
+from ..backends import get_backend
+from ..backends.base import BackendJob
+from ..errors import JobError, JobTimeoutError, PayloadError
+from ..shared.events import LauncherExited, Phase, StopRequested
 from .job import Job
-from .options import Config, LaunchOptions
-from .rebind import is_notebook_function, rebind
+from ..options import Config, LaunchOptions
+from ..shared.rebind import is_notebook_function, rebind
 from .session import Session
-from .layout import VALUE_NAME, result_path
-from .view import View, make_view
-from .view.console import ConsoleEcho
+from ..shared.layout import VALUE_NAME, result_path
+from ..view import View, make_view
+from ..view.console import ConsoleEcho
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
 POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
@@ -252,7 +253,7 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
            clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Follow a SageMaker job started earlier (by this or another kernel) to its end: the
     dashboard is rebuilt from its logs and status, and its results come back."""
-    from .backends.sagemaker.job import attach as find
+    from ..backends.sagemaker.training_job import attach as find
 
     backend_job, info = find(name, config.get("region"), config.get("live_tail"))
     echo = echo or ConsoleEcho()
@@ -289,7 +290,7 @@ def attach_session(job_name: str, config: Config, detach: bool = False, quiet: b
     """Take over a SageMaker session started from this machine (by a kernel that is gone): its
     ranks keep their state; the values they hold are sent again when a cell needs them, as this
     notebook cannot know them."""
-    from .backends.sagemaker.session import attach
+    from ..backends.sagemaker.session_ranks import attach
 
     echo = echo or ConsoleEcho()
     cache_dir = config.get("cache_dir")
