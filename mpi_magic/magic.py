@@ -12,7 +12,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .notebook import pipeline
 from .errors import BackendNotAvailable, LauncherNotFound
-from .options import Config, launch_arguments, parse_line
+from .backends import default_gpus
+from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
 from .view.console import ConsoleEcho
@@ -46,7 +47,7 @@ class MpiMagics(Magics):
         mpi_magic.rank(), world_size(), local_rank(), instance() and num_instances() say
         where a rank runs; mpi4py works as usual. Defaults: %mpirun_config.
         """
-        options = parse_line(self.mpirun_remote, line, self.defaults)
+        options = parse_line(self.mpirun_remote, line, self.defaults, default_gpus)
         source = self.shell.transform_cell(cell)
         user_ns = self.shell.user_ns
 
@@ -144,11 +145,10 @@ class MpiMagics(Magics):
             if session is not None and session.status != "stopped":
                 raise UsageError(f"session {session.name} is up already ({session.world_size} ranks): "
                                  "%mpirun_session stop first, or %mpirun_session restart")
-            options = parse_line(self.mpirun_session, rest, self.defaults)
-            cell_only = sorted({"gather", "timeout", "dry_run", "run_async", "no_session"} & options.given)
+            options = parse_line(self.mpirun_session, rest, self.defaults, default_gpus)
+            cell_only = sorted(CELL_ONLY & options.given)
             if cell_only:
-                flag = {"run_async": "--async"}.get(cell_only[0], "--" + cell_only[0].replace("_", "-"))
-                raise UsageError(f"{flag} applies to cells, not to %mpirun_session start; give it on a "
+                raise UsageError(f"{flag_of(cell_only[0])} applies to cells, not to %mpirun_session start; give it on a "
                                  "%%mpirun_remote cell's line")
             if options.detach and options.backend != "sagemaker":
                 raise UsageError("--detach applies to --backend sagemaker sessions; a local session's ranks "

@@ -8,7 +8,6 @@ naming the problem and the fix, raised before anything is packed or launched.
 from __future__ import annotations
 
 import difflib
-import glob
 import keyword
 import os
 import re
@@ -19,7 +18,7 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
-from .backends.sagemaker.settings import default_processes
+from .shared import envvars
 
 BACKENDS = ("local", "sagemaker")
 
@@ -100,7 +99,7 @@ class Setting:
 
     @property
     def env_var(self) -> str:
-        return "MPI_MAGIC_" + self.name.upper()
+        return envvars.PREFIX + self.name.upper()
 
 
 def default_cache_dir() -> str:
@@ -193,59 +192,103 @@ class Config:
         return "\n".join(f"{n:<{width}}  {v!r:<24} ({src})  {h}" for n, v, src, h in rows)
 
 
+# Where an option applies, declared with it: CELL, a cell's own (refused on %mpirun_session start);
+# LINE, any line (a cell's, or the session's start); JOB, what shapes the job, so a session's are
+# fixed when it starts. ``sagemaker`` options apply to --backend sagemaker alone.
+CELL, LINE, JOB = "cell", "line", "job"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of %%mpirun_remote (and %mpirun_session start): its argparse declaration and scope."""
+
+    scope: str
+    flags: tuple[str, ...]
+    declaration: dict
+    sagemaker: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.declaration.get("dest") or self.flags[-1].lstrip("-").replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return self.flags[-1]
+
+
+def _option(scope: str, *flags: str, sagemaker: bool = False, **declaration) -> Option:
+    return Option(scope, flags, declaration, sagemaker)
+
+
+def _sagemaker(*flags: str, **declaration) -> Option:
+    """An option of the SageMaker training job: the job's shape, fixed for a session."""
+    return Option(JOB, flags, declaration, sagemaker=True)
+
+
+OPTIONS = [
+    _option(JOB, "-i", "--instances", type=str, default=None,
+            help="How many instances (machines) to run on. Default 1."),
+    _option(JOB, "-g", "--gpus", type=str, default=None,
+            help="Processes per instance. Default: the instance's GPU count (NeuronCores on "
+                 "Trainium), 1 where it has none. "
+                 f"World size is instances x gpus: at most {MAX_RANKS['local']} ranks locally, "
+                 f"{MAX_RANKS['sagemaker']} on SageMaker."),
+    _option(JOB, "--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
+    _option(CELL, "--gather", action="store_true",
+            help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
+    _option(LINE, "--out", default=None, metavar="NAME", help="Store the job handle in the notebook under NAME."),
+    _option(JOB, "--env", action="append", default=[], metavar="KEY=VALUE",
+            help="Set an environment variable on every rank (repeatable)."),
+    _option(CELL, "--timeout", default=None, metavar="SECONDS",
+            help="Stop all ranks and raise after this many seconds."),
+    _option(JOB, "--mpirun-args", default=None, metavar="ARGS",
+            help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
+                 'or --mpirun-args=--report-bindings.'),
+    _option(LINE, "--quiet", action="store_true", help="Show no live output; the job handle still has it."),
+    _option(CELL, "--dry-run", action="store_true",
+            help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
+                 "the S3 objects) and start nothing."),
+    _sagemaker("--instance-type", default=None, metavar="TYPE", help="sagemaker: instance type."),
+    _sagemaker("--image-uri", default=None, metavar="URI", help="sagemaker: training image."),
+    _sagemaker("--role", default=None, metavar="ARN", help="sagemaker: execution role ARN."),
+    _sagemaker("--s3-root", default=None, metavar="S3URI", help="sagemaker: s3://bucket/prefix for job files."),
+    _sagemaker("--region", default=None, help="sagemaker: AWS region."),
+    _sagemaker("--volume-size", default=None, metavar="GB", help="sagemaker: EBS volume per instance (100)."),
+    _sagemaker("--max-runtime", default=None, metavar="SECONDS", help="sagemaker: stop the job after this long."),
+    _sagemaker("--spot", action="store_true", help="sagemaker: managed spot training."),
+    _sagemaker("--max-wait", default=None, metavar="SECONDS", help="sagemaker: with --spot, longest wait for capacity."),
+    _sagemaker("--checkpoint-s3", default=None, metavar="S3URI",
+            help="sagemaker: s3://bucket/prefix kept in step with each instance's mpi_magic.checkpoint_dir(), "
+                 "and copied back there when the job starts again (spot restarts)."),
+    _sagemaker("--keep-alive", default=None, metavar="SECONDS", help="sagemaker: warm pool keep-alive period."),
+    _sagemaker("--subnets", default=None, metavar="IDS", help="sagemaker: comma-separated VPC subnet ids."),
+    _sagemaker("--security-groups", default=None, metavar="IDS", help="sagemaker: comma-separated security groups."),
+    _sagemaker("--kms-key", default=None, metavar="KEY", help="sagemaker: KMS key for output and volumes."),
+    _sagemaker("--tags", default=None, metavar="K=V,...", help="sagemaker: tags for the training job."),
+    _sagemaker("--requirements", default=None, metavar="FILE",
+            help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
+    _sagemaker("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
+    _option(CELL, "--no-session", action="store_true",
+            help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
+    _option(CELL, "--async", sagemaker=True, dest="run_async", action="store_true",
+            help="sagemaker: return at once with the job handle (--out); the dashboard keeps updating and "
+                 "the results arrive in the notebook when the job ends (job.wait() waits for them)."),
+]
+CELL_ONLY = frozenset(o.dest for o in OPTIONS if o.scope == CELL)
+JOB_SHAPING = frozenset(o.dest for o in OPTIONS if o.scope == JOB)
+SAGEMAKER_ONLY = frozenset(o.dest for o in OPTIONS if o.sagemaker)
+_FLAGS = {o.dest: o.flag for o in OPTIONS}
+
+
+def flag_of(dest: str) -> str:
+    """The option as the user writes it: ``run_async`` -> ``--async``."""
+    return _FLAGS.get(dest) or "--" + dest.replace("_", "-")
+
+
 def launch_arguments(func):
-    """The options of %%mpirun_remote (kept in one place; the help is generated from them)."""
-    decorators = [
-        argument("-i", "--instances", type=str, default=None,
-                 help="How many instances (machines) to run on. Default 1."),
-        argument("-g", "--gpus", type=str, default=None,
-                 help="Processes per instance. Default: the instance's GPU count (NeuronCores on "
-                      "Trainium), 1 where it has none. "
-                      f"World size is instances x gpus: at most {MAX_RANKS['local']} ranks locally, "
-                      f"{MAX_RANKS['sagemaker']} on SageMaker."),
-        argument("--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
-        argument("--gather", action="store_true",
-                 help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
-        argument("--out", default=None, metavar="NAME", help="Store the job handle in the notebook under NAME."),
-        argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                 help="Set an environment variable on every rank (repeatable)."),
-        argument("--timeout", default=None, metavar="SECONDS",
-                 help="Stop all ranks and raise after this many seconds."),
-        argument("--mpirun-args", default=None, metavar="ARGS",
-                 help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
-                      'or --mpirun-args=--report-bindings.'),
-        argument("--quiet", action="store_true", help="Show no live output; the job handle still has it."),
-        argument("--dry-run", action="store_true",
-                 help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
-                      "the S3 objects) and start nothing."),
-        argument("--instance-type", default=None, metavar="TYPE", help="sagemaker: instance type."),
-        argument("--image-uri", default=None, metavar="URI", help="sagemaker: training image."),
-        argument("--role", default=None, metavar="ARN", help="sagemaker: execution role ARN."),
-        argument("--s3-root", default=None, metavar="S3URI", help="sagemaker: s3://bucket/prefix for job files."),
-        argument("--region", default=None, help="sagemaker: AWS region."),
-        argument("--volume-size", default=None, metavar="GB", help="sagemaker: EBS volume per instance (100)."),
-        argument("--max-runtime", default=None, metavar="SECONDS", help="sagemaker: stop the job after this long."),
-        argument("--spot", action="store_true", help="sagemaker: managed spot training."),
-        argument("--max-wait", default=None, metavar="SECONDS", help="sagemaker: with --spot, longest wait for capacity."),
-        argument("--checkpoint-s3", default=None, metavar="S3URI",
-                 help="sagemaker: s3://bucket/prefix kept in step with each instance's mpi_magic.checkpoint_dir(), "
-                      "and copied back there when the job starts again (spot restarts)."),
-        argument("--keep-alive", default=None, metavar="SECONDS", help="sagemaker: warm pool keep-alive period."),
-        argument("--subnets", default=None, metavar="IDS", help="sagemaker: comma-separated VPC subnet ids."),
-        argument("--security-groups", default=None, metavar="IDS", help="sagemaker: comma-separated security groups."),
-        argument("--kms-key", default=None, metavar="KEY", help="sagemaker: KMS key for output and volumes."),
-        argument("--tags", default=None, metavar="K=V,...", help="sagemaker: tags for the training job."),
-        argument("--requirements", default=None, metavar="FILE",
-                 help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
-        argument("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
-        argument("--no-session", action="store_true",
-                 help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
-        argument("--async", dest="run_async", action="store_true",
-                 help="sagemaker: return at once with the job handle (--out); the dashboard keeps updating and "
-                      "the results arrive in the notebook when the job ends (job.wait() waits for them)."),
-    ]
-    for decorate in reversed(decorators):
-        func = decorate(func)
+    """The options of %%mpirun_remote as IPython's argument decorators (the help is generated from them)."""
+    for option in reversed(OPTIONS):
+        func = argument(*option.flags, **option.declaration)(func)
     return func
 
 
@@ -281,8 +324,9 @@ class LaunchOptions:
         return self.gpus
 
 
-def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
-    """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise)."""
+def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[str, dict], int]) -> LaunchOptions:
+    """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise); ``default_gpus``
+    (backend, its settings) -> processes per instance when ``--gpus`` is not given (the backends know)."""
     parser = magic_func.parser
     parser.allow_abbrev = False  # `--gpu 2` must not silently mean `--gpus 2`
     try:
@@ -307,8 +351,7 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
 
     backend = pick("backend", args.backend)
     cloud = _cloud_values(args, pick)
-    given = [_OPTION_OF.get(k, f"--{k.replace('_', '-')}") for k, v in vars(args).items()
-             if k in _CLOUD_ONLY and v not in (None, False)]
+    given = [flag_of(k) for k, v in vars(args).items() if k in SAGEMAKER_ONLY and v not in (None, False)]
     if backend != "sagemaker" and given:
         raise UsageError(f"{given[0]} applies to --backend sagemaker only; add --backend sagemaker or drop it")
     if args.requirements and not os.path.isfile(args.requirements):
@@ -316,7 +359,7 @@ def parse_line(magic_func, line: str, config: Config) -> LaunchOptions:
     if args.job_name and not _JOB_NAME.match(args.job_name):
         raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
                          "hyphens, starting with a letter or digit")
-    gpus = pick("gpus", args.gpus) or _default_gpus(backend, cloud) or 1
+    gpus = pick("gpus", args.gpus) or default_gpus(backend, cloud) or 1
     instances = pick("instances", args.instances)
     if instances * gpus > MAX_RANKS[backend]:
         raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "
@@ -343,10 +386,6 @@ def _attach_launcher_args(argv: list[str]) -> list[str]:
     return attached
 
 
-_CLOUD_ONLY = {"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime", "spot",
-               "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key", "tags", "requirements", "job_name",
-               "run_async"}
-_OPTION_OF = {"run_async": "--async"}
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 
@@ -378,14 +417,6 @@ def _cloud_values(args, pick) -> dict:
     }
 
 
-def _default_gpus(backend: str, cloud: dict) -> int:
-    """Processes per instance when --gpus is not given: the instance type's accelerators
-    (SageMaker; an unknown count is an error), else this machine's GPUs."""
-    if backend == "sagemaker":
-        return default_processes(cloud.get("instance_type"))
-    return local_gpu_count()
-
-
 def _with_suggestion(message: str, parser) -> str:
     """argparse's complaint, plus 'did you mean' for a mistyped option."""
     known = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
@@ -394,11 +425,3 @@ def _with_suggestion(message: str, parser) -> str:
         if close:
             return f"{message}; did you mean {close[0]}?"
     return f"{message}; see %%mpirun_remote? for the options"
-
-
-def local_gpu_count() -> int:
-    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the NVIDIA devices present."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    return len(glob.glob("/proc/driver/nvidia/gpus/*"))

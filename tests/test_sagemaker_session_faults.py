@@ -16,6 +16,7 @@ import pytest
 from helpers import described, leader_log, once, run, start_session, wait_until
 
 from mpi_magic.shared import events, wire
+from mpi_magic.shared import envvars
 
 
 def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, cloud_settings, local_aws_env, tmp_path):
@@ -50,7 +51,7 @@ def test_attach_from_a_fresh_process_then_heartbeat_loss_ends_the_job(aws, cloud
     assert second.returncode == -signal.SIGKILL
     assert wait_until(lambda: described(aws, job_name)["TrainingJobStatus"] != "InProgress", 60)
     assert described(aws, job_name)["TrainingJobStatus"] == "Completed"
-    decoder = events.StreamDecoder(described(aws, job_name)["Environment"][wire.TOKEN_VARIABLE])
+    decoder = events.StreamDecoder(described(aws, job_name)["Environment"][envvars.EVENT_TOKEN])
     closing = [e for line in leader_log(aws, job_name) for e in decoder.feed(line)
                if isinstance(e, events.SessionClosing)]
     assert "the notebook's heartbeat stopped: not refreshed for 10s" in closing[0].reason

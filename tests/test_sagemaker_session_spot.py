@@ -15,6 +15,7 @@ from helpers import LOG_GROUP, described, job_story, once, run, start_session, w
 
 import mpi_magic
 from mpi_magic.shared import events, wire
+from mpi_magic.shared import envvars
 
 
 def test_a_spot_interruption_ends_the_session_and_says_why(cloud_sessions, aws, local_aws_env):
@@ -45,7 +46,7 @@ def test_a_session_job_started_again_runs_no_cell_sent_before(aws, cloud_setting
     try:
         interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], job_name)
         logs = aws.client("logs")
-        token = described(aws, job_name)["Environment"][wire.TOKEN_VARIABLE]
+        token = described(aws, job_name)["Environment"][envvars.EVENT_TOKEN]
 
         def second_attempt() -> list[events.Event]:
             streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")

@@ -1,9 +1,13 @@
-"""The package's shape: modules import each other in one direction only."""
+"""The package's shape: its parts import each other in one direction only, every name says one
+thing, and what ranks import at start-up stays light."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
+import subprocess
+import sys
 
 import mpi_magic
 
@@ -69,3 +73,103 @@ def test_no_module_imports_itself_back():
         if name not in done:
             walk(name, [name], done)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# What each part of the package may import (besides itself and the package's light __init__):
+# only parts below it. shared/ is read by the ranks, the notebook and the backends alike.
+MAY_IMPORT = {
+    "errors": set(),
+    "shared": {"errors"},
+    "options": {"errors", "shared"},
+    "runtime": {"errors", "shared"},
+    "view": {"errors", "shared"},
+    "backends": {"errors", "shared", "options"},
+    "testing": {"errors", "shared", "options", "backends"},
+    "notebook": {"errors", "shared", "options", "backends", "view"},
+    "magic": {"errors", "shared", "options", "backends", "view", "notebook"},
+}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def _every_import(path: str) -> set[str]:
+    """The package's modules that ``path`` imports anywhere: at import time, in a function, or
+    for the type checker; a dependency is one wherever it is written."""
+    name = _module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            base = base[:len(base) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.update(f"{target}.{alias.name}" if f"{target}.{alias.name}" in _MODULES else target
+                         for alias in node.names)
+    return {m for m in found if m.startswith("mpi_magic.") and m != name}
+
+
+def test_every_part_of_the_package_has_its_place_in_the_order():
+    parts = {_part(name) for name in _MODULES} - {""}
+    assert parts == set(MAY_IMPORT), f"parts without a row in MAY_IMPORT, or rows without a part: {parts ^ set(MAY_IMPORT)}"
+
+
+def test_imports_only_run_down():
+    upward = []
+    for name, path in sorted(_MODULES.items()):
+        part = _part(name)
+        if not part:
+            continue  # the package's __init__ names its public homes
+        for target in sorted(_every_import(path)):
+            other = _part(target)
+            if other != part and other not in MAY_IMPORT[part]:
+                upward.append(f"{name} imports {target}")
+    assert not upward, "imports against the order of MAY_IMPORT:\n" + "\n".join(upward)
+
+
+def test_shared_needs_only_the_standard_library():
+    """Every rank imports shared/ at start-up: nothing beyond the standard library may come with it."""
+    shared = sorted(name for name in _MODULES if _part(name) == "shared")
+    code = ("import sys\nbefore = set(sys.modules)\n" + "".join(f"import {name}\n" for name in shared) +
+            "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)"
+            " - {'mpi_magic'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]", f"shared/ pulls in {out.strip()}"
+
+
+def test_at_most_ten_modules_at_the_top_and_every_name_once():
+    top = [name for name in _MODULES if name.count(".") == 1 and not os.path.isdir(os.path.join(ROOT, _part(name)))]
+    assert len(top) <= 10, top
+    leaves: dict[str, list[str]] = {}
+    classes: dict[str, list[str]] = {}
+    for name, path in _MODULES.items():
+        if not path.endswith("__init__.py"):
+            leaves.setdefault(name.rpartition(".")[2], []).append(name)
+        with open(path, encoding="utf-8") as f:
+            for node in ast.parse(f.read()).body:
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(name)
+    assert {k: v for k, v in leaves.items() if len(v) > 1} == {}, "modules of one name"
+    assert {k: v for k, v in classes.items() if len(v) > 1} == {}, "classes of one name"
+
+
+def test_every_mpi_magic_variable_is_named_in_envvars_alone():
+    """A variable spelled in two places drifts apart; each side imports it from shared/envvars.py."""
+    spelled = []
+    for name, path in sorted(_MODULES.items()):
+        if name == "mpi_magic.shared.envvars":
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for match in re.finditer(r"(?:^|['\"])(MPI_MAGIC_[A-Z0-9_]+)(?:$|['\"])", node.value):
+                    spelled.append(f"{name}:{node.lineno} {match.group(1)}")
+            elif isinstance(node, ast.keyword) and node.arg and node.arg.startswith("MPI_MAGIC_"):
+                spelled.append(f"{name}:{node.value.lineno} {node.arg}")
+    assert not spelled, "spell these as mpi_magic.shared.envvars constants:\n" + "\n".join(spelled)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 from ..errors import BackendNotAvailable
 from .base import Backend, BackendJob
 
@@ -21,4 +24,22 @@ def get_backend(name: str, config, options) -> Backend:
     raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
 
 
-__all__ = ["Backend", "BackendJob", "get_backend"]
+def default_gpus(name: str, cloud: dict) -> int:
+    """Processes per instance when --gpus is not given: the instance type's accelerators
+    (SageMaker; an unknown count is an error), else this machine's GPUs."""
+    if name == "sagemaker":
+        from .sagemaker.settings import default_processes
+
+        return default_processes(cloud.get("instance_type"))
+    return local_gpu_count()
+
+
+def local_gpu_count() -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the NVIDIA devices present."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return len(glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+__all__ = ["Backend", "BackendJob", "default_gpus", "get_backend", "local_gpu_count"]

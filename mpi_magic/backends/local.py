@@ -21,6 +21,7 @@ from ..shared import procs, wire
 from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 from .scratch import ScratchFolder
+from ..shared import envvars
 
 if TYPE_CHECKING:
     from .base import Backend, BackendJob, SessionRanks
@@ -69,7 +70,7 @@ class LocalBackend:
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
 
-        from ..shared.channel import SECRET_VARIABLE, SocketChannel
+        from ..shared.channel import SocketChannel
 
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
@@ -78,7 +79,7 @@ class LocalBackend:
         if options.idle_timeout:
             command += ["--idle-timeout", repr(options.idle_timeout)]
         try:
-            job = self._launch(name, command, options, {SECRET_VARIABLE: secret})
+            job = self._launch(name, command, options, {envvars.SESSION_SECRET: secret})
         except BaseException:
             cells.close()
             folder.remove()
@@ -90,12 +91,12 @@ class LocalBackend:
         argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, os.cpu_count() or 1)
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
         env.update({
-            "MPI_MAGIC_INSTANCES": str(options.instances),
-            "MPI_MAGIC_PROCS_PER_INSTANCE": str(options.procs_per_instance),
-            "MPI_MAGIC_MASTER_ADDR": "127.0.0.1",
-            "MPI_MAGIC_MASTER_PORT": str(procs.free_port()),
-            "MPI_MAGIC_JOB": job_name,  # also marks every process of the job, whatever session it starts
-            wire.TOKEN_VARIABLE: token,
+            envvars.INSTANCES: str(options.instances),
+            envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
+            envvars.MASTER_ADDR: "127.0.0.1",
+            envvars.MASTER_PORT: str(procs.free_port()),
+            envvars.JOB: job_name,  # also marks every process of the job, whatever session it starts
+            envvars.EVENT_TOKEN: token,
         })
         env.update(options.env)
         env.update(extra_env)

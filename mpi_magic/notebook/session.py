@@ -23,15 +23,11 @@ from ..shared import events, jobdir
 from ..backends.base import SessionRanks
 from ..errors import JobError, SessionStartError
 from .holdings import Holdings
-from ..options import LaunchOptions
+from ..options import JOB_SHAPING, SAGEMAKER_ONLY, LaunchOptions
 from ..view.model import JobModel, ranks_phrase
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
-# the SageMaker options a cell may not change on a session: its training job was made with them
-JOB_SHAPING = frozenset({"instance_type", "image_uri", "role", "s3_root", "region", "volume_size", "max_runtime",
-                         "spot", "max_wait", "checkpoint_s3", "keep_alive", "subnets", "security_groups", "kms_key",
-                         "tags", "requirements", "job_name"})
 MAX_BATCH = 2_000
 
 
@@ -165,7 +161,7 @@ class Session:
             return ("--async does not apply to a session's cells, which return in milliseconds; run the cell as a "
                     "one-off job with --no-session")
         else:
-            for name in sorted(given & JOB_SHAPING):  # a session's training job has these already
+            for name in sorted(given & JOB_SHAPING & SAGEMAKER_ONLY):  # its training job has these already
                 mine = own.cloud.get(name) if name in own.cloud else getattr(own, name, None)
                 theirs = options.cloud.get(name) if name in options.cloud else getattr(options, name, None)
                 if theirs != mine:

@@ -21,6 +21,7 @@ import time
 from ..shared import channel, payload, s3channel, wire
 from ..shared.layout import result_path
 from . import rank as one_off
+from ..shared import envvars
 
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
 CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (S3 sessions)
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
     """``--session SOCKET`` (local) or ``--s3`` (a SageMaker session: the rest is in the environment)."""
     idle_option = one_off._option(argv, "--idle-timeout")
     idle_timeout = float(idle_option) if idle_option else None
-    secret = os.environ.pop(channel.SECRET_VARIABLE, "")
+    secret = os.environ.pop(envvars.SESSION_SECRET, "")
     place, emitter, reporter = one_off.start_up()
     ready_writer = one_off.event_writer(os.dup(2), "stderr")
     from mpi4py import MPI  # a session's ranks talk to each other between cells
@@ -99,14 +100,14 @@ class S3Cells:
     def __init__(self, place: one_off.Placement, comm):
         env = os.environ
         self.place, self.comm = place, comm
-        self.idle_timeout = float(env.get(s3channel.IDLE_VARIABLE) or 0) or None
-        limit = float(env.get(s3channel.HEARTBEAT_LIMIT_VARIABLE) or 0) or None
+        self.idle_timeout = float(env.get(envvars.IDLE_TIMEOUT) or 0) or None
+        limit = float(env.get(envvars.HEARTBEAT_LIMIT) or 0) or None
         self.base = os.path.join(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "mpi_magic_session")
         if place.rank == 0:
             s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
         # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
-        self.end = s3channel.S3RankEnd(env[s3channel.URI_VARIABLE], env.get(s3channel.KEY_VARIABLE, ""), limit,
-                                     env.get("MPI_MAGIC_JOB", ""), say=_say)
+        self.end = s3channel.S3RankEnd(env[envvars.SESSION_URI], env.get(envvars.SESSION_KEY, ""), limit,
+                                     env.get(envvars.JOB, ""), say=_say)
         self.source = self.end if place.rank == 0 else None
         if self.source is not None:
             self.source.skip_cells_sent()

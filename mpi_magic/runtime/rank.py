@@ -11,6 +11,7 @@ import builtins
 import os
 import sys
 import types
+from ..shared import envvars
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
     from typing import NoReturn
@@ -51,19 +52,19 @@ def placement(environ: dict[str, str]) -> Placement:
 
     rank = first("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", default=0)
     world_size = first("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
-    per_instance = max(1, first("MPI_MAGIC_PROCS_PER_INSTANCE", default=world_size))
-    instances = first("MPI_MAGIC_INSTANCES", default=max(1, world_size // per_instance))
+    per_instance = max(1, first(envvars.PROCS_PER_INSTANCE, default=world_size))
+    instances = first(envvars.INSTANCES, default=max(1, world_size // per_instance))
     return Placement(rank, world_size, rank // per_instance, rank % per_instance, per_instance, instances)
 
 
 def export_placement(place: Placement, environ) -> None:
     """The variables mpi_magic and common frameworks (torch.distributed env://) read."""
     environ.update({
-        "MPI_MAGIC_RANK": str(place.rank),
-        "MPI_MAGIC_WORLD_SIZE": str(place.world_size),
-        "MPI_MAGIC_LOCAL_RANK": str(place.local_rank),
-        "MPI_MAGIC_INSTANCE": str(place.instance),
-        "MPI_MAGIC_INSTANCES": str(place.instances),
+        envvars.RANK: str(place.rank),
+        envvars.WORLD_SIZE: str(place.world_size),
+        envvars.LOCAL_RANK: str(place.local_rank),
+        envvars.INSTANCE: str(place.instance),
+        envvars.INSTANCES: str(place.instances),
         "RANK": str(place.rank),
         "WORLD_SIZE": str(place.world_size),
         "LOCAL_RANK": str(place.local_rank),
@@ -71,8 +72,8 @@ def export_placement(place: Placement, environ) -> None:
         "GROUP_RANK": str(place.instance),
         "NODE_RANK": str(place.instance),
     })
-    environ.setdefault("MASTER_ADDR", environ.get("MPI_MAGIC_MASTER_ADDR", "127.0.0.1"))
-    environ.setdefault("MASTER_PORT", environ.get("MPI_MAGIC_MASTER_PORT", "29500"))
+    environ.setdefault("MASTER_ADDR", environ.get(envvars.MASTER_ADDR, "127.0.0.1"))
+    environ.setdefault("MASTER_PORT", environ.get(envvars.MASTER_PORT, "29500"))
 
 
 def main(argv: list[str]) -> int:
@@ -105,7 +106,7 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     """What every rank does first: die with the launcher, take the event token out of the
     environment, export its place, report that it started, and hook progress reporting."""
     _die_with_launcher()
-    token = os.environ.pop(wire.TOKEN_VARIABLE, "")  # the cell and what it starts never see it
+    token = os.environ.pop(envvars.EVENT_TOKEN, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines

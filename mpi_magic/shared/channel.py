@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 
-SECRET_VARIABLE = "MPI_MAGIC_SESSION_SECRET"  # how rank 0 learns the secret (removed before any cell runs)
 ACCEPTED = b"ok\n"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from . import envvars
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def job_processes(leader: int, job: str | None = None, started: float | None = N
         if proc.pid in members or proc.pid == me:
             continue
         try:
-            if _unix_session_of(proc.pid) == leader or (job is not None and proc.environ().get("MPI_MAGIC_JOB") == job):
+            if _unix_session_of(proc.pid) == leader or (job is not None and proc.environ().get(envvars.JOB) == job):
                 members[proc.pid] = proc
         except psutil.Error:
             pass

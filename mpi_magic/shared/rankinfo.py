@@ -7,11 +7,10 @@ The rank runtime exports these variables before the cell runs, so code that read
 from __future__ import annotations
 
 import os
+from . import envvars
 
 
-CHECKPOINT_VARIABLE = "MPI_MAGIC_CHECKPOINT_S3"  # on a SageMaker job: its --checkpoint-s3, or NO_CHECKPOINTS
 NO_CHECKPOINTS = "none"
-CHECKPOINT_DIR_VARIABLE = "MPI_MAGIC_CHECKPOINT_DIR"  # set (with --env) to choose the folder yourself
 CHECKPOINTS = "checkpoints"  # the folder's name: beside the notebook, or under SageMaker's /opt/ml
 
 
@@ -22,27 +21,27 @@ def _env_int(name: str, default: int) -> int:
 
 def rank() -> int:
     """This process's rank in the job (0 outside a job)."""
-    return _env_int("MPI_MAGIC_RANK", 0)
+    return _env_int(envvars.RANK, 0)
 
 
 def world_size() -> int:
     """How many ranks the job has (1 outside a job)."""
-    return _env_int("MPI_MAGIC_WORLD_SIZE", 1)
+    return _env_int(envvars.WORLD_SIZE, 1)
 
 
 def local_rank() -> int:
     """This rank's index among the ranks of its instance."""
-    return _env_int("MPI_MAGIC_LOCAL_RANK", 0)
+    return _env_int(envvars.LOCAL_RANK, 0)
 
 
 def instance() -> int:
     """The 0-based index of the instance this rank runs on."""
-    return _env_int("MPI_MAGIC_INSTANCE", 0)
+    return _env_int(envvars.INSTANCE, 0)
 
 
 def num_instances() -> int:
     """How many instances the job spans."""
-    return _env_int("MPI_MAGIC_INSTANCES", 1)
+    return _env_int(envvars.INSTANCES, 1)
 
 
 def checkpoint_dir() -> str:
@@ -54,8 +53,8 @@ def checkpoint_dir() -> str:
     is ``checkpoints`` in the notebook's folder, so a cell run again finds what the last run saved.
     ``MPI_MAGIC_CHECKPOINT_DIR`` chooses another folder. The folder exists when this returns.
     """
-    path = os.environ.get(CHECKPOINT_DIR_VARIABLE)
-    sagemaker = os.environ.get(CHECKPOINT_VARIABLE)
+    path = os.environ.get(envvars.CHECKPOINT_DIR)
+    sagemaker = os.environ.get(envvars.CHECKPOINT_S3)
     if not path and sagemaker == NO_CHECKPOINTS:
         raise RuntimeError("this SageMaker job keeps no checkpoints: add --checkpoint-s3 s3://bucket/prefix to the "
                            "cell (or to %mpirun_session start) so that what a rank saves there outlives its instance")

@@ -34,10 +34,6 @@ import time
 from .channel import ChannelError
 from .layout import result_uri, split_s3
 
-URI_VARIABLE = "MPI_MAGIC_SESSION_URI"  # s3://bucket/prefix/<job>/session: where the messages are
-KEY_VARIABLE = "MPI_MAGIC_SESSION_KEY"  # the public half of the notebook's key, base64
-HEARTBEAT_LIMIT_VARIABLE = "MPI_MAGIC_HEARTBEAT_LIMIT"  # seconds without a fresh heartbeat before the job ends
-IDLE_VARIABLE = "MPI_MAGIC_IDLE_TIMEOUT"  # seconds without a cell before the job ends
 REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job where missing
 MAX_MESSAGE = 64 * 1024  # a message names a payload; anything larger is not read
 FAST_POLL, SLOW_POLL = 0.1, 1.0  # seconds between rank 0's looks for the next cell: soon after one, and later

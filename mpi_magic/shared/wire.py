@@ -19,7 +19,6 @@ from _thread import allocate_lock  # threading's Lock, without importing threadi
 
 MARKER_PREFIX = "@@mpi_magic:"
 SCHEMA_VERSION = 2
-TOKEN_VARIABLE = "MPI_MAGIC_EVENT_TOKEN"  # how a job's runtime learns its token (removed before the cell runs)
 
 # The kinds of event a rank sends
 STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"

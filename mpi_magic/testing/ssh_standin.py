@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from ..shared import envvars
 
 # ssh options that take a value; any other option is a flag
 _WITH_VALUE = set("bcDEeFIiJLlmOopQRSWw")
@@ -38,7 +39,7 @@ def private_tmp(base: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     host, command = split(sys.argv[1:] if argv is None else argv)
-    hosts_root = os.environ["MPI_MAGIC_EMULATED_HOSTS"]
+    hosts_root = os.environ[envvars.EMULATED_HOSTS]
     base = os.path.join(hosts_root, host)
     if not os.path.isdir(base):
         sys.stderr.write(f"ssh: Could not resolve hostname {host}: Name or service not known\n")
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "USER") if name in os.environ}
     # Daemons and ranks of different "instances" must not share session folders or shared
     # memory segments, as they would on one machine: each instance gets its own folder.
-    env.update(private_tmp(base), SAGEMAKER_BASE_DIR=base, MPI_MAGIC_HOST=host)
+    env.update(private_tmp(base), SAGEMAKER_BASE_DIR=base)
+    env[envvars.HOST] = host
     env["OMPI_MCA_btl_sm_backing_directory"] = env["TMPDIR"]
     os.execve("/bin/sh", ["/bin/sh", "-c", command or "true"], env)
 

@@ -17,6 +17,7 @@ from .history import record_job
 from .training_job import SageMakerJob
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
 from .settings import accelerators
+from ...shared import envvars
 
 if TYPE_CHECKING:
     from ..base import Backend
@@ -85,7 +86,7 @@ class SageMakerBackend:
         code_digests = (hashlib.sha256(self.bootstrap).hexdigest(), hashlib.sha256(self.archive).hexdigest())
         request = training_job_request(self.settings, job_name, options.instances, options.procs_per_instance, digest,
                                        options.env, options.mpirun_args, code_digests, session)
-        request["Environment"][wire.TOKEN_VARIABLE] = token  # MPI_MAGIC_* reaches every rank
+        request["Environment"][envvars.EVENT_TOKEN] = token  # MPI_MAGIC_* reaches every rank
         validate(request)
         return request
 

@@ -1,7 +1,9 @@
 """Entrypoint of every instance of an mpi_magic SageMaker training job.
 
 Standard library only until the job's code (this client's mpi_magic) is unpacked; after that
-the ranks' events are read with mpi_magic's own decoder, never a copy of the wire format.
+the ranks' events are read with mpi_magic's own decoder, never a copy of the wire format. The
+names of mpi_magic's variables come from ``shared/envvars.py``, inlined into the copy an
+instance runs (``package.bootstrap_source``), as nothing of mpi_magic is importable there yet.
 
 The first host leads: it waits until every other host answers over ssh, writes a hostfile
 with ``slots=<processes per instance>``, and runs ``mpirun`` over all of them, forwarding the
@@ -24,6 +26,8 @@ import tarfile
 import threading
 import time
 
+from mpi_magic.shared import envvars  # an instance's copy has the module inlined here
+
 BASE = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
 CODE_DIR = os.path.join(BASE, "mpi_magic_code")
 CODE_CHANNEL, PAYLOAD_CHANNEL = "code", "payload"  # the job's input channels, under input/data
@@ -35,16 +39,16 @@ ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook ne
 TOLD_TO_STOP = SAID + "told to stop (SIGTERM): stopping the ranks"  # a stop, or a spot interruption
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
-FORWARDED_PREFIXES = ("AWS_", "MPI_MAGIC_", "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
-NOT_FORWARDED = {"SAGEMAKER_BASE_DIR", "MPI_MAGIC_SSH_AGENT", "PYTHONPATH", "MPI_MAGIC_HOST"}
+FORWARDED_PREFIXES = ("AWS_", envvars.PREFIX, "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
+NOT_FORWARDED = {"SAGEMAKER_BASE_DIR", envvars.SSH_AGENT, "PYTHONPATH", envvars.HOST}
 # Each rank finds its own instance's copy of the code and payload, wherever its base dir is; the
 # ranks of a session job (which names its S3 channel) wait for cells instead of running one.
 RANK_LAUNCH = (
     "import os, sys; base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml'); "
     "sys.path.insert(0, os.path.join(base, 'mpi_magic_code')); "
-    "from mpi_magic.shared import s3channel; from mpi_magic.runtime import cell_loop, rank; "
-    "sys.exit(cell_loop.main(['--s3']) if os.environ.get(s3channel.URI_VARIABLE) else "
-    "rank.main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % PAYLOAD_CHANNEL
+    "from mpi_magic.runtime import cell_loop, rank; "
+    "sys.exit(cell_loop.main(['--s3']) if os.environ.get(%r) else "
+    "rank.main([os.path.join(base, 'input', 'data', %r)] + sys.argv[1:]))" % (envvars.SESSION_URI, PAYLOAD_CHANNEL)
 )
 
 
@@ -70,7 +74,7 @@ def main():
         install_requirements()
     except Exception as exc:  # noqa: BLE001 - reported where SageMaker shows it, workers released
         if leading:
-            release(hosts[1:], os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh"))
+            release(hosts[1:], os.environ.get(envvars.SSH_AGENT, "ssh"))
         return fail("%s on %s: %s: %s" % ("preparing", current, type(exc).__name__, exc))
     if not leading:
         return serve(hosts[0])
@@ -78,7 +82,7 @@ def main():
 
 
 def start_sshd():
-    if os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh") == "ssh" and os.path.exists("/usr/sbin/sshd"):
+    if os.environ.get(envvars.SSH_AGENT, "ssh") == "ssh" and os.path.exists("/usr/sbin/sshd"):
         subprocess.run(["/usr/sbin/sshd"], check=False)
 
 
@@ -109,7 +113,7 @@ def install_requirements():
 
 def serve(leader):
     """A worker: let the leader's mpirun in over ssh, then wait until it releases us."""
-    limit = time.monotonic() + float(os.environ.get("MPI_MAGIC_MAX_WAIT", "432000"))
+    limit = time.monotonic() + float(os.environ.get(envvars.MAX_WAIT, "432000"))
     release = os.path.join(BASE, RELEASE_FILE)
     say("waiting for %s to finish" % leader)
     while not os.path.exists(release):
@@ -122,12 +126,12 @@ def serve(leader):
 
 
 def lead(hosts, interface=None):
-    agent = os.environ.get("MPI_MAGIC_SSH_AGENT", "ssh")
+    agent = os.environ.get(envvars.SSH_AGENT, "ssh")
     workers = hosts[1:]
     mpirun = None
     try:
         wait_for(workers, agent)
-        per_host = int(os.environ["MPI_MAGIC_PROCS_PER_INSTANCE"])
+        per_host = int(os.environ[envvars.PROCS_PER_INSTANCE])
         hostfile = os.path.join(BASE, "mpi_magic_hostfile")
         with open(hostfile, "w") as f:
             f.writelines("%s slots=%d\n" % (host, per_host) for host in hosts)
@@ -185,7 +189,7 @@ def release(workers, agent):
 
 
 def find_mpirun():
-    for path in (os.environ.get("MPI_MAGIC_MPIRUN"), "/opt/amazon/openmpi/bin/mpirun"):
+    for path in (os.environ.get(envvars.MPIRUN), "/opt/amazon/openmpi/bin/mpirun"):
         if path and os.access(path, os.X_OK):
             return path
     return "mpirun"
@@ -206,21 +210,21 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
         launch = ["--prtemca", "plm_ssh_agent", agent, "--prtemca", "plm_ssh_no_tree_spawn", "1"]
     else:
         launch = ["--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1", "--allow-run-as-root"]
-    user_names = set(os.environ.get("MPI_MAGIC_ENV_NAMES", "").split())  # the cell's --env
+    user_names = set(os.environ.get(envvars.ENV_NAMES, "").split())  # the cell's --env
     forwarded = sorted(
         name for name in os.environ
         if (name.startswith(FORWARDED_PREFIXES) or name in user_names) and name not in NOT_FORWARDED
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
-    user_args = shlex.split(os.environ.get("MPI_MAGIC_MPIRUN_ARGS", ""))
+    user_args = shlex.split(os.environ.get(envvars.MPIRUN_ARGS, ""))
     if interface:
         launch += network_args(major, interface, user_args)
         if "NCCL_SOCKET_IFNAME" not in os.environ:  # the job's own (--env) is forwarded above and wins
             exports += ["-x", "NCCL_SOCKET_IFNAME=" + interface]
     launch += ["--bind-to", "none"]  # a rank and its data-loader threads may use every core, as in the toolkit
     launch += user_args
-    digest = os.environ.get("MPI_MAGIC_PAYLOAD_DIGEST", "")
-    results = os.environ.get("MPI_MAGIC_RESULTS_URI", "")
+    digest = os.environ.get(envvars.PAYLOAD_DIGEST, "")
+    results = os.environ.get(envvars.RESULTS_URI, "")
     return [mpirun, "--hostfile", hostfile, "-np", str(world_size), "--tag-output", *launch, *exports,
             sys.executable, "-c", RANK_LAUNCH, "--digest", digest, "--results", results]
 
@@ -249,10 +253,9 @@ def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
     line came (``relayed["at"]``) and whether it ended in a newline."""
     from mpi_magic.shared.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
-    from mpi_magic.shared.wire import TOKEN_VARIABLE
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
-    decoder = StreamDecoder(os.environ.get(TOKEN_VARIABLE, ""))
+    decoder = StreamDecoder(os.environ.get(envvars.EVENT_TOKEN, ""))
     for raw in iter(output.readline, b""):
         relayed["at"], relayed["whole_lines"] = time.monotonic(), raw.endswith(b"\n")
         line = raw.decode("utf-8", errors="replace")

@@ -11,6 +11,7 @@ import tarfile
 import cloudpickle
 
 import mpi_magic
+from mpi_magic.shared import envvars
 
 
 def code_archive() -> bytes:
@@ -28,6 +29,15 @@ def code_archive() -> bytes:
     return buffer.getvalue()
 
 
+ENVVARS_IMPORT = "from mpi_magic.shared import envvars  # an instance's copy has the module inlined here\n"
+
+
 def bootstrap_source() -> bytes:
-    with open(os.path.join(os.path.dirname(__file__), "bootstrap.py"), "rb") as f:
-        return f.read()
+    """The bootstrap as an instance runs it: a script that needs nothing of mpi_magic installed,
+    so the names from ``shared/envvars.py`` are inlined where the module imports them."""
+    with open(os.path.join(os.path.dirname(__file__), "bootstrap.py"), encoding="utf-8") as f:
+        source = f.read()
+    names = {name: getattr(envvars, name) for name in ["PREFIX", *envvars.names()]}
+    inlined = f"import types  # mpi_magic/shared/envvars.py, inlined\nenvvars = types.SimpleNamespace(**{names!r})\n"
+    assert source.count(ENVVARS_IMPORT) == 1, "bootstrap.py imports envvars once, on a line of its own"
+    return source.replace(ENVVARS_IMPORT, inlined).encode("utf-8")

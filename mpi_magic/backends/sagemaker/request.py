@@ -6,9 +6,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ...shared.rankinfo import CHECKPOINT_VARIABLE, CHECKPOINTS, NO_CHECKPOINTS
+from ...shared.rankinfo import CHECKPOINTS, NO_CHECKPOINTS
 from .bootstrap import ALL_RELAYED, CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL
 from .aws import service_model
+from ...shared import envvars
 
 BOOTSTRAP = "bootstrap.py"
 CHECKPOINT_PATH = f"/opt/ml/{CHECKPOINTS}"  # SageMaker's default LocalPath, where rankinfo.checkpoint_dir() points
@@ -18,7 +19,8 @@ PINNED_START = (
     "import hashlib, os, sys\n"
     "base = os.environ.get('SAGEMAKER_BASE_DIR', '/opt/ml')\n"
     f"code = os.path.join(base, 'input', 'data', '{CODE_CHANNEL}')\n"
-    f"for name, variable in (('{BOOTSTRAP}', 'MPI_MAGIC_BOOTSTRAP_SHA256'), ('{CODE_ARCHIVE}', 'MPI_MAGIC_CODE_SHA256')):\n"
+    f"pinned = (('{BOOTSTRAP}', '{envvars.BOOTSTRAP_SHA256}'), ('{CODE_ARCHIVE}', '{envvars.CODE_SHA256}'))\n"
+    "for name, variable in pinned:\n"
     "    with open(os.path.join(code, name), 'rb') as f:\n"
     "        found = hashlib.sha256(f.read()).hexdigest()\n"
     "    if found != os.environ[variable]:\n"
@@ -110,21 +112,21 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
     environment = {
         **fabric_environment(settings.instance_type),  # the bootstrap forwards FI_* and NCCL_* to every rank
         **env,  # the cell's --env wins
-        "MPI_MAGIC_ENV_NAMES": " ".join(sorted(env)),  # forwarded by mpirun to every rank
-        "MPI_MAGIC_MPIRUN_ARGS": shlex.join(mpirun_args),
+        envvars.ENV_NAMES: " ".join(sorted(env)),  # forwarded by mpirun to every rank
+        envvars.MPIRUN_ARGS: shlex.join(mpirun_args),
         "AWS_REGION": settings.region,
         "AWS_DEFAULT_REGION": settings.region,
-        "MPI_MAGIC_INSTANCES": str(instances),
-        "MPI_MAGIC_PROCS_PER_INSTANCE": str(procs_per_instance),
-        "MPI_MAGIC_PAYLOAD_DIGEST": digest,
-        "MPI_MAGIC_BOOTSTRAP_SHA256": code_digests[0],
-        "MPI_MAGIC_CODE_SHA256": code_digests[1],
-        "MPI_MAGIC_RESULTS_URI": results_uri(settings, job_name),
-        "MPI_MAGIC_JOB": job_name,
-        "MPI_MAGIC_MASTER_ADDR": "algo-1",
-        "MPI_MAGIC_MASTER_PORT": "29500",
-        "MPI_MAGIC_MAX_WAIT": str(settings.max_runtime),
-        CHECKPOINT_VARIABLE: settings.checkpoint_s3 or NO_CHECKPOINTS,  # where rankinfo.checkpoint_dir() points
+        envvars.INSTANCES: str(instances),
+        envvars.PROCS_PER_INSTANCE: str(procs_per_instance),
+        envvars.PAYLOAD_DIGEST: digest,
+        envvars.BOOTSTRAP_SHA256: code_digests[0],
+        envvars.CODE_SHA256: code_digests[1],
+        envvars.RESULTS_URI: results_uri(settings, job_name),
+        envvars.JOB: job_name,
+        envvars.MASTER_ADDR: "algo-1",
+        envvars.MASTER_PORT: "29500",
+        envvars.MAX_WAIT: str(settings.max_runtime),
+        envvars.CHECKPOINT_S3: settings.checkpoint_s3 or NO_CHECKPOINTS,  # where rankinfo.checkpoint_dir() points
         **(session or {}),
     }
     request: dict[str, Any] = {

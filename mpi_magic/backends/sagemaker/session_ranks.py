@@ -26,6 +26,7 @@ from ...shared.layout import result_path, result_uri
 from ...shared.payload import PAYLOAD_FILE
 from .history import record_job
 from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
+from ...shared import envvars
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -237,9 +238,9 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
     uri = s3channel.session_uri(job_prefix(settings, name))
     token = wire.new_token()
     request = backend.request(name, "", options, token, session={
-        s3channel.URI_VARIABLE: uri, s3channel.KEY_VARIABLE: signer.public_text,
-        s3channel.HEARTBEAT_LIMIT_VARIABLE: repr(float(heartbeat_limit)),
-        s3channel.IDLE_VARIABLE: repr(float(idle_timeout)),
+        envvars.SESSION_URI: uri, envvars.SESSION_KEY: signer.public_text,
+        envvars.HEARTBEAT_LIMIT: repr(float(heartbeat_limit)),
+        envvars.IDLE_TIMEOUT: repr(float(idle_timeout)),
     })
     validate(request)
     job = SageMakerJob(backend.aws, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here
@@ -280,7 +281,7 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     """A running session started from this machine, its cells counted from S3; (ranks, facts)."""
     aws, described = described_job(job_name, region)
     environment = described.get("Environment", {})
-    uri = environment.get(s3channel.URI_VARIABLE)
+    uri = environment.get(envvars.SESSION_URI)
     if not uri:
         raise SageMakerSetupError(f"training job {job_name!r} is not an mpi_magic session; "
                                   f"%mpirun_attach {job_name} follows a one-off job")
@@ -289,12 +290,12 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
                                   f"{': ' + described['FailureReason'] if described.get('FailureReason') else ''}); "
                                   "%mpirun_session start starts a new one")
     signer = load_key(cache_dir, job_name)
-    if signer.public_text != environment.get(s3channel.KEY_VARIABLE):
+    if signer.public_text != environment.get(envvars.SESSION_KEY):
         raise SageMakerSetupError(f"the key kept here for {job_name} is not the one the session checks cells with")
-    job = SageMakerJob(aws, job_name, s3channel.results_uri(uri, 0), environment.get(wire.TOKEN_VARIABLE, ""),
+    job = SageMakerJob(aws, job_name, s3channel.results_uri(uri, 0), environment.get(envvars.EVENT_TOKEN, ""),
                        live_tail=False)
-    instances = int(environment["MPI_MAGIC_INSTANCES"])
-    per_instance = int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"])
+    instances = int(environment[envvars.INSTANCES])
+    per_instance = int(environment[envvars.PROCS_PER_INSTANCE])
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, job_name, signer),
                                   instances * per_instance, heartbeat_every, key_path(cache_dir, job_name))
     ranks.channel.beat()  # first: the session may be close to its heartbeat limit
@@ -302,7 +303,7 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     ranks.resume(cells)
     ranks.start_heartbeat()
     try:
-        names = set(environment.get("MPI_MAGIC_ENV_NAMES", "").split())
+        names = set(environment.get(envvars.ENV_NAMES, "").split())
         info = {"instances": instances, "procs_per_instance": per_instance, "cells": cells,
                 "env": {k: v for k, v in environment.items() if k in names}}
     except BaseException:  # an interrupt right now: the session runs on, unwatched from here

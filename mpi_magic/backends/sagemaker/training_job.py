@@ -22,6 +22,7 @@ from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag
 from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
 from .aws import aws_clients
+from ...shared import envvars
 
 if TYPE_CHECKING:
     from ..base import BackendJob
@@ -496,15 +497,15 @@ def attach(name: str, region: str | None, live_tail: bool = True) -> tuple[SageM
     """An existing job (started by any notebook), with what is needed to follow it to its end."""
     aws, described = described_job(name, region)
     environment = described.get("Environment", {})
-    if "MPI_MAGIC_RESULTS_URI" not in environment:
+    if envvars.RESULTS_URI not in environment:
         raise SageMakerSetupError(f"training job {name!r} was not started by mpi_magic")
     channel = next(c for c in described["InputDataConfig"] if c["ChannelName"] == PAYLOAD_CHANNEL)
     bucket, key = split_s3(f"{channel['DataSource']['S3DataSource']['S3Uri'].rstrip('/')}/{PAYLOAD_FILE}")
     header, _ = read_header(_ranged_reads(aws.client("s3"), bucket, key), f"s3://{bucket}/{key}")
-    info = {"instances": int(environment["MPI_MAGIC_INSTANCES"]),
-            "procs_per_instance": int(environment["MPI_MAGIC_PROCS_PER_INSTANCE"]),
+    info = {"instances": int(environment[envvars.INSTANCES]),
+            "procs_per_instance": int(environment[envvars.PROCS_PER_INSTANCE]),
             "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
-    job = SageMakerJob(aws, name, environment["MPI_MAGIC_RESULTS_URI"], environment.get(wire.TOKEN_VARIABLE, ""),
+    job = SageMakerJob(aws, name, environment[envvars.RESULTS_URI], environment.get(envvars.EVENT_TOKEN, ""),
                        live_tail)
     return job, info  # reads the log from its start
 
