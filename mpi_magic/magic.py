@@ -74,8 +74,7 @@ class MpiMagics(Magics):
         if session is None or options.no_session:
             return None
         if session.status == "stopped":
-            if not session.told_ended:
-                session.told_ended = True
+            if session.tell_ended():
                 ended = (session.ended_sentence() if session.released
                          else f"session {session.name} ended ({session.ended_reason})")
                 ConsoleEcho().say(f"{ended}; this cell runs as a one-off job (%mpirun_session start starts a "

@@ -38,7 +38,9 @@ def test_a_class_missing_a_member_of_its_protocol_fails_the_check(tmp_path, pack
     shutil.copytree(os.path.join(ROOT, "mpi_magic"), tmp_path / "mpi_magic", ignore=shutil.ignore_patterns("__pycache__"))
     missing = [("backends/local.py", "fetch_results", "LocalJob", "BackendJob"),
                ("backends/sagemaker/backend.py", "plan", "SageMakerBackend", "Backend"),
-               ("view/widgets.py", "close", "WidgetView", "View")]
+               ("view/widgets.py", "close", "WidgetView", "View"),
+               ("backends/local.py", "start_session", "LocalBackend", "SessionBackend"),
+               ("backends/sagemaker/backend.py", "attach_session", "SageMakerJobs", "AttachableBackend")]
     for module, member, _, _ in missing:
         path = tmp_path / "mpi_magic" / module
         source, renamed = re.subn(rf"(\n    def ){member}\(", rf"\1{member}_gone(", path.read_text(), count=1)

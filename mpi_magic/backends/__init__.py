@@ -6,7 +6,7 @@ import glob
 import os
 
 from ..errors import BackendNotAvailable
-from .base import Backend, BackendJob
+from .base import AttachableBackend, Backend, BackendJob, SessionBackend
 
 
 def get_backend(name: str, config, options) -> Backend:
@@ -22,6 +22,16 @@ def get_backend(name: str, config, options) -> Backend:
         settings, aws = resolve(options.cloud)
         return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"))
     raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
+
+
+def get_attachable(name: str, config) -> AttachableBackend:
+    """The backend whose jobs another kernel can follow or take over (SageMaker's outlive the kernel)."""
+    if name == "sagemaker":
+        from .sagemaker.backend import SageMakerJobs
+
+        return SageMakerJobs(config)
+    raise BackendNotAvailable(f"the {name} backend's jobs end with the kernel that started them; "
+                              "only sagemaker jobs can be attached")
 
 
 def default_gpus(name: str, cloud: dict) -> int:
@@ -42,4 +52,5 @@ def local_gpu_count() -> int:
     return len(glob.glob("/proc/driver/nvidia/gpus/*"))
 
 
-__all__ = ["Backend", "BackendJob", "default_gpus", "get_backend", "local_gpu_count"]
+__all__ = ["AttachableBackend", "Backend", "BackendJob", "SessionBackend", "default_gpus", "get_attachable",
+           "get_backend", "local_gpu_count"]

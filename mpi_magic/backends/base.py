@@ -1,18 +1,20 @@
-"""What every backend provides: ``submit`` a packed job, then ``poll`` its events.
+"""What every backend provides: ``submit`` a packed job, then ``poll`` its events; what some
+add: sessions (``SessionBackend``), and following jobs started earlier (``AttachableBackend``).
 
 Data members are read-only properties here, so a plain class attribute (``name = "local"``)
 or one set in ``__init__`` satisfies them. Each backend module declares its conformance in a
-function that only the type checker reads, so a missing or mistyped member fails the check.
+function that only the type checker reads, so a missing or mistyped member fails the check;
+the notebook asks ``isinstance(backend, SessionBackend)``, never ``hasattr``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 from ..shared.events import Event
 
 if TYPE_CHECKING:  # options reads the backends' instance facts: no import back at run time
-    from ..options import LaunchOptions
+    from ..options import Config, LaunchOptions
 
 
 class BackendJob(Protocol):
@@ -39,6 +41,11 @@ class BackendJob(Protocol):
     def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
         """Put each listed rank's results file where ``layout.result_path`` says."""
 
+    @property
+    def launcher(self) -> tuple[int, float] | None:
+        """(pid, start time) of the launcher process on this machine, which the job folder records
+        so that pruning spares a running job; None where the ranks run elsewhere."""
+
 
 class Backend(Protocol):
     """Where ranks run: checks, plans and submits one cell's job."""
@@ -63,6 +70,34 @@ class Backend(Protocol):
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> BackendJob:
         """Start the job whose payload is in ``job_dir``."""
+
+
+@runtime_checkable
+class SessionBackend(Backend, Protocol):
+    """A backend whose ranks can stay up between cells (``%mpirun_session``)."""
+
+    def start_session(self, name: str, options: LaunchOptions, config: Config) -> SessionRanks:
+        """Start ranks that wait for cells; returns once they are launched (not yet up)."""
+
+
+class AttachableBackend(Protocol):
+    """A backend whose jobs outlive the kernel that started them, so another one can follow them."""
+
+    @property
+    def name(self) -> str:
+        """As the user names it: ``--backend NAME``."""
+
+    @property
+    def stop_description(self) -> str:
+        """How an interrupt stops the job, for the message the user sees."""
+
+    def attach(self, job_name: str) -> tuple[BackendJob, dict[str, Any]]:
+        """A running or ended one-off job, and what it says about itself: ``instances``,
+        ``procs_per_instance``, ``returns`` (the names its cell assigns) and ``gather``."""
+
+    def attach_session(self, job_name: str) -> tuple[SessionRanks, dict[str, Any]]:
+        """A session's running ranks, and ``instances``, ``procs_per_instance``, ``env`` and ``cells``
+        (how many it has run)."""
 
 
 class SessionRanks(Protocol):
@@ -94,6 +129,10 @@ class SessionRanks(Protocol):
 
     def poll(self, timeout: float) -> list[Event]:
         """Events that arrived, waiting at most ``timeout`` seconds for the first."""
+
+    @property
+    def launcher(self) -> tuple[int, float] | None:
+        """(pid, start time) of the launcher process on this machine; None where the ranks run elsewhere."""
 
     def connect(self) -> bool:
         """True once rank 0 is on the channel (checked without waiting)."""

@@ -24,7 +24,7 @@ from .scratch import ScratchFolder
 from ..shared import envvars
 
 if TYPE_CHECKING:
-    from .base import Backend, BackendJob, SessionRanks
+    from .base import BackendJob, SessionBackend, SessionRanks
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
@@ -221,6 +221,10 @@ class LocalJob:
             self._folder.remove()
 
     @property
+    def launcher(self) -> tuple[int, float]:
+        return self.pid, self.started
+
+    @property
     def finished(self) -> bool:
         return self._finished
 
@@ -349,6 +353,10 @@ class LocalSessionRanks:
         self.name, self.pid, self.started = job.name, job.pid, job.started
 
     @property
+    def launcher(self) -> tuple[int, float]:
+        return self.job.launcher
+
+    @property
     def finished(self) -> bool:
         return self.job.finished
 
@@ -426,8 +434,8 @@ def _die_with_parent() -> None:
     procs.die_with_parent(signal.SIGTERM)
 
 
-if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its BackendJob
-    def _is_backend(backend: LocalBackend) -> Backend:
+if TYPE_CHECKING:  # read by the type checker only: these are a SessionBackend, its BackendJob and SessionRanks
+    def _is_backend(backend: LocalBackend) -> SessionBackend:
         return backend
 
     def _is_backend_job(job: LocalJob) -> BackendJob:

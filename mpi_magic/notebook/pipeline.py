@@ -1,5 +1,10 @@
-"""Run one cell as a job: capture, pack, submit, watch, collect. No IPython shell in here.
+"""One cell pipeline: prepare -> submit -> follow -> collect, for a one-off cell, a session's
+cell and a job started earlier (``%mpirun_attach``). No IPython shell in here.
 
+What differs between the three is a route's (``CellRoute``): how the job folder is prepared
+(capture and pack the cell; for a session, only the values its ranks do not hold), what
+submitting means (a backend's job, a cell sent to waiting ranks, a job found by name), and
+what following and collecting add (a session's teardown, what its ranks now hold).
 Everything that can be wrong with the input is found before the job folder is even made;
 an interrupt or a timeout stops every rank before the cell raises.
 """
@@ -12,23 +17,24 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from IPython.core.error import UsageError
 
-from . import capture
-from ..shared import jobdir, payload
-from ..backends import get_backend
-from ..backends.base import BackendJob
+from ..backends import get_attachable, get_backend
+from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
 from ..errors import JobError, JobTimeoutError, PayloadError
-from ..shared.events import LauncherExited, Phase, StopRequested
-from .job import Job
 from ..options import Config, LaunchOptions
-from ..shared.rebind import is_notebook_function, rebind
-from .session import Session
+from ..shared import jobdir, payload
+from ..shared.events import LauncherExited, Phase, StopRequested
 from ..shared.layout import VALUE_NAME, result_path
+from ..shared.rebind import is_notebook_function, rebind
 from ..view import View, make_view
 from ..view.console import ConsoleEcho
+from . import capture
+from .holdings import Selection
+from .job import Job
+from .session import Session, SessionCell
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
 POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
@@ -42,68 +48,289 @@ class CellRun:
     has_output: bool = False
 
 
+@dataclass
+class Prepared:
+    """A job folder ready to submit: its payload written, and what comes back from it."""
+
+    job_name: str
+    job_dir: str
+    digest: str | None
+    returns: list[str]
+    gather: bool
+    record: dict[str, Any] = field(default_factory=dict)  # what job.json says of it besides its status
+
+
+class CellRoute(Protocol):
+    """Where a cell's job goes: what the pipeline's steps do there."""
+
+    @property
+    def backend(self) -> str:
+        """The backend's name, as the view and job.json show it."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def procs_per_instance(self) -> int: ...
+
+    def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
+        """The job folder with its payload; None after --dry-run (the plan was printed)."""
+
+    def submit(self, prepared: Prepared) -> BackendJob:
+        """Start the job (or find it), returning what the follower watches."""
+
+    def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
+        """How to follow it: the stop's wording, the timeout, what to say once stopped."""
+
+    def follow(self, follower: Follower) -> CellRun:
+        """Follow the job to its end and collect its results."""
+
+
 def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, config: Config,
              on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
              clock: Callable[[], float] = time.monotonic,
              deliver: Callable[[dict], None] = lambda values: None) -> CellRun:
-    """Run ``source`` (plain Python) as ``options.world_size`` ranks; see the module docstring.
+    """Run ``source`` (plain Python) as ``options.world_size`` ranks, as a job of its own.
 
     With ``options.run_async`` it returns once the job is submitted and ``deliver`` receives
     the values when the job has succeeded.
     """
     code = capture.analyze(source)
     backend = get_backend(options.backend, config, options)
+    return _run(OneOffCell(backend, code, namespace, options), options, config, on_job, echo or ConsoleEcho(),
+                clock, deliver)
+
+
+def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
+                   config: Config, on_job: Callable[[Job], None] = lambda job: None,
+                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
+    """Run ``source`` on the session's ranks, sending only the values they do not hold."""
+    code = capture.analyze(source)
     echo = echo or ConsoleEcho()
-    for warning in backend.check(options):
-        echo.say(warning)
-    job_name = options.job_name or jobdir.new_job_name()
-    captured = capture.capture(code, namespace)
-    _announce_large(captured, options.world_size, echo)
+    return _run(SessionCellRoute(session, code, namespace, options, echo), options, config, on_job, echo, clock)
 
-    cache_dir = config.get("cache_dir")
-    _prepare(cache_dir)
-    try:
-        job_dir = jobdir.create(cache_dir, job_name)
-    except FileExistsError:
-        raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
-                         "choose another --job-name") from None
-    meta = _meta(code, options)
-    digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, meta,
-                           digest=backend.pins_digest)
-    if options.dry_run:
-        print(backend.plan(job_dir, job_name, digest, options))
-        shutil.rmtree(job_dir, ignore_errors=True)
+
+def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None,
+           clock: Callable[[], float] = time.monotonic) -> CellRun:
+    """Follow a job started earlier (by this or another kernel) to its end: the dashboard is
+    rebuilt from its logs and status, and its results come back."""
+    return _run(AttachedJob(get_attachable("sagemaker", config), name, namespace), LaunchOptions(), config,
+                lambda job: None, echo or ConsoleEcho(), clock)
+
+
+def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Callable[[Job], None],
+         echo: ConsoleEcho, clock: Callable[[], float],
+         deliver: Callable[[dict], None] = lambda values: None) -> CellRun:
+    """prepare -> submit -> follow -> collect."""
+    prepared = route.prepare(config, echo)
+    if prepared is None:
         return CellRun(None)
-    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
-    # per-rank state: only for a real job
-    job = Job(job_name, backend.name, options.world_size, options.procs_per_instance, clock)
-    jobdir.record(job_dir, name=job.name, backend=backend.name, world_size=options.world_size,
-                  instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
-                  status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
-
+    job = Job(prepared.job_name, route.backend, route.world_size, route.procs_per_instance, clock)
     view = None if options.quiet else _open_view(config, job, echo)
     try:
         job.model.fold(Phase("submitting"))
-        backend_job = backend.submit(job_dir, job.name, digest, options)
+        backend_job = route.submit(prepared)
     except BaseException:
         job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
         job.model.fold(Phase(job.status, "could not be submitted"))
-        jobdir.record(job_dir, status=job.status, ended=time.time())
-        jobdir.finished(job_dir)
+        jobdir.record(prepared.job_dir, status=job.status, ended=time.time())
+        jobdir.finished(prepared.job_dir)
         if view is not None:
             view.close()
         raise
-    job.start(job_dir, backend_job.cancel)
+    job.start(prepared.job_dir, backend_job.cancel)
     job.view = view
-    jobdir.record(job_dir, launcher_pid=getattr(backend_job, "pid", None),
-                  launcher_started=getattr(backend_job, "started", None))
+    pid, started = backend_job.launcher or (None, None)
+    jobdir.record(prepared.job_dir, launcher_pid=pid, launcher_started=started)
     on_job(job)
-    follow = FollowSettings(code.assigns, options.gather, namespace, options.timeout, backend.stop_description,
-                            None if options.quiet or options.run_async else echo, clock)
-    follower = Follower(job, backend_job, follow)
+    quiet_echo = None if options.quiet or options.run_async else echo
+    follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock))
     if options.run_async:
         return follower.in_background(lambda run: deliver(run.values))
-    return follower.run()
+    return route.follow(follower)
+
+
+class OneOffCell:
+    """A cell run as a job of its own on ``backend``: everything it reads is packed and sent."""
+
+    def __init__(self, backend: Backend, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions):
+        self.backend_ = backend
+        self.code, self.namespace, self.options = code, namespace, options
+        self.backend, self.world_size, self.procs_per_instance = backend.name, options.world_size, options.procs_per_instance
+
+    def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
+        backend, options = self.backend_, self.options
+        for warning in backend.check(options):
+            echo.say(warning)
+        job_name = options.job_name or jobdir.new_job_name()
+        captured = capture.capture(self.code, self.namespace)
+        _announce_large(captured, options.world_size, echo)
+        cache_dir = config.get("cache_dir")
+        _prepare_cache(cache_dir)
+        try:
+            job_dir = jobdir.create(cache_dir, job_name)
+        except FileExistsError:
+            raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
+                             "choose another --job-name") from None
+        digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, _meta(self.code, options),
+                               digest=backend.pins_digest)
+        if options.dry_run:
+            print(backend.plan(job_dir, job_name, digest, options))
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return None
+        jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+        jobdir.record(job_dir, name=job_name, backend=backend.name, world_size=options.world_size,
+                      instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
+                      status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
+        return Prepared(job_name, job_dir, digest, self.code.assigns, options.gather)
+
+    def submit(self, prepared: Prepared) -> BackendJob:
+        return self.backend_.submit(prepared.job_dir, prepared.job_name, prepared.digest, self.options)
+
+    def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
+        return FollowSettings(prepared.returns, prepared.gather, self.namespace, self.options.timeout,
+                              self.backend_.stop_description, echo, clock)
+
+    def follow(self, follower: Follower) -> CellRun:
+        return follower.run()
+
+
+class SessionCellRoute:
+    """A cell on a session's ranks: only the values they do not hold are sent; what it assigns
+    and could not come back stays there, and a cell the ranks cannot get back from ends the session."""
+
+    def __init__(self, session: Session, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions,
+                 echo: ConsoleEcho):
+        self.session, self.code, self.namespace, self.options, self.echo = session, code, namespace, options, echo
+        self.backend, self.world_size = session.backend, session.world_size
+        self.procs_per_instance = session.procs_per_instance
+        self.selection: Selection | None = None
+        self.cell: SessionCell | None = None
+
+    def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
+        session, options, code = self.session, self.options, self.code
+        holdings = session.holdings
+        captured = capture.capture(code, self.namespace, holdings.keeps)
+        self.selection = selection = holdings.select(captured.packed, self.namespace)
+        _announce_large(captured, session.world_size, echo, {item.name for item in selection.send})
+        cache_dir = config.get("cache_dir")
+        _prepare_cache(cache_dir)
+        job_name = f"{session.name}-{session.cells + 1}"
+        job_dir = jobdir.create(cache_dir, job_name, reuse=True)
+        meta = {**_meta(code, options), "return_limit": config.get("return_limit")}
+        payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), selection.send, meta, digest=False)
+        if options.dry_run:
+            kept = sorted(captured.kept + selection.same)
+            print(f"would run on session {session.name} ({session.world_size} ranks): sending "
+                  + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
+                  + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return None
+        jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+        jobdir.record(job_dir, name=job_name, backend=session.backend, world_size=session.world_size,
+                      session=session.name, status="running", started=time.time(),
+                      keep_payload=config.get("keep_payloads"))
+        return Prepared(job_name, job_dir, None, code.assigns, options.gather)
+
+    def submit(self, prepared: Prepared) -> BackendJob:
+        assert self.selection is not None, "prepared first"
+        self.cell = self.session.run(prepared.job_dir, None)
+        self.session.holdings.delivered(self.selection)
+        return self.cell
+
+    def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
+        session = self.session
+        return FollowSettings(
+            prepared.returns, prepared.gather, self.namespace, self.options.timeout,
+            f"interrupting the cell on every rank; the session is kept if all are back within {session.grace:g}s",
+            echo, clock, stayed_is_news=session.stayed_is_news,
+            stopped_message=lambda name: (f"cell {name} interrupted on every rank; session {session.name} is kept"
+                                          if session.status != "stopped" else session.ended_sentence()))
+
+    def follow(self, follower: Follower) -> CellRun:
+        session, cell = self.session, self.cell
+        assert cell is not None, "submitted first"
+        try:
+            run = follower.run()
+        except BaseException:
+            if not cell.finished:  # the notebook stopped waiting for the ranks to get back
+                session.tear_down("the notebook stopped waiting for the interrupted cell to end")
+            if session.status == "stopped" and session.tell_ended() and follower.job.view is None:
+                self.echo.say(session.ended_sentence())  # (a view's summary says it already)
+            raise
+        assert run.job is not None
+        stayed = [name for name in run.job.unreturned if name in self.code.assigns]
+        session.holdings.assigned(self.code.assigns, run.values, stayed, self.namespace)
+        session.brought_back(run.values)
+        return run
+
+
+class AttachedJob:
+    """A job started earlier, found by name: nothing to pack; its folder here is made again."""
+
+    def __init__(self, jobs: AttachableBackend, name: str, namespace):
+        self.jobs, self.name, self.namespace = jobs, name, namespace
+        self.backend = jobs.name
+        self.found, info = jobs.attach(name)
+        self.info = info
+        self.world_size, self.procs_per_instance = info["instances"] * info["procs_per_instance"], info["procs_per_instance"]
+
+    def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared:
+        cache_dir = config.get("cache_dir")
+        _prepare_cache(cache_dir)
+        job_dir = jobdir.create(cache_dir, self.name, reuse=True)
+        return Prepared(self.name, job_dir, None, self.info["returns"], self.info["gather"])
+
+    def submit(self, prepared: Prepared) -> BackendJob:
+        return self.found
+
+    def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
+        return FollowSettings(prepared.returns, prepared.gather, self.namespace, None, self.jobs.stop_description,
+                              echo, clock)
+
+    def follow(self, follower: Follower) -> CellRun:
+        return follower.run()
+
+
+def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> Session:
+    """Start ranks that wait for cells; returns once every one is up."""
+    backend = get_backend(options.backend, config, options)
+    if not isinstance(backend, SessionBackend):
+        raise UsageError(f"the {backend.name} backend runs each cell as a job of its own; sessions run on the "
+                         "local and sagemaker backends")
+    echo = echo or ConsoleEcho()
+    for warning in backend.check(options):
+        echo.say(warning)
+    cache_dir = config.get("cache_dir")
+    _prepare_cache(cache_dir)
+    name = options.job_name or jobdir.new_job_name("session")
+    session = Session(name, backend.name, options, config.get("session_grace"), cache_dir, clock)
+    ranks = backend.start_session(name, options, config)
+    session.start(ranks, None if options.quiet else echo.say, detach=options.detach)
+    return session
+
+
+def attach_session(job_name: str, config: Config, detach: bool = False, quiet: bool = False,
+                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> Session:
+    """Take over a session started from this machine (by a kernel that is gone): its ranks keep
+    their state; the values they hold are sent again when a cell needs them, as this notebook
+    cannot know them."""
+    jobs = get_attachable("sagemaker", config)
+    echo = echo or ConsoleEcho()
+    cache_dir = config.get("cache_dir")
+    _prepare_cache(cache_dir)
+    ranks, info = jobs.attach_session(job_name)
+    try:
+        options = LaunchOptions(instances=info["instances"], gpus=info["procs_per_instance"], backend=jobs.name,
+                                env=info["env"], detach=detach)
+        session = Session(job_name, jobs.name, options, config.get("session_grace"), cache_dir, clock,
+                          cells=info["cells"])
+    except BaseException:  # the job ran before this notebook came: it runs on
+        ranks.let_go("the attach failed")
+        raise
+    session.start(ranks, None if quiet else echo.say, detach=detach, attached=True)
+    return session
 
 
 @dataclass
@@ -120,7 +347,7 @@ class FollowSettings:
     clock: Callable[[], float] = time.monotonic
     stop_limit: float = STOP_LIMIT
     stopped_message: Callable[[str], str] | None = None  # what to say once the job (named) has stopped
-    told_stayed: set[str] | None = None  # in a session: names already reported as staying on the ranks
+    stayed_is_news: Callable[[str], bool] | None = None  # in a session: whether to say that a name stays there
 
 
 class Follower:
@@ -152,7 +379,7 @@ class Follower:
                 job.model.fold(Phase("collecting results"))
                 backend_job.fetch_results(job.job_dir, range(job.world_size) if settings.gather else [0])
                 run = CellRun(job)
-                _collect(run, settings.returns, settings.gather, self.echo or ConsoleEcho(), settings.told_stayed)
+                _collect(run, settings.returns, settings.gather, self.echo or ConsoleEcho(), settings.stayed_is_news)
                 for name, value in run.values.items():
                     if is_notebook_function(value):
                         run.values[name] = rebind(value, settings.namespace)
@@ -249,122 +476,6 @@ class Follower:
         return CellRun(self.job)
 
 
-def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None,
-           clock: Callable[[], float] = time.monotonic) -> CellRun:
-    """Follow a SageMaker job started earlier (by this or another kernel) to its end: the
-    dashboard is rebuilt from its logs and status, and its results come back."""
-    from ..backends.sagemaker.training_job import attach as find
-
-    backend_job, info = find(name, config.get("region"), config.get("live_tail"))
-    echo = echo or ConsoleEcho()
-    job = Job(name, "sagemaker", info["instances"] * info["procs_per_instance"], info["procs_per_instance"], clock)
-    _prepare(config.get("cache_dir"))
-    job_dir = jobdir.create(config.get("cache_dir"), name, reuse=True)
-    job.view = _open_view(config, job, echo)
-    job.start(job_dir, backend_job.cancel)
-    follow = FollowSettings(info["returns"], info["gather"], namespace, None, "StopTrainingJob", echo, clock)
-    return Follower(job, backend_job, follow).run()
-
-
-def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> Session:
-    """Start ranks that wait for cells; returns once every one is up."""
-    backend = get_backend(options.backend, config, options)
-    if not hasattr(backend, "start_session"):
-        raise UsageError(f"the {backend.name} backend runs each cell as a job of its own; sessions run on the "
-                         "local and sagemaker backends")
-    echo = echo or ConsoleEcho()
-    for warning in backend.check(options):
-        echo.say(warning)
-    cache_dir = config.get("cache_dir")
-    _prepare(cache_dir)
-    name = options.job_name or jobdir.new_job_name("session")
-    session = Session(name, backend.name, options, config.get("session_grace"), cache_dir, clock)
-    ranks = backend.start_session(name, options, config)
-    session.start(ranks, None if options.quiet else echo.say, detach=options.detach)
-    return session
-
-
-def attach_session(job_name: str, config: Config, detach: bool = False, quiet: bool = False,
-                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> Session:
-    """Take over a SageMaker session started from this machine (by a kernel that is gone): its
-    ranks keep their state; the values they hold are sent again when a cell needs them, as this
-    notebook cannot know them."""
-    from ..backends.sagemaker.session_ranks import attach
-
-    echo = echo or ConsoleEcho()
-    cache_dir = config.get("cache_dir")
-    _prepare(cache_dir)
-    ranks, info = attach(job_name, config.get("region"), cache_dir, config.get("heartbeat"))
-    try:
-        options = LaunchOptions(instances=info["instances"], gpus=info["procs_per_instance"], backend="sagemaker",
-                                env=info["env"], detach=detach)
-        session = Session(job_name, "sagemaker", options, config.get("session_grace"), cache_dir, clock)
-        session.cells = info["cells"]
-    except BaseException:  # the job ran before this notebook came: it runs on
-        ranks.let_go("the attach failed")
-        raise
-    session.start(ranks, None if quiet else echo.say, detach=detach, attached=True)
-    return session
-
-
-def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
-                   config: Config, on_job: Callable[[Job], None] = lambda job: None,
-                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
-    """Run ``source`` on the session's ranks, sending only the values they do not hold."""
-    code = capture.analyze(source)
-    echo = echo or ConsoleEcho()
-    holdings = session.holdings
-    captured = capture.capture(code, namespace, holdings.keeps)
-    selection = holdings.select(captured.packed, namespace)
-    _announce_large(captured, session.world_size, echo, {item.name for item in selection.send})
-    cache_dir = config.get("cache_dir")
-    _prepare(cache_dir)
-    job_name = f"{session.name}-{session.cells + 1}"
-    job_dir = jobdir.create(cache_dir, job_name, reuse=True)
-    meta = {**_meta(code, options), "return_limit": config.get("return_limit")}
-    payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), selection.send, meta, digest=False)
-    if options.dry_run:
-        kept = sorted(captured.kept + selection.same)
-        print(f"would run on session {session.name} ({session.world_size} ranks): sending "
-              + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
-              + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
-        shutil.rmtree(job_dir, ignore_errors=True)
-        return CellRun(None)
-    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
-    job = Job(job_name, session.backend, session.world_size, session.procs_per_instance, clock)
-    jobdir.record(job_dir, name=job_name, backend=session.backend, world_size=session.world_size,
-                  session=session.name, status="running", started=time.time(),
-                  keep_payload=config.get("keep_payloads"))
-    view = None if options.quiet else _open_view(config, job, echo)
-    cell = session.run(job_dir, None)
-    holdings.delivered(selection)
-    job.start(job_dir, cell.cancel)
-    job.view = view
-    on_job(job)
-    grace = session.grace
-    follow = FollowSettings(
-        code.assigns, options.gather, namespace, options.timeout,
-        f"interrupting the cell on every rank; the session is kept if all are back within {grace:g}s",
-        None if options.quiet else echo, clock, told_stayed=session.told_stayed,
-        stopped_message=lambda name: (f"cell {name} interrupted on every rank; session {session.name} is kept"
-                                      if session.status != "stopped" else session.ended_sentence()))
-    try:
-        run = Follower(job, cell, follow).run()
-    except BaseException:
-        if not cell.finished:  # the notebook stopped waiting for the ranks to get back
-            session.tear_down("the notebook stopped waiting for the interrupted cell to end")
-        if session.status == "stopped" and not session.told_ended:
-            session.told_ended = True
-            if view is None:  # a view's summary says it already
-                echo.say(session.ended_sentence())
-        raise
-    stayed = [name for name in job.unreturned if name in code.assigns]
-    holdings.assigned(code.assigns, run.values, stayed, namespace)
-    session.told_stayed.difference_update(run.values)  # back in the notebook: staying again is news
-    return run
-
-
 def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
     """The job's live view; rank 0's prints wait for the end where the view shows them already."""
     view = make_view(config.get("view"), job.model, lambda: os.path.join(job.job_dir, "logs"))
@@ -386,7 +497,7 @@ def _announce_large(captured: capture.Captured, world_size: int, echo: ConsoleEc
             echo.say(f"sending {name} ({kind}, {payload.size_text(size)}) to {world_size} ranks")
 
 
-def _prepare(cache_dir: str) -> None:
+def _prepare_cache(cache_dir: str) -> None:
     """The cache folder checked before anything is written or launched; what is wrong with it is a UsageError."""
     try:
         jobdir.prepare(cache_dir)
@@ -395,10 +506,10 @@ def _prepare(cache_dir: str) -> None:
 
 
 def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho,
-             told_stayed: set[str] | None = None) -> None:
+             stayed_is_news: Callable[[str], bool] | None = None) -> None:
     """Read rank 0's results (every rank's with --gather) into ``run``.
 
-    In a session (``told_stayed`` given), what did not come back stays on the ranks, and the
+    In a session (``stayed_is_news`` given), what did not come back stays on the ranks, and the
     user hears so once per name.
 
     A module the cell imported comes back only if the notebook has imported it already:
@@ -438,8 +549,7 @@ def _collect(run: CellRun, returns: list[str], gather: bool, echo: ConsoleEcho,
             run.values[name] = first[name]
     for name, reason in job.unreturned.items():
         shown = "the cell's output" if name == VALUE_NAME else name
-        if told_stayed is None:
+        if stayed_is_news is None:
             echo.say(f"{shown} was not brought back: {reason}")
-        elif name not in told_stayed:
-            told_stayed.add(name)
+        elif stayed_is_news(name):
             echo.say(f"{shown} stayed on the ranks: {reason}")

@@ -50,17 +50,17 @@ class Session:
     """
 
     def __init__(self, name: str, backend: str, options: LaunchOptions, grace: float,
-                 cache_dir: str, clock: Callable[[], float] = time.monotonic):
+                 cache_dir: str, clock: Callable[[], float] = time.monotonic, cells: int = 0):
         self.name, self.backend, self.options, self.grace = name, backend, options, grace
         self.cache_dir = cache_dir
         self.instances, self.procs_per_instance = options.instances, options.procs_per_instance
         self.world_size = options.world_size
         self.clock = clock
-        self.cells = 0
+        self.cells = cells  # run so far (by an earlier notebook too, when taken over)
         self.holdings = Holdings()
         self.ended_reason: str | None = None  # why it stopped, once it has
-        self.told_ended = False  # the next cell said once that the session is gone
-        self.told_stayed: set[str] = set()  # names already reported as staying on the ranks
+        self._told_ended = False  # the user heard that the session is gone (or ended it)
+        self._told_stayed: set[str] = set()  # names already reported as staying on the ranks
         self.started_at = clock()
         self.idle_since = self.started_at
         self._status = "starting"
@@ -122,7 +122,7 @@ class Session:
         ranks = self._ranks
         if ranks is None or self._status == "stopped":
             return
-        self.told_ended = True  # the user's own choice: later cells need not be told
+        self._told_ended = True  # the user's own choice: later cells need not be told
         if self._status == "idle":
             try:
                 ranks.send({"kind": "stop", "reason": reason})
@@ -356,12 +356,31 @@ class Session:
         try:
             ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
         except OSError as exc:
-            self._cell_over(cell)
+            self.cell_ended(cell)
             self._end(str(exc) if ranks.released else f"rank 0 could not be reached ({exc})")
             raise JobError(self.ended_sentence()) from None
         return cell
 
-    def _cell_over(self, cell: SessionCell) -> None:
+    def tell_ended(self) -> bool:
+        """True the first time it is asked after the session ended: the caller says so to the user."""
+        if self._status != "stopped" or self._told_ended:
+            return False
+        self._told_ended = True
+        return True
+
+    def stayed_is_news(self, name: str) -> bool:
+        """True the first time ``name`` stays on the ranks since it was last brought back."""
+        if name in self._told_stayed:
+            return False
+        self._told_stayed.add(name)
+        return True
+
+    def brought_back(self, names) -> None:
+        """These names are in the notebook again: their staying on the ranks is news once more."""
+        self._told_stayed.difference_update(names)
+
+    def cell_ended(self, cell: SessionCell) -> None:
+        """``cell`` is over (every rank back, or the session gone): the session is idle again."""
         with self._lock:
             if self._cell is cell:
                 self._cell = None
@@ -416,6 +435,7 @@ class SessionCell:
     reported and is back to waiting (or the session ended). An interrupt reaches the ranks still
     in the cell; those not back within the session's grace period tear the session down."""
 
+    launcher = None  # a cell's ranks are the session's: its folder records their launcher
     abort_grace = 0.0  # a failed rank interrupts the others at once, as the launcher would stop them
     linger = None
 
@@ -472,7 +492,7 @@ class SessionCell:
 
     def _end(self) -> None:
         self._done = True
-        self.session._cell_over(self)
+        self.session.cell_ended(self)
 
     def cancel(self) -> None:
         """Interrupt the cell on every rank still in it (once); the grace period starts now."""

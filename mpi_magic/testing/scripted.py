@@ -45,6 +45,7 @@ class ScriptedJob:
     script still had. ``results`` is called as ``results(job_dir, ranks)`` by ``fetch_results``.
     """
 
+    launcher = None  # played from a script: no launcher process
     name = "scripted"
     host = "scripted-host"
 

@@ -20,7 +20,7 @@ from .settings import accelerators
 from ...shared import envvars
 
 if TYPE_CHECKING:
-    from ..base import Backend
+    from ..base import AttachableBackend, SessionBackend
     from ...options import Config, LaunchOptions
     from .session_ranks import SageMakerSessionRanks
 
@@ -104,13 +104,37 @@ class SageMakerBackend:
         return job
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SageMakerSessionRanks:
-        """One training job whose ranks wait for cells (``session.py``); returns once it is created."""
+        """One training job whose ranks wait for cells (``session_ranks.py``); returns once it is created."""
         from .session_ranks import start
 
         return start(self, name, options, options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT,
                      config.get("heartbeat"), config.get("heartbeat_limit"), config.get("cache_dir"))
 
 
+class SageMakerJobs:
+    """Training jobs started earlier (by this kernel or another), found by name: a one-off job to
+    follow to its end, or a session to take over. Needs no settings beyond the region."""
+
+    name = "sagemaker"
+    stop_description = "StopTrainingJob"
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def attach(self, job_name: str) -> tuple[SageMakerJob, dict]:
+        from .training_job import attach
+
+        return attach(job_name, self.config.get("region"), self.config.get("live_tail"))
+
+    def attach_session(self, job_name: str) -> tuple[SageMakerSessionRanks, dict]:
+        from .session_ranks import attach
+
+        return attach(job_name, self.config.get("region"), self.config.get("cache_dir"), self.config.get("heartbeat"))
+
+
 if TYPE_CHECKING:  # read by the type checker only
-    def _is_backend(backend: SageMakerBackend) -> Backend:
+    def _is_backend(backend: SageMakerBackend) -> SessionBackend:
         return backend
+
+    def _is_attachable(jobs: SageMakerJobs) -> AttachableBackend:
+        return jobs

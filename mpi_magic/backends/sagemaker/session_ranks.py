@@ -68,6 +68,7 @@ def load_key(cache_dir: str, job_name: str) -> s3channel.Signer:
 class SageMakerSessionRanks:
     """A session's training job: its events through the job's watch loop, cells through S3."""
 
+    launcher = None  # on SageMaker's instances: no launcher process here
     stop_description = "an interrupt signed by this notebook, through S3"
     latency = 20.0  # seconds S3 polling and CloudWatch add before the notebook sees the ranks back
     start_limit = 3600.0  # provisioning instances can take many minutes

@@ -82,6 +82,7 @@ class SageMakerJob:
     take a while), so nothing here stops a job early: only an interrupt or cancel() does.
     """
 
+    launcher = None  # on SageMaker's instances: no launcher process here
     abort_grace = None
     linger = None
     pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces
