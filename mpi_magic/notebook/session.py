@@ -29,6 +29,8 @@ from ..view.model import JobModel, ranks_phrase
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
+# what a session's model folds during a cell too (the cell's own model gets every event)
+SESSION_FACTS = (events.RankStarted, events.RankReady, events.SessionClosing, events.LauncherExited, events.Billing)
 
 
 @dataclass
@@ -56,25 +58,20 @@ class Session:
         self.instances, self.procs_per_instance = options.instances, options.procs_per_instance
         self.world_size = options.world_size
         self.clock = clock
-        self.cells = cells  # run so far (by an earlier notebook too, when taken over)
         self.holdings = Holdings()
-        self.ended_reason: str | None = None  # why it stopped, once it has
         self._told_ended = False  # the user heard that the session is gone (or ended it)
         self._told_stayed: set[str] = set()  # names already reported as staying on the ranks
         self.started_at = clock()
         self.idle_since = self.started_at
-        self._status = "starting"
         self._ranks: SessionRanks | None = None
         self._lock = threading.Condition()
-        self._pids: dict[int, int] = {}
-        self._hosts: dict[int, str] = {}
-        self._ready: dict[int, int] = {}  # rank -> the cell it finished last (0: up and waiting)
-        self._cell: SessionCell | None = None
-        self._exit: events.LauncherExited | None = None
-        self._billing: tuple[events.Billing, float] | None = None  # the latest and when it came, for each cell's view
-        self._model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
+        self._up = False  # every rank was up and waiting for cells once
+        self._cell: SessionCell | None = None  # the cell running now
+        # the session's state, folded from its ranks' events: who is up and waiting, what rank 0 said
+        # when it ended, the launcher's exit, billing, the cells run and why it stopped
+        self.model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
+        self.model.fold(events.CellSent(cells))
         self._pump_thread: threading.Thread | None = None
-        self._closing = ""  # the reason rank 0 gave when it ended the session
         self._say: Callable[[str], None] | None = None  # while starting: how the backend's phases are shown
         self.job_dir = ""
 
@@ -82,7 +79,22 @@ class Session:
 
     @property
     def status(self) -> str:
-        return self._status
+        model = self.model
+        if model.stop_reason is not None or model.exit is not None:
+            return "stopped"
+        if self._cell is not None:
+            return "running"
+        return "idle" if self._up else "starting"
+
+    @property
+    def cells(self) -> int:
+        """Cells run on it (by the notebook it was taken over from too)."""
+        return self.model.cells
+
+    @property
+    def ended_reason(self) -> str | None:
+        """Why it stopped, once it has."""
+        return self.model.stop_reason
 
     @property
     def job_name(self) -> str | None:
@@ -91,12 +103,15 @@ class Session:
     @property
     def ranks(self) -> list[SessionRank]:
         with self._lock:
-            cell = self._cell
-            return [SessionRank(r, self._pids.get(r, 0), self._hosts.get(r, ""),
-                                "stopped" if self._status == "stopped" else
-                                "running" if cell is not None and r not in cell.back else
-                                "idle" if r in self._ready else "starting")
-                    for r in range(self.world_size)]
+            cell, stopped = self._cell, self.status == "stopped"
+            return [SessionRank(state.rank, state.pid, state.host,
+                                "stopped" if stopped else
+                                "running" if cell is not None and state.rank not in cell.back else
+                                "idle" if state.ready_after is not None else "starting")
+                    for state in self.model.ranks]
+
+    def _pids(self) -> dict[int, int]:
+        return {state.rank: state.pid for state in self.model.ranks if state.pid}
 
     @property
     def bytes_sent(self) -> int:
@@ -104,13 +119,13 @@ class Session:
         return self.holdings.bytes_sent
 
     def idle_for(self) -> float | None:
-        return self.clock() - self.idle_since if self._status == "idle" else None
+        return self.clock() - self.idle_since if self.status == "idle" else None
 
     def memory(self) -> dict[int, int]:
         """{rank: resident bytes} where the backend can tell."""
-        if self._ranks is None or self._status == "stopped":
+        if self._ranks is None or self.status == "stopped":
             return {}
-        return self._ranks.memory(dict(self._pids))
+        return self._ranks.memory(self._pids())
 
     def _at_exit(self) -> None:
         """The kernel shuts down: stop the session at once, without waiting for a cloud job's end."""
@@ -120,10 +135,10 @@ class Session:
         """End the session: the ranks are asked to leave, then stopped; nothing is left running
         (``wait=False``: the stop is under way when this returns)."""
         ranks = self._ranks
-        if ranks is None or self._status == "stopped":
+        if ranks is None or self.status == "stopped":
             return
         self._told_ended = True  # the user's own choice: later cells need not be told
-        if self._status == "idle":
+        if self.status == "idle":
             try:
                 ranks.send({"kind": "stop", "reason": reason})
             except OSError:
@@ -139,7 +154,7 @@ class Session:
 
     def said_between_cells(self, limit: int = 5) -> list[str]:
         """The last lines the ranks printed outside any cell (rank 0 refusing an object, say)."""
-        return [f"[rank {rank}] {text}" for rank, stream, text in list(self._model.tail)[-limit:]]
+        return [f"[rank {rank}] {text}" for rank, stream, text in list(self.model.tail)[-limit:]]
 
     def mismatch(self, options: LaunchOptions) -> str | None:
         """Why a cell with these options cannot run on this session (None: it can)."""
@@ -190,8 +205,8 @@ class Session:
             self.job_dir = jobdir.create(self.cache_dir, self.name, reuse=attached)
             jobdir.record(self.job_dir, name=self.name, backend=self.backend, world_size=self.world_size,
                           instances=self.instances, procs_per_instance=self.procs_per_instance, status="running",
-                          session=True, started=time.time(), launcher_pid=getattr(ranks, "pid", None),
-                          launcher_started=getattr(ranks, "started", None))
+                          session=True, started=time.time(), launcher_pid=(ranks.launcher or (None, None))[0],
+                          launcher_started=(ranks.launcher or (None, None))[1])
         except BaseException:  # the ranks (a training job) are up already: nothing may keep running unowned
             if attached:
                 ranks.let_go("the attach failed")
@@ -211,11 +226,11 @@ class Session:
             while True:
                 connected = ranks.connect()
                 with self._lock:
-                    ready = sum(1 for cell in self._ready.values() if cell == self.cells)
-                    if self._exit is not None or self._status == "stopped":
+                    ready = sum(1 for state in self.model.ranks if state.ready_after == self.cells)
+                    if self.status == "stopped":
                         break
                     if connected and ready == self.world_size:
-                        self._status = "idle"
+                        self._up = True
                         self.idle_since = self.clock()
                         break
                     self._lock.wait(0.005)
@@ -229,8 +244,8 @@ class Session:
             else:
                 self._end("its start was interrupted")
             raise
-        if self._status != "idle":
-            if self._exit is not None and self._pump_thread is not None:
+        if not self._up:
+            if self.model.exit is not None and self._pump_thread is not None:
                 self._pump_thread.join(timeout=STOP_WAIT)  # the launcher is gone: its last events say why
             failure = self._start_failure()
             self._end("its ranks ended while starting")
@@ -242,7 +257,7 @@ class Session:
     def _start_failure(self) -> str:
         """Why the ranks ended before they were all up (the launcher's words, or SageMaker's
         replacing the instances), with the ranks' last lines: a rank that cannot start says why there."""
-        model = self._model
+        model = self.model
         error = model.error() if model.exit is not None else None
         why = self.ended_reason or (str(error) if error is not None else "") or "no rank said why"
         lines = [f"\n[rank {rank}] {text}" for rank, stream, text in list(model.tail)[-8:]]
@@ -258,54 +273,43 @@ class Session:
             if ranks.finished:
                 break
         with self._lock:
-            if self._status != "stopped":
-                self._status = "stopped"
-                self.ended_reason = self.ended_reason or ranks.released or self._closing_reason()
+            self.model.fold(events.StopRequested(ranks.released or self._closing_reason()))  # (unless one was)
             self._lock.notify_all()
         ranks.stop(wait=False)  # what the backend keeps for the ranks (a channel, a heartbeat) ends with them
         atexit.unregister(self._at_exit)
 
     def _route(self, event: events.Event) -> None:
+        """Between cells the session's model folds every event (its tail keeps what the ranks
+        printed then); during a cell it folds the session's own facts, and the cell gets every event."""
         if isinstance(event, events.Restarted):
             self._replaced(event)
         with self._lock:
-            if isinstance(event, events.RankStarted):
-                self._pids[event.rank], self._hosts[event.rank] = event.pid, event.host
-            elif isinstance(event, events.RankReady):
-                self._ready[event.rank] = event.cell
-                self._lock.notify_all()
-            elif isinstance(event, events.SessionClosing):
-                self._closing = event.reason
-            elif isinstance(event, events.Phase) and self._say is not None and self._status == "starting":
-                self._say(f"session {self.name}: {event.detail or event.name}")  # SageMaker's phases
-            elif isinstance(event, events.LauncherExited):
-                self._exit = event
-                self._lock.notify_all()
-            elif isinstance(event, events.Billing):
-                self._billing = event, self.clock()
             cell = self._cell
+            starting = self.status == "starting"
+            if cell is None or isinstance(event, SESSION_FACTS):
+                self.model.fold(event)
+            if isinstance(event, (events.RankReady, events.LauncherExited)):
+                self._lock.notify_all()
+            elif isinstance(event, events.Phase) and self._say is not None and starting:
+                self._say(f"session {self.name}: {event.detail or event.name}")  # SageMaker's phases
         if cell is not None:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
-            return
-        self._model.fold(event)  # its tail keeps what the ranks printed between cells
 
     def _replaced(self, event: events.Restarted) -> None:
         """SageMaker started the session's job again (a spot interruption) on new instances: what
         the ranks held is gone and a cell that ran is lost, so the session ends instead of going on
         as if nothing happened (its ranks never run an earlier cell again: ``s3channel.S3RankEnd``)."""
-        with self._lock:
-            self.ended_reason = self.ended_reason or (
-                f"{event.cause}: SageMaker replaced its instances, and what the ranks held with them")
-        self._end(self.ended_reason, wait=False)  # no cell may start now; the pump reads on until the job stopped
+        self._end(f"{event.cause}: SageMaker replaced its instances, and what the ranks held with them", wait=False)  # no cell may start now; the pump reads on until the job stopped
 
     def _closing_reason(self) -> str:
-        if self._closing:
-            return self._closing
-        if self._exit is not None and self._exit.refused:
-            return f"the launcher refused to start the ranks: {self._exit.refused}"
-        if self._exit is not None and (self._exit.reports or self._exit.reason):
-            said = [f"rank {r} {why}" for r, why in sorted(self._exit.reports.items())]
-            return "; ".join(said + ([self._exit.reason] if self._exit.reason else []))
+        closing, end = self.model.closing, self.model.exit
+        if closing:
+            return closing
+        if end is not None and end.refused:
+            return f"the launcher refused to start the ranks: {end.refused}"
+        if end is not None and (end.reports or end.reason):
+            said = [f"rank {r} {why}" for r, why in sorted(end.reports.items())]
+            return "; ".join(said + ([end.reason] if end.reason else []))
         return "its launcher exited"
 
     def _let_go(self, reason: str) -> None:
@@ -315,8 +319,7 @@ class Session:
         if self._pump_thread is not None and self._pump_thread is not threading.current_thread():
             self._pump_thread.join(timeout=STOP_WAIT)
         with self._lock:
-            self.ended_reason = self.ended_reason or self._ranks.released or reason
-            self._status = "stopped"
+            self.model.fold(events.StopRequested(self._ranks.released or reason))
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
@@ -324,14 +327,11 @@ class Session:
     def _end(self, reason: str, wait: bool = True) -> None:
         """Stop everything of the session now; idempotent."""
         with self._lock:
-            if self.ended_reason is None:
-                self.ended_reason = reason
+            self.model.fold(events.StopRequested(reason))  # (the first reason stays)
         if self._ranks is not None:
             self._ranks.stop(wait)
         if wait and self._pump_thread is not None and self._pump_thread is not threading.current_thread():
             self._pump_thread.join(timeout=STOP_WAIT)
-        with self._lock:
-            self._status = "stopped"
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
@@ -341,16 +341,14 @@ class Session:
     def run(self, job_dir: str, digest: str | None) -> SessionCell:
         """Hand the cell in ``job_dir`` to the ranks; its events go to the ``SessionCell`` returned."""
         ranks = self._ranks
-        assert ranks is not None and self._status == "idle", "a cell runs on an idle session"
-        self.cells += 1
-        cell = SessionCell(self, self.cells, self.clock)
+        assert ranks is not None and self.status == "idle", "a cell runs on an idle session"
         with self._lock:
-            self._cell = cell
-            self._status = "running"
-            if self._billing is not None:  # the instance time billed so far shows from the cell's start
-                billing, at = self._billing
+            self.model.fold(events.CellSent(self.cells + 1))
+            cell = self._cell = SessionCell(self, self.cells, self.clock)
+            billing = self.model.billing
+            if billing is not None:  # the instance time billed so far shows from the cell's start
                 if billing.running:
-                    billed = billing.instance_seconds + billing.instances * (self.clock() - at)
+                    billed = billing.instance_seconds + billing.instances * (self.clock() - self.model.billing_at)
                     billing = dataclasses.replace(billing, instance_seconds=billed)
                 cell.queue.put(billing)
         try:
@@ -363,7 +361,7 @@ class Session:
 
     def tell_ended(self) -> bool:
         """True the first time it is asked after the session ended: the caller says so to the user."""
-        if self._status != "stopped" or self._told_ended:
+        if self.status != "stopped" or self._told_ended:
             return False
         self._told_ended = True
         return True
@@ -384,8 +382,6 @@ class Session:
         with self._lock:
             if self._cell is cell:
                 self._cell = None
-            if self._status == "running":
-                self._status = "idle"
             self.idle_since = self.clock()
         while True:  # what arrived after the cell ended belongs to the time between cells
             try:
@@ -396,7 +392,8 @@ class Session:
 
     def interrupt(self, ranks: list[int]) -> None:
         assert self._ranks is not None
-        self._ranks.interrupt({r: self._pids[r] for r in ranks if r in self._pids})
+        pids = self._pids()
+        self._ranks.interrupt({r: pids[r] for r in ranks if r in pids})
 
     @property
     def latency(self) -> float:
@@ -414,7 +411,7 @@ class Session:
     def ended_under_a_cell(self) -> str:
         """The launcher exited while a cell ran: the reason is the launcher's, unless one was set."""
         with self._lock:
-            self.ended_reason = self.ended_reason or self._closing_reason()
+            self.model.fold(events.StopRequested(self._closing_reason()))  # (unless one was)
         return self.ended_sentence()
 
     @property

@@ -160,6 +160,14 @@ class StopRequested:
 
 
 @dataclass
+class CellSent:
+    """In a session: the notebook handed the ranks cell ``number`` (so ``number`` cells have run,
+    counting those of a notebook it was taken over from). Client-side."""
+
+    number: int
+
+
+@dataclass
 class LauncherExited:
     """The job ended: the launcher's ``returncode`` (negative: killed by that signal) and what
     it said about ranks that did not end by themselves ({rank: "was killed by signal 9"})."""
@@ -177,7 +185,7 @@ class CellEnded(LauncherExited):
 
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
-         | LauncherExited)
+         | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
                            wire.READY: RankReady, wire.CLOSING: SessionClosing}

@@ -1,5 +1,6 @@
 """Job state folded from events: the one place a job's state lives. It draws nothing; the
-widget and text views render it, and the job handle reads it.
+widget and text views render it, and the job and session handles read it (a session's model
+folds the events of its ranks' life between and around cells: who is up, waiting, billed).
 
 Rates and ETAs come from the ranks' own timestamps, elapsed times from an injected clock,
 so tests are deterministic.
@@ -60,6 +61,7 @@ class RankState:
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
     attempt: int = 1  # of the job (2 and on after it started again)
+    ready_after: int | None = None  # in a session: the cell it finished last, waiting for the next (0: up)
 
     def restart(self, attempt: int) -> "RankState":
         """This rank as the job starts again: what it did belongs to the attempt that ended; its
@@ -140,6 +142,8 @@ class JobModel:
         self.attempt = 1  # 2 and on after the job started again (a spot interruption)
         self.restart_reason = ""  # why it last did ("spot interruption: restarting, attempt 2")
         self.restart_cause = ""  # the same, in a word or two ("spot interruption")
+        self.cells = 0  # a session's: cells handed to its ranks
+        self.closing = ""  # a session's: the reason rank 0 gave when it ended the session
 
     @property
     def num_instances(self) -> int:
@@ -232,6 +236,14 @@ class JobModel:
             self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.last_activity = self.clock()
+        elif isinstance(event, events.RankReady):
+            if not self._valid(event.rank):
+                return
+            self.ranks[event.rank].ready_after = event.cell
+        elif isinstance(event, events.SessionClosing):
+            self.closing = event.reason
+        elif isinstance(event, events.CellSent):
+            self.cells = max(self.cells, event.number)
         elif isinstance(event, events.StopRequested):
             if self.stop_reason is None:
                 self.stop_reason = event.reason
