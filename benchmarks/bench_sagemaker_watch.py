@@ -9,7 +9,7 @@ without Live Tail, and through a CloudWatch Live Tail session (the default):
   the emulator pushes log lines every 0.2 s, the rest is how often the log is read, or Live Tail's
   update every second.
 Then, for the largest size, the time and calls to bring every rank's results back: one
-``download_file`` per rank in turn (HeadObject + GetObject, as before) against ``fetch_each``.
+``download_file`` per rank in turn (HeadObject + GetObject) against ``fetch_each``.
 
     python benchmarks/bench_sagemaker_watch.py --sizes 4x2 16x2 64x2
 """
@@ -32,7 +32,7 @@ from mpi_magic.shared.layout import result_path, result_uri, split_s3
 
 
 def download_each(job: SageMakerJob, job_dir: str, ranks) -> None:
-    """The results as they came back before: ``download_file`` per rank, one after the other."""
+    """The baseline: ``download_file`` per rank, one after the other."""
     for rank in ranks:
         bucket, key = split_s3(result_uri(job.results_uri, rank))
         os.makedirs(os.path.dirname(result_path(job_dir, rank)), exist_ok=True)
@@ -88,8 +88,8 @@ def main() -> None:
                       f"median {median:.2f} s, p95 {p95:.2f} s ({len(latencies)} events)", flush=True)
                 print("      calls: " + ", ".join(f"{op} {n}" for op, n in watched[-1].calls.most_common()), flush=True)
         last, world_size = watched[-1], instances * per_instance
-        for name, fetch in (("download_file each, in turn (before)", lambda d: download_each(last, d, range(world_size))),
-                            (f"fetch_each, {sagemaker_job.FETCHES} at a time (now)",
+        for name, fetch in (("download_file each, in turn", lambda d: download_each(last, d, range(world_size))),
+                            (f"fetch_each, {sagemaker_job.FETCHES} at a time",
                              lambda d: last.fetch_results(d, range(world_size)))):
             spent, made = [], []
             for _ in range(3):

@@ -56,7 +56,7 @@ def test_rank_runtime_imports_neither_ipython_nor_cloud_sdks(ip):
     assert ip.user_ns["loaded"] == []
 
 
-# What a rank's start-up used to import and no longer needs: each costs every rank milliseconds.
+# What a rank's start-up does not need: each would cost every rank milliseconds.
 NOT_AT_RANK_START = ["ast", "cloudpickle", "dataclasses", "hashlib", "inspect", "mmap", "threading", "typing"]
 
 

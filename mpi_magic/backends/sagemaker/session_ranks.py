@@ -2,7 +2,7 @@
 
 Cells, values and results go through S3 under the job's prefix (``s3channel``: signed by a key
 only this notebook holds); the ranks' events and output come back through the leader's
-CloudWatch stream, read by the one-off jobs' watch loop (``job.SageMakerJob``), paced here so
+CloudWatch stream, read by the one-off jobs' watch loop (``training_job.SageMakerJob``), paced here so
 that an idle session costs at most 12 AWS calls a minute and a running cell at most 30.
 
 The notebook refreshes a heartbeat object; the job ends by itself when it is older than the

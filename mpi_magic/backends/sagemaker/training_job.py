@@ -67,7 +67,7 @@ class Pace:
 # described every 5 s: 24 a minute, and no line waits more than 5 s for a read. Between the two,
 # the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 30 s.
 ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0)
-FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # before: ~80-95 calls a minute
+FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # ~80-95 calls a minute
 
 try:
     from botocore.exceptions import BotoCoreError, ClientError
