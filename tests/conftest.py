@@ -3,9 +3,14 @@ and a check that nothing outlives a test."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
+import json
 import os
+import shutil
+import statistics
+import tempfile
 import threading
 import time
 
@@ -22,21 +27,35 @@ _MODULE_SERVERS: set[int] = set()
 _MODULE_ROOTS: set[str] = set()
 
 
-# The files whose tests share a module's fixture (its moto server and SageMaker emulator, its mypy
-# check): under ``./dev.sh test`` (``--dist loadscope``) each goes to one worker whole, as one unit;
-# every other test is a unit of its own, so the short ones fill the last minute on whichever
-# workers are free. A test that uses a module's fixture in a file not named here is refused.
-SHARED_BY_FILE = {"test_sagemaker_watch.py", "test_sagemaker.py", "test_notebooks_sagemaker.py",
-                  "test_sagemaker_instances.py", "test_sagemaker_session.py", "test_sagemaker_session_faults.py",
-                  "test_notebook_sessions.py", "test_sagemaker_session_spot.py", "test_types.py"}
-# Units are handed out in this order of their files, longest first (``--no-loadscope-reorder`` in
-# pyproject.toml keeps it): the emulated clouds' files, which mostly wait, start beside the tests that
-# keep the cores busy (browsers, kernels, many ranks).
-LONGEST_FIRST = ["test_sagemaker_watch.py", "test_sagemaker.py", "test_notebooks_sagemaker.py",
-                 "test_sagemaker_instances.py", "test_sagemaker_session.py", "test_sagemaker_session_faults.py",
-                 "test_browser_layouts.py", "test_browser.py", "test_notebook_sessions.py",
-                 "test_sagemaker_session_spot.py", "test_notebooks.py", "test_types.py", "test_hardening.py",
-                 "test_magic_local.py", "test_sessions.py"]
+# How the tests are spread over xdist's workers (``./dev.sh test`` runs ``--dist loadscope``): a file
+# whose tests share a module-scoped fixture (a moto server and SageMaker emulator, the mypy check)
+# goes to one worker whole, as one unit; every other test is a unit of its own. Units are handed out
+# longest first (``--no-loadscope-reorder`` keeps the collection's order), by the seconds each test
+# took when ``--store-durations`` last wrote them to durations.json; a test not measured yet counts
+# as the median. The workers find which files share a fixture as they collect, and tell the
+# controller through a file (``pytest_configure_node``), so no list of files is kept by hand.
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+_UNITS_KEY = "mpi_magic_shared_files"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test's seconds (setup, call, teardown) to tests/durations.json, which orders "
+                          "the work given to xdist's workers")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist, in the controller: where this worker writes the files whose tests share a module's fixture."""
+    node.workerinput[_UNITS_KEY] = _units_file(node.config)
+
+
+def _units_file(config) -> str:
+    if not hasattr(config, "_mpi_magic_units"):
+        folder = tempfile.mkdtemp(prefix="mpi_magic_units_")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        config._mpi_magic_units = os.path.join(folder, "shared_files.json")
+    return config._mpi_magic_units
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -46,24 +65,64 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FileOrTest(LoadScopeScheduling):
+        shared: set[str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
+            if self.shared is None:  # called once every worker has collected (and so written the file)
+                with open(_units_file(config), encoding="utf-8") as f:
+                    self.shared = set(json.load(f))
             path = nodeid.split("::", 1)[0]
-            return path if os.path.basename(path) in SHARED_BY_FILE else nodeid
+            return path if path in self.shared else nodeid
 
     return FileOrTest(config, log)
 
 
-def pytest_collection_modifyitems(items):
-    def place(item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+def pytest_collection_modifyitems(config, items):
+    shared = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if any(d.scope == "module" for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds)})
+    target = getattr(config, "workerinput", {}).get(_UNITS_KEY)
+    if target:
+        written = f"{target}.{os.getpid()}"
+        with open(written, "w", encoding="utf-8") as f:
+            json.dump(shared, f)
+        os.replace(written, target)  # every worker collects the same tests, so writes the same list
+    try:
+        with open(DURATIONS, encoding="utf-8") as f:
+            measured = json.load(f)
+    except FileNotFoundError:
+        measured = {}
+    unknown = statistics.median(measured.values()) if measured else 1.0
 
+    def unit(item) -> str:
+        path = item.nodeid.split("::", 1)[0]
+        return path if path in shared else item.nodeid
+
+    seconds: dict[str, float] = {}
     for item in items:
-        fixtures = item._fixtureinfo.name2fixturedefs.values()  # pytest's own record of what a test uses
-        if item.path.name not in SHARED_BY_FILE and any(d.scope == "module" for ds in fixtures for d in ds):
-            raise pytest.UsageError(f"{item.nodeid} uses a module-scoped fixture: add {item.path.name} to "
-                                    "SHARED_BY_FILE in tests/conftest.py, so that its tests run on one worker")
-    items.sort(key=place)  # stable: each file's tests keep their order
+        seconds[unit(item)] = seconds.get(unit(item), 0.0) + measured.get(item.nodeid, unknown)
+    items.sort(key=lambda item: -seconds[unit(item)])  # stable: a file's tests keep their order
+
+
+def pytest_configure(config):
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(), "mpi_magic_durations")
+
+
+class DurationRecorder:
+    """Each test's seconds, summed over setup, call and teardown (the controller gets every
+    worker's reports), written to durations.json at the end of the run."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        with open(DURATIONS, "w", encoding="utf-8") as f:
+            json.dump({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()}, f, indent=0,
+                      sort_keys=True)
+            f.write("\n")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""docs/using.md's option reference is the magic's own help (regenerate: python tests/test_readme.py)."""
+"""docs/using.md's option reference is the magic's own help (regenerate: python tests/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import re
 import sys
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "using.md")
+USING = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "using.md")
 BLOCK = re.compile(r"(<!-- options:start -->\n```\n)(.*?)(```\n<!-- options:end -->)", re.DOTALL)
 
 
@@ -25,16 +25,16 @@ def option_help() -> str:
             os.environ["COLUMNS"] = before
 
 
-def test_readme_option_reference_matches_the_magics_help():
-    with open(README, encoding="utf-8") as f:
+def test_the_option_reference_in_docs_matches_the_magics_help():
+    with open(USING, encoding="utf-8") as f:
         match = BLOCK.search(f.read())
     assert match, "docs/using.md lost its options block"
-    assert match.group(2) == option_help(), "docs/using.md is out of date: run python tests/test_readme.py"
+    assert match.group(2) == option_help(), "docs/using.md is out of date: run python tests/test_docs.py"
 
 
 if __name__ == "__main__":
-    with open(README, encoding="utf-8") as f:
+    with open(USING, encoding="utf-8") as f:
         text = f.read()
-    with open(README, "w", encoding="utf-8") as f:
+    with open(USING, "w", encoding="utf-8") as f:
         f.write(BLOCK.sub(lambda m: m.group(1) + option_help() + m.group(3), text))
     sys.exit(0)
