@@ -31,7 +31,7 @@ _MODULE_ROOTS: set[str] = set()
 # whose tests share a module-scoped fixture (a moto server and SageMaker emulator, the mypy check)
 # goes to one worker whole, as one unit; every other test is a unit of its own. Units are handed out
 # longest first (``--no-loadscope-reorder`` keeps the collection's order), by the seconds each test
-# took when ``--store-durations`` last wrote them to durations.json; a test not measured yet counts
+# took when ``--store-durations`` last measured them (durations.json); a test not measured yet counts
 # as the median. The workers find which files share a fixture as they collect, and tell the
 # controller through a file (``pytest_configure_node``), so no list of files is kept by hand.
 DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
@@ -119,9 +119,15 @@ class DurationRecorder:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session, exitstatus):
+        """Merged into what was measured before, so that a run of some tests keeps the others' figures."""
+        try:
+            with open(DURATIONS, encoding="utf-8") as f:
+                measured = json.load(f)
+        except FileNotFoundError:
+            measured = {}
+        measured.update({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()})
         with open(DURATIONS, "w", encoding="utf-8") as f:
-            json.dump({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()}, f, indent=0,
-                      sort_keys=True)
+            json.dump(measured, f, indent=0, sort_keys=True)
             f.write("\n")
 
 

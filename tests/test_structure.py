@@ -19,11 +19,22 @@ def _module_name(path: str) -> str:
     return ".".join(relative[:-1] if relative[-1] == "__init__" else relative)
 
 
+def _package_of(path: str) -> str:
+    name = _module_name(path)
+    return name if path.endswith("__init__.py") else name.rpartition(".")[0]
+
+
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` names, resolved from ``package``."""
+    base = package.split(".")
+    base = base[:len(base) - node.level + 1] if node.level else []
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _run_time_imports(path: str) -> set[str]:
     """The package's modules that ``path`` imports when it is imported (not in functions,
     not under ``if TYPE_CHECKING``), with the packages that importing them loads first."""
-    name = _module_name(path)
-    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    name, package = _module_name(path), _package_of(path)
     found: set[str] = set()
 
     def visit(nodes) -> None:
@@ -37,9 +48,7 @@ def _run_time_imports(path: str) -> set[str]:
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
+                target = _from_target(node, package)
                 found.add(target)
                 found.update(f"{target}.{alias.name}" for alias in node.names)
 
@@ -97,8 +106,7 @@ def _part(module: str) -> str:
 def _every_import(path: str) -> set[str]:
     """The package's modules that ``path`` imports anywhere: at import time, in a function, or
     for the type checker; a dependency is one wherever it is written."""
-    name = _module_name(path)
-    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    name, package = _module_name(path), _package_of(path)
     found = set()
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
@@ -106,9 +114,7 @@ def _every_import(path: str) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")
-            base = base[:len(base) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
+            target = _from_target(node, package)
             found.update(f"{target}.{alias.name}" if f"{target}.{alias.name}" in _MODULES else target
                          for alias in node.names)
     return {m for m in found if m.startswith("mpi_magic.") and m != name}

@@ -57,15 +57,14 @@ class Prepared:
     digest: str | None
     returns: list[str]
     gather: bool
-    record: dict[str, Any] = field(default_factory=dict)  # what job.json says of it besides its status
 
 
 class CellRoute(Protocol):
     """Where a cell's job goes: what the pipeline's steps do there."""
 
     @property
-    def backend(self) -> str:
-        """The backend's name, as the view and job.json show it."""
+    def backend_name(self) -> str:
+        """As the view and job.json show it."""
 
     @property
     def world_size(self) -> int: ...
@@ -125,7 +124,7 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
     prepared = route.prepare(config, echo)
     if prepared is None:
         return CellRun(None)
-    job = Job(prepared.job_name, route.backend, route.world_size, route.procs_per_instance, clock)
+    job = Job(prepared.job_name, route.backend_name, route.world_size, route.procs_per_instance, clock)
     view = None if options.quiet else _open_view(config, job, echo)
     try:
         job.model.fold(Phase("submitting"))
@@ -140,8 +139,9 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         raise
     job.start(prepared.job_dir, backend_job.cancel)
     job.view = view
-    pid, started = backend_job.launcher or (None, None)
-    jobdir.record(prepared.job_dir, launcher_pid=pid, launcher_started=started)
+    if backend_job.launcher is not None:  # pruning spares the folder of a job whose launcher runs
+        pid, started = backend_job.launcher
+        jobdir.record(prepared.job_dir, launcher_pid=pid, launcher_started=started)
     on_job(job)
     quiet_echo = None if options.quiet or options.run_async else echo
     follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock))
@@ -154,12 +154,12 @@ class OneOffCell:
     """A cell run as a job of its own on ``backend``: everything it reads is packed and sent."""
 
     def __init__(self, backend: Backend, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions):
-        self.backend_ = backend
-        self.code, self.namespace, self.options = code, namespace, options
-        self.backend, self.world_size, self.procs_per_instance = backend.name, options.world_size, options.procs_per_instance
+        self.backend, self.code, self.namespace, self.options = backend, code, namespace, options
+        self.backend_name, self.world_size = backend.name, options.world_size
+        self.procs_per_instance = options.procs_per_instance
 
     def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
-        backend, options = self.backend_, self.options
+        backend, options = self.backend, self.options
         for warning in backend.check(options):
             echo.say(warning)
         job_name = options.job_name or jobdir.new_job_name()
@@ -185,11 +185,11 @@ class OneOffCell:
         return Prepared(job_name, job_dir, digest, self.code.assigns, options.gather)
 
     def submit(self, prepared: Prepared) -> BackendJob:
-        return self.backend_.submit(prepared.job_dir, prepared.job_name, prepared.digest, self.options)
+        return self.backend.submit(prepared.job_dir, prepared.job_name, prepared.digest, self.options)
 
     def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
         return FollowSettings(prepared.returns, prepared.gather, self.namespace, self.options.timeout,
-                              self.backend_.stop_description, echo, clock)
+                              self.backend.stop_description, echo, clock)
 
     def follow(self, follower: Follower) -> CellRun:
         return follower.run()
@@ -202,7 +202,7 @@ class SessionCellRoute:
     def __init__(self, session: Session, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions,
                  echo: ConsoleEcho):
         self.session, self.code, self.namespace, self.options, self.echo = session, code, namespace, options, echo
-        self.backend, self.world_size = session.backend, session.world_size
+        self.backend_name, self.world_size = session.backend, session.world_size
         self.procs_per_instance = session.procs_per_instance
         self.selection: Selection | None = None
         self.cell: SessionCell | None = None
@@ -270,7 +270,7 @@ class AttachedJob:
 
     def __init__(self, jobs: AttachableBackend, name: str, namespace):
         self.jobs, self.name, self.namespace = jobs, name, namespace
-        self.backend = jobs.name
+        self.backend_name = jobs.name
         self.found, info = jobs.attach(name)
         self.info = info
         self.world_size, self.procs_per_instance = info["instances"] * info["procs_per_instance"], info["procs_per_instance"]

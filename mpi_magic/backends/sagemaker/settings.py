@@ -1,7 +1,8 @@
 """A SageMaker job's settings and the facts about instance types they are checked against.
 
 Light to import: the default ``--gpus`` is read from the GPU table while a cell's line is parsed
-(``backends.default_gpus``), before anyone knows a cloud job will run. boto3 and botocore are imported only when settings are resolved.
+(``backends.default_gpus``), before anyone knows a cloud job will run. boto3 and botocore are
+imported only when settings are resolved.
 """
 
 from __future__ import annotations
