@@ -90,7 +90,7 @@ def _identify(path: str) -> Launcher:
 
 
 def _version_text(path: str) -> str:
-    """What ``path --version`` prints; on timeout its whole session is killed, children included,
+    """What ``path --version`` prints; on timeout its whole process group is killed, children included,
     so nothing it started is left holding the pipe."""
     with subprocess.Popen([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, start_new_session=True) as process:
@@ -145,7 +145,7 @@ def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) ->
 
 
 def tmpdir_variable(launcher: Launcher) -> str | None:
-    """The variable that tells this launcher where to keep its session folder, when it needs one
+    """The variable that tells this launcher where to keep its temporary folder, when it needs one
     of its own per launch: Open MPI 5's launcher names the folder by its process number and finds
     in it the files a killed launcher of that number left ("ompi.<pid>" in the temporary folder);
     once the number is used again, its PMIx server fails to start ("The PMIx server's listener

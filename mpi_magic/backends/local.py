@@ -95,7 +95,7 @@ class LocalBackend:
             envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
             envvars.MASTER_ADDR: "127.0.0.1",
             envvars.MASTER_PORT: str(procs.free_port()),
-            envvars.JOB: job_name,  # also marks every process of the job, whatever session it starts
+            envvars.JOB: job_name,  # also marks every process of the job, whatever process group it starts
             envvars.EVENT_TOKEN: token,
         })
         env.update(options.env)
@@ -107,9 +107,9 @@ class LocalBackend:
 class LocalJob:
     """A running mpirun: two pipe readers decode lines into one bounded queue of event batches.
 
-    Every process of the job is found by its process tree, its session (mpirun leads a session
-    of its own) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a rank
-    started is stopped with it, even in a session of its own. mpirun dies with the notebook
+    Every process of the job is found by its process tree, its process group (mpirun leads one of
+    its own, by setsid) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a
+    rank started is stopped with it, even in a process group of its own. mpirun dies with the notebook
     process, and each rank with mpirun.
     """
 
@@ -144,12 +144,12 @@ class LocalJob:
         self._stuck_checked_at = 0.0
         self._stuck = self._cancelled = False
         self._launcher_log = launchers.LauncherLog()
-        # The launcher's session folder, new for this launch and removed after it (unless the user chose one)
+        # The launcher's temporary folder, new for this launch and removed after it (unless the user chose one)
         self._folder = None
         if folder_variable and folder_variable not in env:
             self._folder = ScratchFolder("mpirun")
             env = {**env, folder_variable: self._folder.path}
-        # A session of its own: a terminal's Ctrl-C reaches the job only through cancel().
+        # A process group of its own (setsid): a terminal's Ctrl-C reaches the job only through cancel().
         command, preexec = _dying_with_notebook(argv)
         try:
             self.process = subprocess.Popen(
@@ -334,8 +334,8 @@ class LocalJob:
                     pass
 
     def _processes(self) -> list[psutil.Process]:
-        """mpirun's process tree, everything else in its session, and every process that
-        carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a session of its own)."""
+        """mpirun's process tree, everything else in its process group (setsid), and every process that
+        carries this job's ``MPI_MAGIC_JOB`` (a rank's child in a process group of its own)."""
         return procs.job_processes(self.pid, self.name, self.started)
 
 

@@ -53,7 +53,7 @@ def ephemeral_ports() -> tuple[int, int]:
 def job_processes(leader: int, job: str | None = None, started: float | None = None) -> list[psutil.Process]:
     """``leader``'s process tree, every other process of the session it leads, and (given
     ``job``) every process whose ``MPI_MAGIC_JOB`` names that job: a job's processes,
-    including those that left its tree or started a session of their own. Given the leader's
+    including those that left its tree or started a process group of their own (setsid). Given the leader's
     ``started`` time, a number another process has taken since it ended names nothing."""
     import psutil
 
@@ -61,7 +61,7 @@ def job_processes(leader: int, job: str | None = None, started: float | None = N
     try:
         root = psutil.Process(leader)
         if started is not None and abs(root.create_time() - started) >= 1:  # (as read: boot time + ticks)
-            leader = -1  # reused: its tree and session are another process's
+            leader = -1  # reused: its tree and process group are another process's
         else:
             members = {p.pid: p for p in [root, *root.children(recursive=True)]}
     except psutil.Error:

@@ -156,7 +156,7 @@ class EmulatedJob:
 
     # -- running --------------------------------------------------------------------------
 
-    def run(self, session) -> None:
+    def run(self, aws) -> None:
         try:
             hosts = [f"algo-{i + 1}" for i in range(self.request["ResourceConfig"]["InstanceCount"])]
             while True:
@@ -164,14 +164,14 @@ class EmulatedJob:
                     return self._end("Stopped", "Stopped", "")
                 self._move("Downloading", "Downloading the input data")
                 for host in hosts:
-                    self._prepare(session, host, hosts)
+                    self._prepare(aws, host, hosts)
                 if self.stop_requested.is_set():
                     return self._end("Stopped", "Stopped", "")
                 self._move("Training", "Training image download completed. Training in progress.")
                 self.training_started = self.training_started or time.time()
                 self.attempt_started = time.time()
-                codes = self._train(session, hosts)
-                self._save_checkpoints(session, hosts)
+                codes = self._train(aws, hosts)
+                self._save_checkpoints(aws, hosts)
                 if self.stop_requested.is_set():
                     return self._end("Stopped", "Stopped", "")
                 if not self.interrupt_requested.is_set():
@@ -239,9 +239,9 @@ class EmulatedJob:
         for path in self._download(s3, bucket, prefix, local):
             self._synced[path] = os.stat(path).st_mtime_ns
 
-    def _save_checkpoints(self, session, hosts: list[str]) -> None:
+    def _save_checkpoints(self, aws, hosts: list[str]) -> None:
         """Copy to S3 what each instance wrote or changed under the checkpoint path since the last copy."""
-        s3 = session.client("s3")
+        s3 = aws.client("s3")
         for host in hosts:
             where = self._checkpoints(host)
             if where is None:
@@ -257,7 +257,7 @@ class EmulatedJob:
     def _base(self, host: str) -> str:
         return os.path.join(self.root, host)
 
-    def _prepare(self, session, host: str, hosts: list[str]) -> None:
+    def _prepare(self, aws, host: str, hosts: list[str]) -> None:
         base = self._base(host)
         for sub in ("input/config", "input/data", "output", "model"):
             os.makedirs(os.path.join(base, sub), exist_ok=True)
@@ -270,7 +270,7 @@ class EmulatedJob:
         for name, content in files.items():
             with open(os.path.join(base, "input", "config", name), "w") as f:
                 json.dump(content, f)
-        s3 = session.client("s3")
+        s3 = aws.client("s3")
         for channel in self.request.get("InputDataConfig", []):
             uri = channel["DataSource"]["S3DataSource"]["S3Uri"]
             bucket, prefix = split_s3(uri)
@@ -301,12 +301,12 @@ class EmulatedJob:
             argv[0] = sys.executable  # the image's Python is this one
         return [arg.replace("/opt/ml", base) for arg in argv]
 
-    def _train(self, session, hosts: list[str]) -> list[int]:
+    def _train(self, aws, hosts: list[str]) -> list[int]:
         agent = os.path.join(self.root, "ssh")
         with open(agent, "w") as f:
             f.write(f"#!{sys.executable}\nfrom mpi_magic.testing.ssh_standin import main\nmain()\n")
         os.chmod(agent, 0o755)
-        logs = session.client("logs")
+        logs = aws.client("logs")
         try:
             logs.create_log_group(logGroupName=LOG_GROUP)
         except logs.exceptions.ResourceAlreadyExistsException:
@@ -349,7 +349,7 @@ class EmulatedJob:
                 self.kill()
                 break
             if time.monotonic() >= next_sync:
-                self._save_checkpoints(session, hosts)
+                self._save_checkpoints(aws, hosts)
                 next_sync = time.monotonic() + CHECKPOINT_SYNC
         for pump in pumps:
             pump.join(timeout=10)
@@ -439,7 +439,7 @@ class Emulator:
         import boto3
 
         self.root, self.region = root, region
-        self.session = boto3.session.Session(region_name=region)
+        self.aws = boto3.session.Session(region_name=region)
         self.jobs: dict[str, EmulatedJob] = {}
         self.lock = threading.Lock()
         self.faults: dict[str, tuple[float, float]] = {}  # operation: (share throttled, share failing with 5xx)
@@ -482,7 +482,7 @@ class Emulator:
             if body["TrainingJobName"] in self.jobs:
                 raise ClientError("ResourceInUse", f"Training job {body['TrainingJobName']} already exists")
             job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root)
-        threading.Thread(target=job.run, args=(self.session,), daemon=True).start()
+        threading.Thread(target=job.run, args=(self.aws,), daemon=True).start()
         return {"TrainingJobArn": job.arn}
 
     def _DescribeTrainingJob(self, body: dict) -> dict:

@@ -30,7 +30,7 @@ def split(argv: list[str]) -> tuple[str, str]:
 
 def private_tmp(base: str) -> dict[str, str]:
     """The environment that gives an emulated instance its own temporary folder, as a container
-    has: Open MPI's launcher and PMIx keep their session files there, so neither those of another
+    has: Open MPI's launcher and PMIx keep their temporary files there, so neither those of another
     instance nor those a killed launcher left on an earlier attempt are found by a later one."""
     tmp = os.path.join(base, "tmp")
     os.makedirs(tmp, exist_ok=True)
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     # As with a real sshd, the command starts from a login environment, not the caller's:
     # whatever the ranks need must be forwarded by mpirun (-x).
     env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "USER") if name in os.environ}
-    # Daemons and ranks of different "instances" must not share session folders or shared
+    # Daemons and ranks of different "instances" must not share temporary folders or shared
     # memory segments, as they would on one machine: each instance gets its own folder.
     env.update(private_tmp(base), SAGEMAKER_BASE_DIR=base)
     env[envvars.HOST] = host

@@ -19,7 +19,7 @@ def import_boto3() -> Any:
     return boto3
 
 
-# a botocore session kept for its loader of service models, which every handle below shares
+# botocore's handle kept for its loader of service models, which every handle below shares
 _models: Any = None
 
 
