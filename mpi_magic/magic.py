@@ -12,7 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from .notebook import pipeline
 from .errors import BackendNotAvailable, LauncherNotFound
-from .backends import default_gpus
+from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
@@ -217,9 +217,7 @@ class MpiMagics(Magics):
     @line_magic
     def mpirun_jobs(self, line: str):
         """List the SageMaker jobs started from this machine (newest first), with their status."""
-        from .backends.sagemaker.history import recent_jobs
-
-        jobs = recent_jobs()
+        jobs = get_attachable("sagemaker", self.defaults).recent_jobs()
         if not jobs:
             print("no SageMaker jobs started from here yet")
         for record in jobs:

@@ -99,6 +99,10 @@ class AttachableBackend(Protocol):
         """A session's running ranks, and ``instances``, ``procs_per_instance``, ``env`` and ``cells``
         (how many it has run)."""
 
+    def recent_jobs(self) -> list[dict[str, Any]]:
+        """The jobs started from this machine, newest first: ``name``, ``created`` (epoch seconds),
+        ``status`` and ``secondary`` (the backend's finer status)."""
+
 
 class SessionRanks(Protocol):
     """A session's ranks, up between cells: their events, and the channel to rank 0."""

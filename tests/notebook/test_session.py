@@ -398,3 +398,27 @@ def test_dry_run_in_a_session_says_what_would_be_sent(sessions, capsys):
     out = capsys.readouterr().out
     assert f"would run on session {s.name} (2 ranks): sending fresh (" in out
     assert "the ranks hold small already" in out and s.cells == 1
+
+
+def test_a_thousand_warm_cells_leave_no_descriptor_open_and_the_notebook_barely_grows(sessions):
+    """What a session keeps per cell must not pile up: after a warm-up, 1,000 cells may grow the
+    notebook's resident memory by 16 MiB at most, and every descriptor they opened is closed."""
+    import gc
+
+    ip = sessions
+    me = psutil.Process()
+    fds_before_start = me.num_fds()
+    s = start_session(ip)
+    for _ in range(20):
+        run(ip, "--quiet", "x = 1")
+    gc.collect()
+    rss, fds = me.memory_info().rss, me.num_fds()
+    for _ in range(1000):
+        run(ip, "--quiet", "x = 1")
+    gc.collect()
+    grown = me.memory_info().rss - rss
+    assert s.cells == 1020 and s.status == "idle"
+    assert me.num_fds() == fds, "the cells left descriptors open"
+    assert grown <= 16 * 2**20, f"the notebook grew by {grown / 2**20:.1f} MiB over 1,000 cells"
+    s.stop()
+    assert me.num_fds() == fds_before_start, "the stopped session left descriptors open"

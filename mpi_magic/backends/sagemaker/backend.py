@@ -131,6 +131,11 @@ class SageMakerJobs:
 
         return attach(job_name, self.config.get("region"), self.config.get("cache_dir"), self.config.get("heartbeat"))
 
+    def recent_jobs(self) -> list[dict]:
+        from .history import recent_jobs
+
+        return recent_jobs()
+
 
 if TYPE_CHECKING:  # read by the type checker only
     def _is_backend(backend: SageMakerBackend) -> SessionBackend:
