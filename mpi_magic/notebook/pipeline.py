@@ -165,24 +165,11 @@ class OneOffCell:
         job_name = options.job_name or jobdir.new_job_name()
         captured = capture.capture(self.code, self.namespace)
         _announce_large(captured, options.world_size, echo)
-        cache_dir = config.get("cache_dir")
-        _prepare_cache(cache_dir)
-        try:
-            job_dir = jobdir.create(cache_dir, job_name)
-        except FileExistsError:
-            raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
-                             "choose another --job-name") from None
-        digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), captured.packed, _meta(self.code, options),
-                               digest=backend.pins_digest)
-        if options.dry_run:
-            print(backend.plan(job_dir, job_name, digest, options))
-            shutil.rmtree(job_dir, ignore_errors=True)
-            return None
-        jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
-        jobdir.record(job_dir, name=job_name, backend=backend.name, world_size=options.world_size,
-                      instances=options.instances, procs_per_instance=options.procs_per_instance, digest=digest,
-                      status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
-        return Prepared(job_name, job_dir, digest, self.code.assigns, options.gather)
+        return _pack(config, job_name, captured.packed, _meta(self.code, options), options, self.code.assigns,
+                     pin=backend.pins_digest, reuse=False,
+                     plan=lambda job_dir, digest: backend.plan(job_dir, job_name, digest, options),
+                     record={"backend": backend.name, "world_size": options.world_size, "instances": options.instances,
+                             "procs_per_instance": options.procs_per_instance})
 
     def submit(self, prepared: Prepared) -> BackendJob:
         return self.backend.submit(prepared.job_dir, prepared.job_name, prepared.digest, self.options)
@@ -213,24 +200,14 @@ class SessionCellRoute:
         captured = capture.capture(code, self.namespace, holdings.keeps)
         self.selection = selection = holdings.select(captured.packed, self.namespace)
         _announce_large(captured, session.world_size, echo, {item.name for item in selection.send})
-        cache_dir = config.get("cache_dir")
-        _prepare_cache(cache_dir)
-        job_name = f"{session.name}-{session.cells + 1}"
-        job_dir = jobdir.create(cache_dir, job_name, reuse=True)
+        kept = sorted(captured.kept + selection.same)
+        plan = (f"would run on session {session.name} ({session.world_size} ranks): sending "
+                + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
+                + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
         meta = {**_meta(code, options), "return_limit": config.get("return_limit")}
-        payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), selection.send, meta, digest=False)
-        if options.dry_run:
-            kept = sorted(captured.kept + selection.same)
-            print(f"would run on session {session.name} ({session.world_size} ranks): sending "
-                  + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
-                  + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
-            shutil.rmtree(job_dir, ignore_errors=True)
-            return None
-        jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
-        jobdir.record(job_dir, name=job_name, backend=session.backend, world_size=session.world_size,
-                      session=session.name, status="running", started=time.time(),
-                      keep_payload=config.get("keep_payloads"))
-        return Prepared(job_name, job_dir, None, code.assigns, options.gather)
+        return _pack(config, f"{session.name}-{session.cells + 1}", selection.send, meta, options, code.assigns,
+                     pin=False, reuse=True, plan=lambda job_dir, digest: plan,
+                     record={"backend": session.backend, "world_size": session.world_size, "session": session.name})
 
     def submit(self, prepared: Prepared) -> BackendJob:
         assert self.selection is not None, "prepared first"
@@ -290,6 +267,28 @@ class AttachedJob:
 
     def follow(self, follower: Follower) -> CellRun:
         return follower.run()
+
+
+def _pack(config: Config, job_name: str, items: list, meta: dict, options: LaunchOptions, returns: list[str], *,
+          pin: bool, reuse: bool, plan: Callable[[str, str | None], str], record: dict[str, Any]) -> Prepared | None:
+    """The job folder with the payload of ``items``, old folders pruned, job.json begun; with
+    --dry-run, ``plan(job_dir, digest)`` is printed instead and the folder removed."""
+    cache_dir = config.get("cache_dir")
+    _prepare_cache(cache_dir)
+    try:
+        job_dir = jobdir.create(cache_dir, job_name, reuse=reuse)
+    except FileExistsError:
+        raise UsageError(f"a job named {job_name} exists already (see {cache_dir}/jobs); "
+                         "choose another --job-name") from None
+    digest = payload.write(os.path.join(job_dir, payload.PAYLOAD_FILE), items, meta, digest=pin)
+    if options.dry_run:
+        print(plan(job_dir, digest))
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return None
+    jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+    jobdir.record(job_dir, name=job_name, **record, digest=digest, status="running", started=time.time(),
+                  keep_payload=config.get("keep_payloads"))
+    return Prepared(job_name, job_dir, digest, returns, options.gather)
 
 
 def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
