@@ -53,6 +53,16 @@ def headline(model: JobModel) -> str:
            f"{phase} {duration(model.elapsed())}: " + ", ".join(parts)
 
 
+EACH_RANK_UP_TO = 16  # smaller worlds list every rank's progress
+
+
+def shares(model: JobModel) -> str:
+    """'ranks 0:100% 1:57%' for a world of up to 16 ranks where some rank's tqdm reported; else ''."""
+    if model.world_size > EACH_RANK_UP_TO or not any(s.bar for s in model.ranks):
+        return ""
+    return "ranks " + " ".join(f"{s.rank}:{percent(s.fraction)}" for s in model.ranks)
+
+
 def billing_phrase(model: JobModel) -> str:
     """'billable 1m10s of instance time, about $0.05' ('cost unknown' without a price); '' when
     the backend bills nothing."""
@@ -81,6 +91,8 @@ class Summary:
 
     def __repr__(self) -> str:
         lines = [f"mpi_magic: {headline(self.model)}"] + [f"  {note}" for note in self.model.notes]
+        if shares(self.model):
+            lines.append(f"  progress: {shares(self.model)}")
         if self.model.phase == "completed":
             return "\n".join(lines)
         for state in self.model.ranks:

@@ -6,14 +6,13 @@ import sys
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from .model import JobModel
-from .summary import Summary, headline, percent, rate
+from .summary import Summary, headline, percent, rate, shares
 
 if TYPE_CHECKING:
     from . import View
 
 QUIET_START = 1.0  # a job done sooner prints only its summary
 EVERY = 2.0  # seconds between progress lines
-EACH_RANK_UP_TO = 16  # smaller worlds list every rank's progress on the line
 WAITING_EVERY = 30.0  # seconds between lines saying which ranks wait, while none reports
 
 
@@ -61,8 +60,8 @@ class TextView:
         self._last_at, self._seen_version = elapsed, model.version
         line = headline(model)
         slowest = model.slowest(1)
-        if model.world_size <= EACH_RANK_UP_TO and any(s.bar for s in model.ranks):
-            line += "; ranks " + " ".join(f"{s.rank}:{percent(s.fraction)}" for s in model.ranks)
+        if shares(model):
+            line += "; " + shares(model)
         elif slowest and model.world_size > 1:
             s = slowest[0]
             line += f"; slowest rank {s.rank} {percent(s.fraction)} at {rate(s.rate)}"

@@ -114,9 +114,9 @@ def test_data_parallel_training_matches_a_single_process_run(tmp_path):
     nb = executed("data_parallel_training.ipynb", tmp_path)
     training = text_of(code_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
     assert re.search(r"completed [\d.]+s: 2/2 ranks done", training), training
-    # a line every 2 s lists each rank's tqdm progress; on a loaded machine either rank's short loop can
-    # start and end between two lines, so a line must list both ranks with at least one rank's share
-    assert re.search(r"ranks 0:\d+% 1:(\d+%|-)|ranks 0:- 1:\d+%", training), "the ranks' tqdm loops were reported"
+    # a line every 2 s lists each rank's tqdm share while the job runs, which a short loop can finish
+    # between two lines; the summary keeps where each rank's last bar ended
+    assert "progress: ranks 0:100% 1:100%" in training, "the ranks' tqdm loops were reported"
     shown = text_of(code_cell(nb, "def train_single_process").outputs)
     steps = int(re.search(r"^(\d+) steps; loss", shown, re.MULTILINE).group(1))
     assert steps == 4 * 2048 // (2 * 32), "epochs x batches of two ranks' samples"

@@ -222,7 +222,7 @@ def test_summary_html_lists_every_rank_with_status_time_progress_and_error(world
     assert page.count("<tr class='mpi-magic-stopped'>") == 2, "only failed rows are marked"
     assert page.count("<tr class='mpi-magic-failed' style='background:var(--jp-rendermime-error-background") == 1
     assert repr(summary).splitlines()[1:] == [
-        "  rank 1 (instance 0, h) raised ValueError: x < 0", "  rank 2 (instance 1) stopped", "  rank 3 (instance 1) stopped"]
+        "  progress: ranks 0:100% 1:- 2:- 3:-", "  rank 1 (instance 0, h) raised ValueError: x < 0", "  rank 2 (instance 1) stopped", "  rank 3 (instance 1) stopped"]
 
 
 def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
@@ -251,9 +251,10 @@ def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
     assert out.getvalue().splitlines()[-1] == "mpi_magic: rank 1 (instance 1, h) raised OSError: disk"
     model.fold(Phase("failed"))
     view.close()
-    summary = out.getvalue().splitlines()[-3:]
+    summary = out.getvalue().splitlines()[-4:]
     assert summary[0].startswith("mpi_magic: job job-2 (local, 2 x 1) failed")
-    assert summary[1:] == ["  rank 0 (instance 0) stopped", "  rank 1 (instance 1, h) raised OSError: disk"]
+    assert summary[1] == "  progress: ranks 0:100% 1:50%", "where each rank's bar ended, kept after the job"
+    assert summary[2:] == ["  rank 0 (instance 0) stopped", "  rank 1 (instance 1, h) raised OSError: disk"]
 
 
 def test_when_no_rank_reports_the_views_say_who_waits(world):
