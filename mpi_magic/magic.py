@@ -11,12 +11,14 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .notebook import pipeline
-from .errors import BackendNotAvailable, LauncherNotFound
+from .errors import BackendNotAvailable, JobError, LauncherNotFound
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
+from .notebook.job import Job
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
 from .view.console import ConsoleEcho
+from .view.summary import headline
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -29,6 +31,7 @@ class MpiMagics(Magics):
         super().__init__(shell)
         self.defaults = config or Config()
         self.session: Session | None = None  # the session cells run on, while one is up
+        self.latest_job: Job | None = None  # the newest cell's job, which %mpirun_stacks asks by default
         shell.events.register("pre_run_cell", self._notebook_cell)
 
     def _notebook_cell(self, info) -> None:
@@ -52,6 +55,7 @@ class MpiMagics(Magics):
         user_ns = self.shell.user_ns
 
         def keep_handle(job):
+            self.latest_job = job
             if options.out:
                 user_ns[options.out] = job
 
@@ -213,6 +217,55 @@ class MpiMagics(Magics):
         if args.out:
             self.shell.user_ns[args.out] = run.job
         return run.output if run.has_output else None
+
+    @line_magic
+    @magic_arguments()
+    @argument("handle", nargs="?", default=None, metavar="NAME",
+              help="A job or session handle stored with --out (default: this notebook's newest job while it "
+                   "runs, else the session).")
+    @argument("--frames", action="store_true", help="Also list each group's frames, outermost first.")
+    def mpirun_stacks(self, line: str):
+        """Show where every rank is now, grouped: "ranks 0, 1 at cell line 7 in allreduce".
+
+        For a job running in the background (--async) or a session's ranks. A cell that waits
+        takes this roll-call by itself when its ranks go quiet (%mpirun_config stall_after) and
+        when it is interrupted. Cell lines are numbered as the cell shows them, the magic line
+        being line 1; job.stacks() gives every rank's frames.
+        """
+        try:
+            args = _parse(self.mpirun_stacks, line)
+        except (UsageError, ValueError):
+            raise UsageError("usage: %mpirun_stacks [NAME] [--frames]") from None
+        target = self._stacks_target(args.handle)
+        try:
+            snapshot = target.roll_call()
+        except JobError as exc:
+            raise UsageError(str(exc)) from None
+        if isinstance(target, Session):
+            print(f"session {target.name} ({target.backend}, {target.world_size} ranks) {target.status}")
+        else:
+            print(headline(target.model))
+        for text in snapshot.lines(frames=args.frames):
+            print(f"  {text}")
+
+    def _stacks_target(self, handle: str | None) -> Job | Session:
+        if handle is not None:
+            target = self.shell.user_ns.get(handle)
+            if not isinstance(target, (Job, Session)):
+                raise UsageError(f"{handle} is not a job or session handle; store one with --out {handle}")
+        elif self.latest_job is not None and self.latest_job.status == "running":
+            target = self.latest_job
+        elif self.session is not None and self.session.status != "stopped":
+            target = self.session
+        else:
+            raise UsageError("no job of this notebook is running and no session is up: %mpirun_stacks shows where "
+                             "the ranks of a job started with --async, or of a session, are")
+        if isinstance(target, Job) and target.status != "running":
+            raise UsageError(f"job {target.name} has {target.status}: its ranks have ended"
+                             + (f" (where they were: {target.model.roll_call})" if target.model.roll_call else ""))
+        if isinstance(target, Session) and target.status == "stopped":
+            raise UsageError(f"session {target.name} has ended: its ranks are gone")
+        return target
 
     @line_magic
     def mpirun_jobs(self, line: str):

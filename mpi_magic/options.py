@@ -129,6 +129,9 @@ SETTINGS = {s.name: s for s in [
             "seconds every rank of a session gets to be back after a failure or interrupt before it is torn down"),
     Setting("live_tail", True, _yes_no,
             "sagemaker: follow a job's log through CloudWatch Live Tail ($0.01 a minute); no: read it, a second later"),
+    Setting("stall_after", 30.0, _positive_float,
+            "seconds without progress or output from any rank before the view says who waits and shows "
+            "where every rank is (local jobs and sessions)"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
@@ -270,9 +273,9 @@ OPTIONS = [
     _sagemaker("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
     _option(CELL, "--no-session", action="store_true",
             help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
-    _option(CELL, "--async", sagemaker=True, dest="run_async", action="store_true",
-            help="sagemaker: return at once with the job handle (--out); the dashboard keeps updating and "
-                 "the results arrive in the notebook when the job ends (job.wait() waits for them)."),
+    _option(CELL, "--async", dest="run_async", action="store_true",
+            help="Return at once with the job handle (--out); the dashboard keeps updating and the results "
+                 "arrive in the notebook when the job ends (job.wait() waits for them)."),
 ]
 CELL_ONLY = frozenset(o.dest for o in OPTIONS if o.scope == CELL)
 JOB_SHAPING = frozenset(o.dest for o in OPTIONS if o.scope == JOB)

@@ -153,6 +153,7 @@ def ip(shell, cache_dir, monkeypatch):
     shell.reset(new_session=False)
     magics = shell.magics_manager.registry["MpiMagics"]
     magics.defaults = Config()
+    magics.latest_job = None
     return shell
 
 

@@ -46,6 +46,11 @@ class BackendJob(Protocol):
         """(pid, start time) of the launcher process on this machine, which the job folder records
         so that pruning spares a running job; None where the ranks run elsewhere."""
 
+    @property
+    def stacks_dir(self) -> str | None:
+        """The folder where the ranks dump their stacks when signalled (``shared/stacks.py``); None
+        where the notebook cannot signal them."""
+
 
 class Backend(Protocol):
     """Where ranks run: checks, plans and submits one cell's job."""
@@ -137,6 +142,10 @@ class SessionRanks(Protocol):
     @property
     def launcher(self) -> tuple[int, float] | None:
         """(pid, start time) of the launcher process on this machine; None where the ranks run elsewhere."""
+
+    @property
+    def stacks_dir(self) -> str | None:
+        """Where the ranks dump their stacks when signalled; None where the notebook cannot signal them."""
 
     def connect(self) -> bool:
         """True once rank 0 is on the channel (checked without waiting)."""

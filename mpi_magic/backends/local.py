@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Callable
 import psutil
 
 from . import launcher as launchers
-from ..shared import procs, wire
+from ..shared import envvars, jobdir, procs, wire
 from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 from .scratch import ScratchFolder
-from ..shared import envvars
 
 if TYPE_CHECKING:
     from .base import BackendJob, SessionBackend, SessionRanks
@@ -64,7 +63,7 @@ class LocalBackend:
         return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
-        return self._launch(job_name, self.command(job_dir, digest), options, {})
+        return self._launch(job_name, self.command(job_dir, digest), options, {}, _stacks_folder(job_dir))
 
     def start_session(self, name: str, options: LaunchOptions, config: Config | None = None) -> "LocalSessionRanks":
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
@@ -79,14 +78,15 @@ class LocalBackend:
         if options.idle_timeout:
             command += ["--idle-timeout", repr(options.idle_timeout)]
         try:
-            job = self._launch(name, command, options, {envvars.SESSION_SECRET: secret})
+            job = self._launch(name, command, options, {envvars.SESSION_SECRET: secret}, _stacks_folder(folder.path))
         except BaseException:
             cells.close()
             folder.remove()
             raise
         return LocalSessionRanks(job, cells, folder)
 
-    def _launch(self, job_name: str, command: list[str], options: LaunchOptions, extra_env: dict[str, str]) -> "LocalJob":
+    def _launch(self, job_name: str, command: list[str], options: LaunchOptions, extra_env: dict[str, str],
+                stacks_dir: str) -> "LocalJob":
         token = wire.new_token()
         argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, os.cpu_count() or 1)
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
@@ -97,11 +97,21 @@ class LocalBackend:
             envvars.MASTER_PORT: str(procs.free_port()),
             envvars.JOB: job_name,  # also marks every process of the job, whatever process group it starts
             envvars.EVENT_TOKEN: token,
+            envvars.STACKS_DIR: stacks_dir,
         })
         env.update(options.env)
         env.update(extra_env)
-        return LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style),
-                        launchers.tmpdir_variable(self.launcher))
+        job = LocalJob(job_name, argv, env, os.getcwd(), StreamDecoder(token, self.tag_style),
+                       launchers.tmpdir_variable(self.launcher))
+        job.stacks_dir = stacks_dir
+        return job
+
+
+def _stacks_folder(parent: str) -> str:
+    """Where the ranks dump their stacks when asked: inside the job's own private folder."""
+    folder = os.path.join(parent, jobdir.STACKS_FOLDER)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder
 
 
 class LocalJob:
@@ -128,6 +138,7 @@ class LocalJob:
         self.name = name
         self.host = socket.gethostname()
         self.argv = argv
+        self.stacks_dir: str | None = None  # where its ranks dump their stacks when asked
         self._decoder = decoder
         self._decode_lock = threading.Lock()
         self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
@@ -351,6 +362,7 @@ class LocalSessionRanks:
     def __init__(self, job: LocalJob, cells, folder: ScratchFolder):
         self.job, self.cells, self.folder = job, cells, folder
         self.name, self.pid, self.started = job.name, job.pid, job.started
+        self.stacks_dir = job.stacks_dir
 
     @property
     def launcher(self) -> tuple[int, float]:

@@ -12,12 +12,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from ..shared import events, jobdir
+from ..errors import JobError
+from ..shared import cell, events, jobdir
+from ..shared import stacks as dumps
 from ..view.model import JobModel, RankState
 
 if TYPE_CHECKING:
     from ..view import View
 
+CELL = "<cell>"  # the cell's frames, as job.stacks() names them
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5
 
@@ -39,15 +42,19 @@ class Job:
         self.error: BaseException | None = None  # how a job followed in the background ended
         self.follower: threading.Thread | None = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
+        self._stacks_dir: str | None = None
+        self._cell_lines: list[str] = []
         self._clock = clock
         self._pending: dict[str, list[str]] = {}
         self._pending_bytes = 0
         self._last_flush = clock()
         self._folder_lost = False
 
-    def start(self, job_dir: str, cancel: Callable[[], None]) -> None:
-        """The job was submitted: its folder and how to stop it are known now."""
+    def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "") -> None:
+        """The job was submitted: its folder, how to stop it, and where its ranks dump their
+        stacks (None: they cannot be asked) are known now; ``source`` is the cell's code."""
         self.job_dir, self._cancel = job_dir, cancel
+        self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
 
     # -- what the model knows ---------------------------------------------------------------
 
@@ -134,6 +141,31 @@ class Job:
         if self.error is not None:
             raise self.error
 
+    @property
+    def can_roll_call(self) -> bool:
+        """True where the ranks can be asked for their stacks (local jobs and sessions)."""
+        return self._stacks_dir is not None
+
+    def stacks(self, limit: float = dumps.ANSWER_LIMIT) -> dict[int, list[dumps.Frame]]:
+        """Where every rank is now: {rank: [(filename, line, function), ...]}, innermost last, the
+        cell's frames named ``<cell>`` with its lines numbered as the cell shows them (the magic
+        line is line 1). A rank that gives none within ``limit`` seconds is left out; ``roll_call()``
+        says why."""
+        return self._ask(limit)[0]
+
+    def roll_call(self, limit: float = dumps.ANSWER_LIMIT, stall: bool = False) -> dumps.Snapshot:
+        """Where every rank is now, which prints as the roll-call ("ranks 0, 1, 3 at cell line 7 in
+        allreduce; rank 2 at cell line 12 in recv") and shows in the dashboard and the summary."""
+        snapshot = dumps.Snapshot(*self._ask(limit), CELL, self._cell_lines)
+        self.model.fold(events.RollCall(str(snapshot), stall))
+        return snapshot
+
+    def _ask(self, limit: float) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+        if self._stacks_dir is None:
+            raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
+                           "from this notebook: that works for local jobs and sessions")
+        return ask_ranks(self._stacks_dir, self.ranks, limit)
+
     def cancel(self) -> None:
         """Stop every rank of this job now (the running cell then raises JobError)."""
         if self.status == "running" and self._cancel is not None:
@@ -146,3 +178,25 @@ class Job:
             counts[state.status] = counts.get(state.status, 0) + 1
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         return f"<mpi_magic.Job {self.name} {self.backend} {self.status}: {self.world_size} ranks ({summary})>"
+
+
+def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+    """The stacks of the ranks still running ({rank: frames}, the cell's named ``<cell>``), and
+    why each other rank gave none."""
+    active = [s for s in ranks if s.status in ("starting", "running")]
+    found, missing = dumps.request(stacks_dir, {s.rank: s.pid for s in active if s.pid}, limit, alive=_alive)
+    missing.update({s.rank: "it has not reported its process yet" for s in active if not s.pid})
+    missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ("starting", "running")})
+    renamed = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in frames]
+               for rank, frames in found.items()}
+    return renamed, missing
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -26,7 +26,8 @@ from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBacke
 from ..errors import JobError, JobTimeoutError, PayloadError
 from ..options import Config, LaunchOptions
 from ..shared import jobdir, payload
-from ..shared.events import LauncherExited, Phase, StopRequested
+from ..shared import stacks
+from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
 from ..shared.layout import VALUE_NAME, result_path
 from ..shared.rebind import is_notebook_function, rebind
 from ..view import View, make_view
@@ -38,6 +39,7 @@ from .session import Session, SessionCell
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
 POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
+INTERRUPT_ROLL_CALL = 1.0  # seconds the ranks get to give their stacks when a cell is interrupted
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Prepared:
     digest: str | None
     returns: list[str]
     gather: bool
+    source: str = ""  # the cell's code, for where a rank is ("cell line 7")
 
 
 class CellRoute(Protocol):
@@ -125,6 +128,7 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
     if prepared is None:
         return CellRun(None)
     job = Job(prepared.job_name, route.backend_name, route.world_size, route.procs_per_instance, clock)
+    job.model.stall_after = config.get("stall_after")
     view = None if options.quiet else _open_view(config, job, echo)
     try:
         job.model.fold(Phase("submitting"))
@@ -137,7 +141,7 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         if view is not None:
             view.close()
         raise
-    job.start(prepared.job_dir, backend_job.cancel)
+    job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source)
     job.view = view
     if backend_job.launcher is not None:  # pruning spares the folder of a job whose launcher runs
         pid, started = backend_job.launcher
@@ -288,7 +292,7 @@ def _pack(config: Config, job_name: str, items: list, meta: dict, options: Launc
     jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
     jobdir.record(job_dir, name=job_name, **record, digest=digest, status="running", started=time.time(),
                   keep_payload=config.get("keep_payloads"))
-    return Prepared(job_name, job_dir, digest, returns, options.gather)
+    return Prepared(job_name, job_dir, digest, returns, options.gather, meta["source"])
 
 
 def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
@@ -384,6 +388,13 @@ class Follower:
                         run.values[name] = rebind(value, settings.namespace)
         except BaseException as exc:
             if not backend_job.finished:
+                if isinstance(exc, KeyboardInterrupt) and job.can_roll_call:
+                    try:
+                        where = self._roll_call(limit=INTERRUPT_ROLL_CALL)
+                    except KeyboardInterrupt:  # a second interrupt: stop without it
+                        where = ""
+                    if where:
+                        self._say(f"where the ranks were: {where}")
                 if isinstance(exc, KeyboardInterrupt):
                     self._say(f"interrupted: stopping job {job.name} ({job.world_size} ranks: {settings.stop_description})")
                 else:
@@ -419,6 +430,8 @@ class Follower:
         while not backend_job.finished:
             for event in backend_job.poll(POLL_SECONDS):
                 self.show(event)
+            if job.can_roll_call and job.model.stall_needs_roll_call():
+                self._roll_call(stall=True)
             self.tick()
             now = clock()
             if deadline is not None and now > deadline and not backend_job.finished:
@@ -441,6 +454,15 @@ class Follower:
         if job.model.stop_reason == "cancel":
             return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
         return job.model.error()
+
+    def _roll_call(self, limit: float = stacks.ANSWER_LIMIT, stall: bool = False) -> str:
+        """Where every rank is now, folded into the model for the views ("" if it could not be
+        taken, as when the job folder has gone)."""
+        try:
+            return str(self.job.roll_call(limit, stall=stall))
+        except OSError as exc:
+            self.job.model.fold(RollCall(f"not taken ({type(exc).__name__})", stall))
+            return ""
 
     def _stop(self, reason: str) -> None:
         """Stop the job; an interrupt while stopping starts the stop again, and once the stop

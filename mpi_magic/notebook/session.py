@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
+from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
 from ..errors import JobError, SessionStartError
 from .holdings import Holdings
+from .job import CELL, ask_ranks
 from ..options import JOB_SHAPING, SAGEMAKER_ONLY, LaunchOptions
 from ..view.model import JobModel, ranks_phrase
 
@@ -345,6 +347,11 @@ class Session:
         with self._lock:
             self.model.fold(events.CellSent(self.cells + 1))
             cell = self._cell = SessionCell(self, self.cells, self.clock)
+            now = time.time()
+            for state in self.model.ranks:  # the cell's ranks are the session's, already up: who and where
+                if state.pid:
+                    cell.queue.put(events.RankStarted(state.rank, state.instance, state.local_rank, self.world_size,
+                                                      state.host, state.pid, time=now))
             billing = self.model.billing
             if billing is not None:  # the instance time billed so far shows from the cell's start
                 if billing.running:
@@ -396,6 +403,19 @@ class Session:
         self._ranks.interrupt({r: pids[r] for r in ranks if r in pids})
 
     @property
+    def stacks_dir(self) -> str | None:
+        """Where the ranks dump their stacks when signalled (None: the backend cannot signal them)."""
+        return self._ranks.stacks_dir if self._ranks is not None else None
+
+    def roll_call(self, limit: float = dumps.ANSWER_LIMIT) -> dumps.Snapshot:
+        """Where the session's ranks are now, grouped ("ranks 0, 1 at cell_loop.py:88 in wait" while
+        idle); a running cell's own roll-call names the cell's lines."""
+        if self.stacks_dir is None:
+            raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks "
+                           "from this notebook: that works for local sessions")
+        return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit), CELL, [])
+
+    @property
     def latency(self) -> float:
         """Seconds the channel adds before the notebook sees interrupted ranks back (S3 and CloudWatch)."""
         return self._ranks.latency if self._ranks is not None else 0.0
@@ -444,6 +464,10 @@ class SessionCell:
         self._done = False
         self._interrupted_at: float | None = None
         self._why_interrupted = ""
+
+    @property
+    def stacks_dir(self) -> str | None:
+        return self.session.stacks_dir
 
     @property
     def finished(self) -> bool:

@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one 
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from ..shared import cell, payload, procs, reporting, wire
+from ..shared import cell, payload, procs, reporting, stacks, wire
 from ..shared.layout import VALUE_NAME, result_path, result_uri, split_s3
 from ..shared.rebind import rebind_all
 from . import tqdm_hook
@@ -109,6 +109,7 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     token = os.environ.pop(envvars.EVENT_TOKEN, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
+    stacks.install(place.rank)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
     emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)

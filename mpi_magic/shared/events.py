@@ -160,6 +160,16 @@ class StopRequested:
 
 
 @dataclass
+class RollCall:
+    """Where every rank was when asked (``shared/stacks.py``): the ranks grouped by the cell line
+    they are at, those that gave no stack and why; ``stall``: taken because the ranks went quiet.
+    Client-side."""
+
+    text: str
+    stall: bool = False
+
+
+@dataclass
 class CellSent:
     """In a session: the notebook handed the ranks cell ``number`` (so ``number`` cells have run,
     counting those of a notebook it was taken over from). Client-side."""
@@ -185,7 +195,7 @@ class CellEnded(LauncherExited):
 
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
-         | CellSent | LauncherExited)
+         | RollCall | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
                            wire.READY: RankReady, wire.CLOSING: SessionClosing}

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 from .payload import PAYLOAD_FILE
 
+STACKS_FOLDER = "stacks"  # in a job's folder: its ranks' stack dumps while it runs (shared/stacks.py)
+
 JOB_FILE = "job.json"
 _MOVE_IT = "%mpirun_config cache_dir=... or MPI_MAGIC_CACHE_DIR"
 
@@ -137,7 +139,8 @@ def prune(cache_dir: str, keep: int, new_job_dir: str) -> list[str]:
 
 def finished(job_dir: str) -> None:
     """The job has ended: its payload goes (it may hold large data), unless the job was started with
-    ``keep_payloads``; logs, results and job.json stay."""
+    ``keep_payloads``, and so do its ranks' stack dumps; logs, results and job.json stay."""
+    shutil.rmtree(os.path.join(job_dir, STACKS_FOLDER), ignore_errors=True)
     if not read_record(job_dir).get("keep_payload"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(job_dir, PAYLOAD_FILE))

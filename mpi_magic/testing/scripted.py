@@ -46,6 +46,7 @@ class ScriptedJob:
     """
 
     launcher = None  # played from a script: no launcher process
+    stacks_dir = None  # no rank process here to signal
     name = "scripted"
     host = "scripted-host"
 

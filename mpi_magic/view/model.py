@@ -22,7 +22,7 @@ ENDED = ("completed", "failed", "stopped")
 BEFORE_RANKS = frozenset({"packaging", "submitting", "starting", "restarting"}) | events.STARTING_PHASES
 OUTPUT_TAIL = 200
 LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
-WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits
+WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits (a stall)
 
 
 @dataclass
@@ -144,6 +144,9 @@ class JobModel:
         self.restart_cause = ""  # the same, in a word or two ("spot interruption")
         self.cells = 0  # a session's: cells handed to its ranks
         self.closing = ""  # a session's: the reason rank 0 gave when it ended the session
+        self.roll_call = ""  # where every rank was when last asked (at a stall, or on request)
+        self.roll_call_for: float | None = None  # the stall it was taken for (``last_activity`` then)
+        self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
 
     @property
     def num_instances(self) -> int:
@@ -242,6 +245,10 @@ class JobModel:
             self.ranks[event.rank].ready_after = event.cell
         elif isinstance(event, events.SessionClosing):
             self.closing = event.reason
+        elif isinstance(event, events.RollCall):
+            self.roll_call = event.text
+            if event.stall:
+                self.roll_call_for = self.last_activity
         elif isinstance(event, events.CellSent):
             self.cells = max(self.cells, event.number)
         elif isinstance(event, events.StopRequested):
@@ -358,12 +365,20 @@ class JobModel:
     def by_instance(self) -> list[list[RankState]]:
         return [self.ranks[i:i + self.procs_per_instance] for i in range(0, self.world_size, self.procs_per_instance)]
 
-    def waiting(self, threshold: float = WAITING_AFTER) -> str | None:
+    def stall_needs_roll_call(self) -> bool:
+        """True once the ranks have gone quiet, until a roll-call is taken for this stall."""
+        return self.roll_call_for != self.last_activity and self.waiting() is not None
+
+    def stall_roll_call(self) -> str:
+        """The roll-call of the stall going on now ("" while output flows, or before it is taken)."""
+        return self.roll_call if self.roll_call_for == self.last_activity else ""
+
+    def waiting(self, threshold: float | None = None) -> str | None:
         """Who waits, once no rank has made progress or printed for ``threshold`` seconds
         ("ranks 0, 1, 3 have been waiting 40s; rank 2 finished"): a hint that the job may be
         deadlocked, for the user to interrupt. None while output flows."""
         quiet = self.clock() - self.last_activity
-        if self.exit is not None or quiet < threshold:  # the usual case, asked at every redraw
+        if self.exit is not None or quiet < (self.stall_after if threshold is None else threshold):  # the usual case, asked at every redraw
             return None
         active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]
         if not active:

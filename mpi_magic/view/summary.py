@@ -93,6 +93,8 @@ class Summary:
         lines = [f"mpi_magic: {headline(self.model)}"] + [f"  {note}" for note in self.model.notes]
         if shares(self.model):
             lines.append(f"  progress: {shares(self.model)}")
+        if self.model.roll_call:
+            lines.append(f"  where the ranks were: {self.model.roll_call}")
         if self.model.phase == "completed":
             return "\n".join(lines)
         for state in self.model.ranks:
@@ -121,7 +123,10 @@ class Summary:
         return (
             f"<div class='mpi-magic-summary mpi-magic-{model.status}'>{self._bar()}"
             f"<b>mpi_magic</b> {html.escape(headline(model))}"
-            + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes) + table + self._failed_html() + "</div>"
+            + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes)
+            + (f"<div class='mpi-magic-roll-call'>where the ranks were: {html.escape(model.roll_call)}</div>"
+               if model.roll_call else "")
+            + table + self._failed_html() + "</div>"
         )
 
     def _bar(self) -> str:

@@ -29,6 +29,7 @@ class TextView:
         self._seen_version = -1
         self._reported_failures: set[int] = set()
         self._waiting_said_at: float | None = None
+        self._roll_call_said = ""
         self._attempt_said = 1
         self.widget = None
 
@@ -53,6 +54,10 @@ class TextView:
         if waiting and (self._waiting_said_at is None or elapsed - self._waiting_said_at >= WAITING_EVERY):
             self._waiting_said_at = elapsed
             self._write(waiting)
+        roll_call = model.stall_roll_call()
+        if roll_call and roll_call != self._roll_call_said:  # once per stall, as soon as it is taken
+            self._roll_call_said = roll_call
+            self._write(f"where the ranks are: {roll_call}")
         if elapsed < QUIET_START or model.version == self._seen_version:
             return
         if self._last_at is not None and elapsed - self._last_at < self._every:

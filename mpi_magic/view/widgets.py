@@ -229,8 +229,10 @@ class WidgetView:
         self.redraws += 1
         waiting = model.waiting()
         restarting = model.restart_cause if model.phase == "restarting" else ""  # the headline says "restarting"
+        roll_call = model.stall_roll_call() if waiting else ""
         self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + "".join(
-            f" <b>· ⚠ {html.escape(text)}</b>" for text in (restarting, waiting) if text)  # the theme's text colour
+            f" <b>· ⚠ {html.escape(text)}</b>" for text in (restarting, waiting) if text) + (  # the theme's text colour
+            f"<div class='mpi-magic-roll-call'>where the ranks are: {html.escape(roll_call)}</div>" if roll_call else "")
         self._draw_total()
         if self.compact:
             self.grid.value = self._grid_html()

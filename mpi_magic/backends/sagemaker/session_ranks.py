@@ -69,6 +69,7 @@ class SageMakerSessionRanks:
     """A session's training job: its events through the job's watch loop, cells through S3."""
 
     launcher = None  # on SageMaker's instances: no launcher process here
+    stacks_dir = None  # no rank process here to signal
     stop_description = "an interrupt signed by this notebook, through S3"
     latency = 20.0  # seconds S3 polling and CloudWatch add before the notebook sees the ranks back
     start_limit = 3600.0  # provisioning instances can take many minutes

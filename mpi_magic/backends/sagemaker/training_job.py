@@ -83,6 +83,7 @@ class SageMakerJob:
     """
 
     launcher = None  # on SageMaker's instances: no launcher process here
+    stacks_dir = None  # no rank process here to signal
     abort_grace = None
     linger = None
     pace: Pace = ADAPTIVE  # settable, for a benchmark to compare paces

@@ -1,0 +1,210 @@
+"""Every rank's stack, on request: where each rank is now, even one blocked inside MPI's C code.
+
+Each rank registers ``faulthandler`` on ``SIGNAL``: the kernel runs its C handler, which writes
+the stacks of every thread to the rank's file without the GIL, so a rank stuck in a collective
+answers as readily as a busy one. The notebook's side sends the signal to each rank's process,
+reads what the dump appended, keeps the main thread's frames (innermost last), and groups the
+ranks by where they are: the roll-call. SIGWINCH is the signal because its default is to be
+ignored: a rank that has not registered yet (still starting) ignores it instead of dying.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from . import envvars
+
+SIGNAL_NAME = "SIGWINCH"
+HEADER = "mpi_magic stacks: main thread "
+ANSWER_LIMIT = 3.0  # seconds every rank gets to answer before the others' stacks are reported without it
+SETTLED = 0.05  # seconds a dump file's size must stay put for its dump to count as written
+MAX_DUMP = 1 << 20  # bytes of one dump read back (a thread's stack holds at most 100 frames)
+
+_registered = None  # the rank's open dump file, kept for as long as the handler writes to it
+
+WAITING_FOR_CELL = "_next_message"  # the function a session's rank waits in between cells (runtime/cell_loop.py)
+
+Frame = tuple[str, int, str]  # (filename, line, function), as ``job.stacks()`` gives them
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+
+
+def dump_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank-{rank}.stacks")
+
+
+def install(rank: int, environ=os.environ) -> None:
+    """On a rank: answer ``SIGNAL`` with a dump of every thread's stack into this rank's file
+    in the folder ``MPI_MAGIC_STACKS_DIR`` names (nothing where none is named)."""
+    global _registered
+    folder = environ.get(envvars.STACKS_DIR)
+    if not folder:
+        return
+    import _thread  # (threading costs every rank milliseconds at start-up)
+    import faulthandler
+    import signal
+
+    try:
+        fd = os.open(dump_path(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return  # the folder went with its job: no stacks, and the cell runs as ever
+    _registered = os.fdopen(fd, "w")
+    _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
+    _registered.flush()
+    faulthandler.register(getattr(signal, SIGNAL_NAME), file=_registered, all_threads=True, chain=False)
+
+
+def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
+            alive=None) -> tuple[dict[int, list[Frame]], dict[int, str]]:
+    """Ask each rank ({rank: pid}) for its stack; ({rank: frames}, {rank: why it gave none}),
+    within ``limit`` seconds whatever the ranks do."""
+    import signal
+
+    signum = getattr(signal, SIGNAL_NAME)
+    sizes: dict[int, int] = {}
+    missing: dict[int, str] = {}
+    for rank, pid in sorted(pids.items()):
+        path = dump_path(folder, rank)
+        try:
+            sizes[rank] = os.path.getsize(path)
+        except OSError:
+            missing[rank] = "it has not set up its stack dump (still starting?)"
+            continue
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            missing[rank] = "its process has ended"
+            del sizes[rank]
+        except PermissionError:
+            missing[rank] = f"its process {pid} is not this user's"
+            del sizes[rank]
+    stacks: dict[int, list[Frame]] = {}
+    deadline = time.monotonic() + limit
+    seen: dict[int, tuple[int, float]] = {}
+    while sizes and time.monotonic() < deadline:
+        now = time.monotonic()
+        for rank in list(sizes):
+            path = dump_path(folder, rank)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = sizes[rank]
+            if size == sizes[rank]:
+                continue
+            last = seen.get(rank)
+            if last is None or last[0] != size:
+                seen[rank] = (size, now)
+            elif now - last[1] >= SETTLED:
+                stacks[rank] = _read(path, sizes.pop(rank))
+        time.sleep(0.01)
+    for rank in sizes:
+        gone = alive is not None and not alive(pids[rank])
+        missing[rank] = "its process has ended" if gone else f"it did not answer within {limit:g}s"
+    return stacks, missing
+
+
+def _read(path: str, offset: int) -> list[Frame]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        header = f.readline()
+        f.seek(offset)
+        dump = f.read(MAX_DUMP)
+    main = header[len(HEADER):].strip() if header.startswith(HEADER) else None
+    return parse(dump, main)
+
+
+def parse(dump: str, main_thread: str | None) -> list[Frame]:
+    """The main thread's frames in one faulthandler dump, innermost last (the dump lists them
+    innermost first); the first thread's where the main one is not named."""
+    threads: dict[str, list[Frame]] = {}
+    current: list[Frame] | None = None
+    for line in dump.splitlines():
+        thread = _THREAD.match(line)
+        if thread:
+            current = threads.setdefault(thread.group(1), [])
+            continue
+        frame = _FRAME.match(line)
+        if frame and current is not None:
+            current.append((frame.group(1), int(frame.group(2)), frame.group(3)))
+    if not threads:
+        return []
+    chosen = next((frames for ident, frames in threads.items() if main_thread and int(ident, 16) == int(main_thread, 16)),
+                  next(iter(threads.values())))
+    return list(reversed(chosen))
+
+
+def place(frames: list[Frame], cell_file: str, cell_lines: list[str]) -> str:
+    """Where a rank is, in the cell's words: "at cell line 7 in allreduce" (the innermost cell
+    frame's line, and the function running there: the Python one it called, else the call the
+    line makes, as a C function such as MPI's has no frame of its own)."""
+    at = max((i for i, frame in enumerate(frames) if frame[0] == cell_file), default=None)
+    if at is None:
+        if not frames:
+            return "in no Python frame"
+        if any(function == WAITING_FOR_CELL for _, _, function in frames):
+            return "waiting for a cell"
+        filename, line, function = frames[-1]
+        return f"at {os.path.basename(filename)}:{line} in {function}"
+    line = frames[at][1]
+    inner = frames[at + 1][2] if at + 1 < len(frames) else _called(cell_lines, line)
+    return f"at cell line {line}" + (f" in {inner}" if inner else "")
+
+
+def _called(cell_lines: list[str], line: int) -> str:
+    """The last function a cell line calls (``comm.allreduce(x)`` -> ``allreduce``)."""
+    text = cell_lines[line - 1] if 0 < line <= len(cell_lines) else ""
+    names = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", text)
+    return names[-1] if names else ""
+
+
+class Snapshot:
+    """Where every rank was when asked: {rank: frames} and {rank: why it gave none}. Its text is
+    the roll-call, the ranks grouped by where they are: "ranks 0, 1, 3 at cell line 7 in
+    allreduce; rank 2 at cell line 12 in recv; rank 4 gave no stack: its process has ended"."""
+
+    def __init__(self, stacks: dict[int, list[Frame]], missing: dict[int, str], cell_file: str,
+                 cell_lines: list[str]):
+        self.stacks, self.missing = stacks, missing
+        self._cell_file, self._cell_lines = cell_file, cell_lines
+
+    def groups(self) -> list[tuple[list[int], str]]:
+        """[(ranks, where they are)], in the order of each group's first rank."""
+        groups: dict[str, list[int]] = {}
+        for rank, frames in sorted(self.stacks.items()):
+            groups.setdefault(place(frames, self._cell_file, self._cell_lines), []).append(rank)
+        return sorted(((ranks, where) for where, ranks in groups.items()), key=lambda group: group[0])
+
+    def lines(self, frames: bool = False) -> list[str]:
+        """One line per group; with ``frames``, each followed by its first rank's frames, outermost first."""
+        lines = []
+        for ranks, where in self.groups():
+            lines.append(f"{_ranks(ranks)} {where}")
+            if frames:
+                lines += [f"    {text}" for text in self._frames(self.stacks[ranks[0]])]
+        reasons: dict[str, list[int]] = {}
+        for rank, why in sorted(self.missing.items()):
+            reasons.setdefault(why, []).append(rank)
+        return lines + [f"{_ranks(ranks)} gave no stack: {why}" for why, ranks in reasons.items()]
+
+    def _frames(self, frames: list[Frame]) -> list[str]:
+        """A rank's frames as a traceback shows them, from the cell's outermost frame on where
+        the cell is running (the runtime's frames above it say nothing of the cell)."""
+        first = next((i for i, frame in enumerate(frames) if frame[0] == self._cell_file), 0)
+        lines = []
+        for filename, line, function in frames[first:]:
+            if filename == self._cell_file:
+                code = self._cell_lines[line - 1].strip() if 0 < line <= len(self._cell_lines) else ""
+                lines.append(f"cell line {line} in {function}" + (f": {code}" if code else ""))
+            else:
+                lines.append(f"{filename}:{line} in {function}")
+        return lines
+
+    def __str__(self) -> str:
+        return "; ".join(self.lines())
+
+    __repr__ = __str__
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)

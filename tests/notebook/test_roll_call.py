@@ -1,0 +1,136 @@
+"""Where every rank is: the roll-call a quiet job takes by itself, on Ctrl-C, on request
+(%mpirun_stacks, job.stacks()), for one-off jobs and sessions, through real mpirun."""
+
+from __future__ import annotations
+
+import _thread
+import time
+
+import pytest
+from helpers import once, run, start_session
+from IPython.core.error import UsageError
+
+from mpi_magic.view.summary import Summary
+
+DEADLOCK = (  # as the cell shows it, the magic line being line 1
+    "from mpi4py import MPI\n"       # 2
+    "import time\n"                  # 3
+    "comm = MPI.COMM_WORLD\n"        # 4
+    "if comm.rank == 2:\n"           # 5
+    "    time.sleep(60)\n"           # 6
+    "else:\n"                        # 7
+    "    comm.allreduce(1)\n"        # 8
+)
+WHERE = "ranks 0, 1 at cell line 8 in allreduce; rank 2 at cell line 6 in sleep"
+
+
+def _in_cell(job, frames, limit: float = 30.0) -> dict:
+    """job.stacks() once each rank's innermost frames are ``frames`` (the ranks first load the
+    cell's values, then run it)."""
+    deadline = time.monotonic() + limit
+    while True:
+        stacks = job.stacks()
+        if all(stacks.get(state.rank, [])[-len(frames):] == frames[state.rank] for state in job.ranks
+               if state.rank in frames) or time.monotonic() > deadline:
+            return stacks
+        time.sleep(0.1)
+
+
+def test_a_quiet_job_takes_its_roll_call_by_itself_and_an_interrupt_says_where_the_ranks_were(ip, capsys):
+    ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
+    with once(lambda: bool(ip.user_ns.get("job") and ip.user_ns["job"].model.roll_call), _thread.interrupt_main), \
+            pytest.raises(KeyboardInterrupt):
+        run(ip, "-g 3 --out job", DEADLOCK)
+    job = ip.user_ns["job"]
+    err = capsys.readouterr().err
+    assert f"mpi_magic: where the ranks are: {WHERE}\n" in err, "the stall's roll-call, in the text lines"
+    assert f"where the ranks were: {WHERE}\n" in err, "the interrupt's, before the job is stopped"
+    assert err.index("where the ranks were") < err.index("interrupted: stopping job")
+    assert job.status == "stopped"
+    assert f"where the ranks were: {WHERE}" in repr(Summary(job.model))
+    assert f"<div class='mpi-magic-roll-call'>where the ranks were: {WHERE}</div>" in Summary(job.model)._repr_html_()
+
+
+def test_a_job_that_keeps_reporting_takes_no_roll_call(ip, capsys):
+    ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
+    run(ip, "-g 2 --out job", "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.4)\n")
+    assert ip.user_ns["job"].model.roll_call == ""
+    assert "where the ranks" not in capsys.readouterr().err
+
+
+def test_job_stacks_and_mpirun_stacks_show_a_background_jobs_ranks_in_the_cells_lines(ip, capsys):
+    run(ip, "-g 2 --async --quiet --out job", (
+        "import time\n"                 # 2
+        "def settle():\n"               # 3
+        "    time.sleep(60)\n"          # 4
+        "settle()\n"                    # 5
+    ))
+    job = ip.user_ns["job"]
+    try:
+        stacks = _in_cell(job, dict.fromkeys([0, 1], [("<cell>", 5, "<module>"), ("<cell>", 4, "settle")]))
+        assert sorted(stacks) == [0, 1]
+        for frames in stacks.values():
+            assert frames[-2:] == [("<cell>", 5, "<module>"), ("<cell>", 4, "settle")], "innermost last, as the cell shows"
+            assert all(isinstance(line, int) and filename and function for filename, line, function in frames)
+        ip.run_line_magic("mpirun_stacks", "--frames")
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(f"job {job.name} (local, 1 x 2) running ")
+        assert out[1:] == ["  ranks 0, 1 at cell line 4 in sleep", "      cell line 5 in <module>: settle()",
+                           "      cell line 4 in settle: time.sleep(60)"]
+        assert job.model.roll_call == "ranks 0, 1 at cell line 4 in sleep", "the dashboard shows the latest"
+    finally:
+        job.cancel()
+        with pytest.raises(Exception, match="cancelled"):
+            job.wait()
+    with pytest.raises(UsageError, match=f"job {job.name} has stopped: its ranks have ended"):
+        ip.run_line_magic("mpirun_stacks", "job")
+
+
+def test_a_rank_that_ignores_the_request_or_has_finished_is_named_and_the_others_answer(ip):
+    run(ip, "-g 3 --async --quiet --out job", (
+        "import mpi_magic, signal, time\n"                                         # 2
+        "if mpi_magic.rank() == 1:\n"                                              # 3
+        "    signal.signal(signal.SIGWINCH, signal.SIG_IGN)\n"                     # 4
+        "if mpi_magic.rank() != 2:\n"                                              # 5
+        "    time.sleep(60)\n"                                                     # 6
+    ))
+    job = ip.user_ns["job"]
+    _in_cell(job, {0: [("<cell>", 6, "<module>")]})  # rank 1 then ignores the request, rank 2 ends
+    deadline = time.monotonic() + 30
+    while (job.ranks[2].status != "completed" or 1 in job.stacks(limit=0.5)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        started = time.monotonic()
+        where = str(job.roll_call(limit=1.0))
+        took = time.monotonic() - started
+    finally:
+        job.cancel()
+        with pytest.raises(Exception, match="cancelled"):
+            job.wait()
+    assert where == ("rank 0 at cell line 6 in sleep; rank 1 gave no stack: it did not answer within 1s; "
+                     "rank 2 gave no stack: it has completed")
+    assert took < 2.5
+
+
+def test_a_sessions_quiet_cell_takes_its_roll_call_and_idle_ranks_wait_for_a_cell(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
+    start_session(ip, "-g 2")
+    run(ip, "--out job", "from mpi4py import MPI\nimport time\nif MPI.COMM_WORLD.rank == 1:\n    time.sleep(2.5)\n"
+                          "MPI.COMM_WORLD.barrier()\n")
+    assert ip.user_ns["job"].model.roll_call == "rank 0 at cell line 6 in barrier; rank 1 at cell line 5 in sleep"
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_stacks", "")
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"session {ip.user_ns['s'].name} (local, 2 ranks) idle", "  ranks 0, 1 waiting for a cell"]
+    ip.run_line_magic("mpirun_session", "stop")
+    with pytest.raises(UsageError, match="no job of this notebook is running and no session is up"):
+        ip.run_line_magic("mpirun_stacks", "")
+
+
+def test_mpirun_stacks_refuses_what_is_not_a_handle(ip):
+    ip.user_ns["x"] = 3
+    with pytest.raises(UsageError, match="x is not a job or session handle; store one with --out x"):
+        ip.run_line_magic("mpirun_stacks", "x")
+    with pytest.raises(UsageError, match=r"usage: %mpirun_stacks \[NAME\] \[--frames\]"):
+        ip.run_line_magic("mpirun_stacks", "--frame")

@@ -1,0 +1,115 @@
+"""Stack dumps on request: real processes answer the signal, and the roll-call groups them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from mpi_magic.shared import envvars, stacks
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os, sys, threading, time
+    from mpi_magic.shared import stacks
+    stacks.install(int(sys.argv[1]))
+    if sys.argv[2] == "ignore":
+        import signal
+        signal.signal(getattr(signal, stacks.SIGNAL_NAME), signal.SIG_IGN)
+
+    def helper_thread():
+        time.sleep(60)
+
+    def blocked_in_c():
+        print("ready", flush=True)
+        time.sleep(60)  # in C with the GIL released, as a rank inside MPI_Allreduce is
+
+    threading.Thread(target=helper_thread, daemon=True).start()
+    blocked_in_c()
+""")
+
+
+def _rank(tmp_path, rank: int, behaviour: str = "answer") -> subprocess.Popen:
+    env = dict(os.environ, **{envvars.STACKS_DIR: str(tmp_path)})
+    process = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), behaviour], env=env,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    time.sleep(0.2)  # from the print into the sleep
+    return process
+
+
+def _end(process: subprocess.Popen) -> None:
+    process.kill()
+    process.communicate()
+
+
+def test_a_process_blocked_in_c_answers_with_its_main_threads_frames_innermost_last(tmp_path):
+    process = _rank(tmp_path, 0)
+    try:
+        found, missing = stacks.request(str(tmp_path), {0: process.pid})
+        again, _ = stacks.request(str(tmp_path), {0: process.pid})
+    finally:
+        _end(process)
+    assert missing == {}
+    functions = [function for _, _, function in found[0]]
+    assert functions == ["<module>", "blocked_in_c"], "the main thread only, not the helper thread"
+    assert found[0][-1][0] == "<string>" and isinstance(found[0][-1][1], int)
+    assert again == found, "a second request reads the second dump, not the first again"
+
+
+def test_ranks_that_ignore_the_request_have_ended_or_never_set_up_are_named_within_the_limit(tmp_path):
+    answering, ignoring = _rank(tmp_path, 0), _rank(tmp_path, 1, "ignore")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    open(stacks.dump_path(str(tmp_path), 2), "w").close()  # it set up its dump before it ended
+    try:
+        started = time.monotonic()
+        found, missing = stacks.request(str(tmp_path), {0: answering.pid, 1: ignoring.pid, 2: ended.pid, 3: os.getpid()},
+                                        limit=1.0)
+        took = time.monotonic() - started
+    finally:
+        for process in (answering, ignoring):
+            _end(process)
+    assert list(found) == [0]
+    assert missing == {1: "it did not answer within 1s", 2: "its process has ended",
+                       3: "it has not set up its stack dump (still starting?)"}
+    assert took < 2.0, "the others' answer does not wait for a silent rank longer than the limit"
+
+
+def test_the_roll_call_groups_ranks_by_the_cell_line_and_names_the_call_running_there():
+    cell_lines = ["%%mpirun_remote -g 5", "from mpi4py import MPI", "def settle(comm):", "    time.sleep(1)",
+                  "comm = MPI.COMM_WORLD", "x = 1", "total = comm.allreduce(x)"]
+    runtime = [("/site/mpi_magic/runtime/rank.py", 219, "_run")]
+    at_allreduce = runtime + [("<cell>", 7, "<module>")]
+    in_helper = runtime + [("<cell>", 7, "<module>"), ("<cell>", 4, "settle")]
+    in_library = runtime + [("<cell>", 6, "<module>"), ("/site/numpy/core/fromnumeric.py", 86, "_wrapreduction")]
+    snapshot = stacks.Snapshot({0: at_allreduce, 1: at_allreduce, 2: in_helper, 3: at_allreduce, 5: in_library},
+                               {4: "its process has ended"}, "<cell>", cell_lines)
+    assert str(snapshot) == ("ranks 0, 1, 3 at cell line 7 in allreduce; rank 2 at cell line 4 in sleep; "
+                             "rank 5 at cell line 6 in _wrapreduction; rank 4 gave no stack: its process has ended")
+    assert snapshot.lines(frames=True)[:4] == [
+        "ranks 0, 1, 3 at cell line 7 in allreduce", "    cell line 7 in <module>: total = comm.allreduce(x)",
+        "rank 2 at cell line 4 in sleep", "    cell line 7 in <module>: total = comm.allreduce(x)"]
+    assert snapshot.lines(frames=True)[4] == "    cell line 4 in settle: time.sleep(1)"
+
+
+def test_a_rank_outside_the_cell_is_placed_by_its_innermost_frame_and_a_session_rank_waits_for_a_cell():
+    starting = [("/site/mpi_magic/runtime/rank.py", 150, "start_up"), ("/site/mpi4py/__init__.py", 3, "<module>")]
+    idle = [("/site/mpi_magic/runtime/cell_loop.py", 55, "main"), ("/site/mpi_magic/runtime/cell_loop.py", 274,
+            stacks.WAITING_FOR_CELL), ("/site/mpi_magic/shared/channel.py", 122, "receive")]
+    assert str(stacks.Snapshot({0: starting, 1: idle, 2: []}, {}, "<cell>", [])) == (
+        "rank 0 at __init__.py:3 in <module>; rank 1 waiting for a cell; rank 2 in no Python frame")
+
+
+def test_a_dump_names_the_main_thread_by_its_header_and_parses_faulthandlers_format():
+    dump = ('Thread 0x00007f0000000001 (most recent call first):\n'
+            '  File "/lib/threading.py", line 320 in wait\n'
+            '\n'
+            'Current thread 0x00007f0000000002 (most recent call first):\n'
+            '  File "<cell>", line 8 in <module>\n'
+            '  File "/site/mpi_magic/runtime/rank.py", line 219 in _run\n')
+    assert stacks.parse(dump, "0x00007f0000000002") == [("/site/mpi_magic/runtime/rank.py", 219, "_run"),
+                                                         ("<cell>", 8, "<module>")]
+    assert stacks.parse(dump, None) == [("/lib/threading.py", 320, "wait")], "without a header: the first thread"
+    assert stacks.parse("", None) == []
