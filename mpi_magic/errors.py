@@ -96,10 +96,11 @@ class RemoteRankError(JobError):
     """One or more ranks raised. IPython shows the remote traceback, not the launcher's.
 
     ``rank``, ``instance``, ``error_type`` and ``message`` describe the first failing rank;
-    ``failures`` holds every rank that reported an exception.
+    ``failures`` holds every rank that reported an exception; ``debuggable`` the ranks whose
+    frames ``%mpirun_debug`` can open.
     """
 
-    def __init__(self, failures: list[RankFailure], world_size: int):
+    def __init__(self, failures: list[RankFailure], world_size: int, debuggable: list[int] | None = None):
         if not failures:
             raise ValueError("RemoteRankError needs at least one failure")
         self.failures = sorted(failures, key=lambda f: f.rank)
@@ -108,6 +109,7 @@ class RemoteRankError(JobError):
         self.rank, self.instance, self.host = first.rank, first.instance, first.host
         self.error_type, self.message = first.error_type, first.message
         self.remote_traceback = first.traceback
+        self.debuggable = sorted(debuggable or [])
         super().__init__(self._summary())
 
     def _summary(self) -> str:
@@ -130,6 +132,9 @@ class RemoteRankError(JobError):
             kinds.setdefault((failure.error_type, failure.message), []).append(failure.rank)
         for (error_type, message), ranks in kinds.items():
             lines.append(f"ranks {compact_ranks(ranks)} also raised {error_type}: {message}")
+        if self.debuggable:
+            lines.append(f"%mpirun_debug opens the debugger on rank {self.debuggable[0]}'s frames and locals"
+                         + (" (%mpirun_debug N on rank N)" if len(self.debuggable) > 1 else ""))
         return lines
 
 

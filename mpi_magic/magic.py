@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .notebook import pipeline
+from .notebook import debugger, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 
+RECENT_JOBS = 16  # jobs of this notebook %mpirun_debug can go back to
+
+
 @magics_class
 class MpiMagics(Magics):
     shell: InteractiveShell  # registered with one, always
@@ -32,6 +36,7 @@ class MpiMagics(Magics):
         self.defaults = config or Config()
         self.session: Session | None = None  # the session cells run on, while one is up
         self.latest_job: Job | None = None  # the newest cell's job, which %mpirun_stacks asks by default
+        self.recent_jobs: deque[Job] = deque(maxlen=RECENT_JOBS)  # newest last: %mpirun_debug looks for a failed one
         shell.events.register("pre_run_cell", self._notebook_cell)
 
     def _notebook_cell(self, info) -> None:
@@ -56,6 +61,7 @@ class MpiMagics(Magics):
 
         def keep_handle(job):
             self.latest_job = job
+            self.recent_jobs.append(job)
             if options.out:
                 user_ns[options.out] = job
 
@@ -266,6 +272,35 @@ class MpiMagics(Magics):
         if isinstance(target, Session) and target.status == "stopped":
             raise UsageError(f"session {target.name} has ended: its ranks are gone")
         return target
+
+    @line_magic
+    @magic_arguments()
+    @argument("rank", nargs="?", type=int, default=None,
+              help="The failed rank to inspect (default: the first that raised).")
+    def mpirun_debug(self, line: str):
+        """Open IPython's debugger on a failed rank's traceback, after the cell raised RemoteRankError.
+
+        The rank's frames come back with their locals (values that pickle, up to 1 MiB each; others
+        as their repr), so up, down, ll and p name work as in %debug; the cell's lines are numbered
+        as the cell shows them, the magic line being line 1. Only the ranks that raised keep them.
+        """
+        try:
+            args = _parse(self.mpirun_debug, line)
+        except (UsageError, ValueError):
+            raise UsageError("usage: %mpirun_debug [RANK]") from None
+        job = next((job for job in reversed(self.recent_jobs) if debugger.failed_ranks(job)), None)
+        if job is None:
+            raise UsageError("no job of this notebook has a rank that raised: %mpirun_debug opens the debugger on "
+                             "one after a cell raised RemoteRankError")
+        try:
+            rank, record = debugger.load(job, args.rank)
+        except JobError as exc:
+            raise UsageError(str(exc)) from None
+        failed = debugger.failed_ranks(job)
+        others = [r for r in failed if r != rank]
+        print(f"job {job.name}: rank {rank} raised {record['error_type']}: {record['message']}"
+              + (f" (also raised: ranks {', '.join(map(str, others))}; %mpirun_debug N opens rank N)" if others else ""))
+        debugger.interact(debugger.traceback_of(record, job.cell_lines), self.shell.debugger_cls)
 
     @line_magic
     def mpirun_jobs(self, line: str):

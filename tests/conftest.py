@@ -154,6 +154,7 @@ def ip(shell, cache_dir, monkeypatch):
     magics = shell.magics_manager.registry["MpiMagics"]
     magics.defaults = Config()
     magics.latest_job = None
+    magics.recent_jobs.clear()
     return shell
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 from ..shared.events import Event
+from ..shared.layout import RESULTS
 
 if TYPE_CHECKING:  # options reads the backends' instance facts: no import back at run time
     from ..options import Config, LaunchOptions
@@ -38,8 +39,9 @@ class BackendJob(Protocol):
     def cancel(self) -> None:
         """Stop every rank; returns once the stop is under way (``finished`` says when it is done)."""
 
-    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
-        """Put each listed rank's results file where ``layout.result_path`` says."""
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """Put each listed rank's results file (or the frames a failed rank kept, ``kind``
+        ``layout.POST_MORTEM``) where ``layout.result_path`` says."""
 
     @property
     def launcher(self) -> tuple[int, float] | None:
@@ -153,8 +155,9 @@ class SessionRanks(Protocol):
     def send(self, message: dict) -> None:
         """Hand rank 0 a message (a cell to run, or the end of the session)."""
 
-    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
-        """Put each listed rank's results of the last cell where ``layout.result_path`` says."""
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """Put each listed rank's results of the last cell (or its ``kind`` of file) where
+        ``layout.result_path`` says."""
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """Interrupt the cell on the given ranks ({rank: pid})."""

@@ -18,6 +18,7 @@ import psutil
 
 from . import launcher as launchers
 from ..shared import envvars, jobdir, procs, wire
+from ..shared.layout import RESULTS
 from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
 from .scratch import ScratchFolder
@@ -246,7 +247,7 @@ class LocalJob:
             self._gone.clear()
             self._failure_seen = False
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         """The ranks wrote their results into the job folder already."""
 
     def poll(self, timeout: float) -> list[Event]:
@@ -382,7 +383,7 @@ class LocalSessionRanks:
         self.job.new_round()
         self.cells.send(message)
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         """The ranks wrote their results into the cell's folder already."""
 
     def interrupt(self, pids: dict[int, int]) -> None:

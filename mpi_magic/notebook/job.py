@@ -142,6 +142,11 @@ class Job:
             raise self.error
 
     @property
+    def cell_lines(self) -> list[str]:
+        """The cell's lines as the ranks number them (the magic line is line 1, blank here)."""
+        return self._cell_lines
+
+    @property
     def can_roll_call(self) -> bool:
         """True where the ranks can be asked for their stacks (local jobs and sessions)."""
         return self._stacks_dir is not None

@@ -23,12 +23,12 @@ from IPython.core.error import UsageError
 
 from ..backends import get_attachable, get_backend
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
-from ..errors import JobError, JobTimeoutError, PayloadError
+from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError
 from ..options import Config, LaunchOptions
 from ..shared import jobdir, payload
 from ..shared import stacks
 from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
-from ..shared.layout import VALUE_NAME, result_path
+from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
 from ..shared.rebind import is_notebook_function, rebind
 from ..view import View, make_view
 from ..view.console import ConsoleEcho
@@ -378,6 +378,8 @@ class Follower:
         try:  # whatever happens in this process, the job does not outlive the cell
             job.model.fold(Phase("starting"))
             error = self._watch()
+            if isinstance(error, RemoteRankError):
+                self._fetch_post_mortems()
             if error is None:
                 job.model.fold(Phase("collecting results"))
                 backend_job.fetch_results(job.job_dir, range(job.world_size) if settings.gather else [0])
@@ -454,6 +456,16 @@ class Follower:
         if job.model.stop_reason == "cancel":
             return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
         return job.model.error()
+
+    def _fetch_post_mortems(self) -> None:
+        """The frames and locals each failed rank kept, into the job folder for %mpirun_debug (only
+        those ranks', and only on failure); where they cannot be fetched, %mpirun_debug says so."""
+        ranks = [state.rank for state in self.job.ranks if state.post_mortem]
+        if ranks:
+            try:
+                self.backend_job.fetch_results(self.job.job_dir, ranks, POST_MORTEM)
+            except Exception:  # noqa: BLE001 - the cell's own error matters more than its debugging aid
+                pass
 
     def _roll_call(self, limit: float = stacks.ANSWER_LIMIT, stall: bool = False) -> str:
         """Where every rank is now, folded into the model for the views ("" if it could not be

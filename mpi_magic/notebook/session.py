@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
+from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
 from ..errors import JobError, SessionStartError
@@ -424,9 +425,9 @@ class Session:
         """The world cannot be whole again (a rank stuck in a collective): stop everything."""
         self._end(reason)
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         assert self._ranks is not None
-        self._ranks.fetch_results(job_dir, ranks)
+        self._ranks.fetch_results(job_dir, ranks, kind)
 
     def ended_under_a_cell(self) -> str:
         """The launcher exited while a cell ran: the reason is the launcher's, unless one was set."""
@@ -522,8 +523,8 @@ class SessionCell:
         self._interrupted_at = self.clock()
         self.session.interrupt([r for r in range(self.session.world_size) if r not in self.reported])
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
-        self.session.fetch_results(job_dir, ranks)
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
+        self.session.fetch_results(job_dir, ranks, kind)
 
 
 def describe(session: Session) -> str:

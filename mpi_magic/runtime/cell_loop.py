@@ -19,7 +19,7 @@ import threading
 import time
 
 from ..shared import channel, payload, s3channel, wire
-from ..shared.layout import result_path
+from ..shared.layout import POST_MORTEM, RESULTS, result_path
 from . import rank as one_off
 from ..shared import envvars
 
@@ -83,7 +83,7 @@ class LocalCells:
     def results_dir(self, message: dict) -> str:
         return message["dir"]
 
-    def publish(self, message: dict, rank: int, path: str) -> None:
+    def publish(self, message: dict, rank: int, path: str, kind: str = RESULTS) -> None:
         """The results are where the notebook reads them already."""
 
     def close(self) -> None:
@@ -167,9 +167,9 @@ class S3Cells:
     def results_dir(self, message: dict) -> str:
         return one_off._scratch_dir()
 
-    def publish(self, message: dict, rank: int, path: str) -> None:
+    def publish(self, message: dict, rank: int, path: str, kind: str = RESULTS) -> None:
         try:
-            self.end.upload_result(path, message["cell"], rank)
+            self.end.upload_result(path, message["cell"], rank, kind)
         finally:
             import shutil
 
@@ -301,10 +301,16 @@ def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: d
         path, digest = cells.payload(message)
         bundle = payload.read(path, digest)
         one_off.load_into(bundle, namespace)
+    except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
+        one_off.report_failure(emitter, reporter, exc)
+        return
+    try:
         with interrupts:
             value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
     except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
-        one_off.report_failure(emitter, reporter, exc)
+        kept = one_off.keep_post_mortem(exc, cells.results_dir(message), place.rank,
+                                        lambda path: cells.publish(message, place.rank, path, POST_MORTEM))
+        one_off.report_failure(emitter, reporter, exc, kept)
         return
     reporter.flush()
     results_dir = ""

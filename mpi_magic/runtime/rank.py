@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 from ..shared import cell, payload, procs, reporting, stacks, wire
-from ..shared.layout import VALUE_NAME, result_path, result_uri, split_s3
+from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path, result_uri, split_s3
 from ..shared.rebind import rebind_all
 from . import tqdm_hook
 from .shell import RankShell
@@ -84,9 +84,17 @@ def main(argv: list[str]) -> int:
     try:
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), digest)
         namespace = build_namespace(bundle)
-        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
         _fail(emitter, reporter, exc)
+    try:
+        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
+        def publish(path: str) -> None:
+            if results_uri:
+                upload(path, result_uri(results_uri, place.rank, POST_MORTEM))
+
+        _fail(emitter, reporter, exc, keep_post_mortem(exc, _scratch_dir() if results_uri else job_dir, place.rank,
+                                                       publish))
     reporter.flush()
     unreturned: dict[str, str] = {}
     results_digest = ""
@@ -256,16 +264,34 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     return unreturned, digest or ""
 
 
-def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException) -> NoReturn:
+def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -> str:
+    """Write the failed cell's frames and their locals for %mpirun_debug (``publish(path)`` sends
+    them where the notebook reads them); their SHA-256, or "" where there are none. Whatever goes
+    wrong here, the failure is still reported."""
+    if isinstance(exc, KeyboardInterrupt):  # stopped from outside: nothing of the cell's to inspect
+        return ""
+    try:
+        from ..shared import postmortem  # only on failure
+
+        path = result_path(results_dir, rank, POST_MORTEM)
+        digest = postmortem.write(path, postmortem.capture(exc, CELL_FILENAME))
+        publish(path)
+        return digest
+    except BaseException:  # noqa: BLE001 - the traceback still goes to the notebook as an event
+        return ""
+
+
+def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException, post_mortem: str = "") -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
     ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
     try:
-        report_failure(emitter, reporter, exc)
+        report_failure(emitter, reporter, exc, post_mortem)
     finally:
         os._exit(1)
 
 
-def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException) -> None:
+def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
+                   post_mortem: str = "") -> None:
     """Report how the cell failed. Nothing here may depend on the cell's objects behaving."""
     try:
         try:
@@ -276,7 +302,8 @@ def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: Bas
             emitter.emit(wire.FINISHED, ok=False, error_type="KeyboardInterrupt", message="interrupted")
         else:
             error_type, message, trace = describe_failure(exc, emitter.rank)
-            emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace)
+            emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace,
+                         post_mortem=post_mortem)
     finally:
         flush_streams()
 

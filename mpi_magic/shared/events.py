@@ -61,6 +61,7 @@ class RankFinished:
     traceback: str = ""
     unreturned: dict[str, str] = field(default_factory=dict)
     results_digest: str = ""  # SHA-256 of the rank's results file, checked before it is unpickled
+    post_mortem: str = ""  # SHA-256 of a failed rank's frames and locals (%mpirun_debug), where it kept them
     seq: int = 0
     time: float = 0.0
 
@@ -240,7 +241,7 @@ _SCHEMA = {
     RankStarted: {**_COMMON, "instance": _count, "local_rank": _count, "world_size": _count, "host": _text(1000),
                   "pid": _count},
     RankFinished: {**_COMMON, "ok": _flag, "error_type": _text(1000), "message": _text(20_000),
-                   "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest},
+                   "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest, "post_mortem": _digest},
     RankReady: {**_COMMON, "cell": _count},
     SessionClosing: {**_COMMON, "reason": _text(1000)},
     Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,

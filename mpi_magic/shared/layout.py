@@ -1,7 +1,7 @@
 """Where a job's results are, and how they are named: written by the ranks, read by the notebook.
 
-A job folder holds ``results/rank-N.bin``; a SageMaker job's ranks upload theirs to
-``<results URI>/rank-N.bin``. Standard library only: the rank runtime imports it too.
+A job folder holds ``results/rank-N.bin`` (and a failed rank's ``rank-N.debug``); a SageMaker
+job's ranks upload theirs to ``<results URI>/rank-N.bin``. Standard library only: the rank runtime imports it too.
 """
 
 from __future__ import annotations
@@ -11,17 +11,21 @@ import os
 VALUE_NAME = "<value>"  # the cell's value among its results; not an identifier, so no variable collides
 
 
-def result_file(rank: int) -> str:
-    return f"rank-{rank}.bin"
+RESULTS = "bin"  # what a rank's cell assigned
+POST_MORTEM = "debug"  # a failed rank's frames and their locals (shared/postmortem.py)
 
 
-def result_path(job_dir: str, rank: int) -> str:
-    return os.path.join(job_dir, "results", result_file(rank))
+def result_file(rank: int, kind: str = RESULTS) -> str:
+    return f"rank-{rank}.{kind}"
 
 
-def result_uri(results_uri: str, rank: int) -> str:
+def result_path(job_dir: str, rank: int, kind: str = RESULTS) -> str:
+    return os.path.join(job_dir, "results", result_file(rank, kind))
+
+
+def result_uri(results_uri: str, rank: int, kind: str = RESULTS) -> str:
     """One rank's own key under a job's results prefix: no rank overwrites another's."""
-    return f"{results_uri.rstrip('/')}/{result_file(rank)}"
+    return f"{results_uri.rstrip('/')}/{result_file(rank, kind)}"
 
 
 def split_s3(uri: str) -> tuple[str, str]:

@@ -32,7 +32,7 @@ import os
 import time
 
 from .channel import ChannelError
-from .layout import result_uri, split_s3
+from .layout import RESULTS, result_uri, split_s3
 
 REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job where missing
 MAX_MESSAGE = 64 * 1024  # a message names a payload; anything larger is not read
@@ -372,6 +372,6 @@ class S3RankEnd:
                                f"{sha256[:12]}..., found {found[:12]}...); it was changed in S3, so it is not loaded")
         return path
 
-    def upload_result(self, path: str, cell: int, rank: int) -> None:
-        bucket, key = split_s3(result_uri(results_uri(self.uri, cell), rank))
+    def upload_result(self, path: str, cell: int, rank: int, kind: str = RESULTS) -> None:
+        bucket, key = split_s3(result_uri(results_uri(self.uri, cell), rank, kind))
         self.s3.upload_file(path, bucket, key)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Union, cast
 
 from ..shared.events import Event, LauncherExited, LauncherOutput
+from ..shared.layout import RESULTS
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, BackendJob
@@ -101,7 +102,9 @@ class ScriptedJob:
             self._script.append((at, len(self.cancels) + 1_000_000, LauncherOutput("scripted: stopped")))
             self._script.append((at, len(self.cancels) + 1_000_001, LauncherExited(-2)))
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
+        if kind != RESULTS:  # a failed rank's frames: a scripted job has none
+            return
         self.fetched.append(list(ranks))
         if self._results is not None:
             self._results(job_dir, ranks)

@@ -62,6 +62,7 @@ class RankState:
     outputs: int = 0  # lines seen, so a view knows when its tail changed
     attempt: int = 1  # of the job (2 and on after it started again)
     ready_after: int | None = None  # in a session: the cell it finished last, waiting for the next (0: up)
+    post_mortem: str = ""  # where it failed: the SHA-256 of the frames and locals it kept for %mpirun_debug
 
     def restart(self, attempt: int) -> "RankState":
         """This rank as the job starts again: what it did belongs to the attempt that ended; its
@@ -280,6 +281,7 @@ class JobModel:
             state.failed_at = self.clock()
             state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
                                         event.message, event.traceback)
+            state.post_mortem = event.post_mortem
         self.last_activity = self.clock()
 
     def _settle(self, end: events.LauncherExited) -> None:
@@ -303,7 +305,7 @@ class JobModel:
         failed = [s.failure for s in self.ranks if s.failure is not None]
         raised = [f for f in failed if f.error_type]
         if raised:
-            return RemoteRankError(raised, self.world_size)
+            return RemoteRankError(raised, self.world_size, [s.rank for s in self.ranks if s.post_mortem])
         if failed:
             return RankExitError(failed)
         unfinished = [s.rank for s in self.ranks if s.status != "completed"]

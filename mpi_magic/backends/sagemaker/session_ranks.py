@@ -22,7 +22,7 @@ from ...shared import jobdir, s3channel, wire
 from ...shared.cost import estimate
 from ...errors import SageMakerSetupError
 from ...shared.events import Event, RankReady
-from ...shared.layout import result_path, result_uri
+from ...shared.layout import RESULTS, result_path, result_uri
 from ...shared.payload import PAYLOAD_FILE
 from .history import record_job
 from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
@@ -177,9 +177,9 @@ class SageMakerSessionRanks:
         self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE))
         self._pace_running()
 
-    def fetch_results(self, job_dir: str, ranks: Iterable[int]) -> None:
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         results = s3channel.results_uri(self.channel.uri, self._cell)
-        fetch_each(self.job.s3, ((result_uri(results, rank), result_path(job_dir, rank)) for rank in ranks))
+        fetch_each(self.job.s3, ((result_uri(results, rank, kind), result_path(job_dir, rank, kind)) for rank in ranks))
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""

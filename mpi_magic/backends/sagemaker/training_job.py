@@ -16,7 +16,7 @@ from ...shared import jobdir, wire
 from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                               Restarted, StreamDecoder)
 from ..launcher import LauncherLog
-from ...shared.layout import result_path, result_uri, split_s3
+from ...shared.layout import RESULTS, result_path, result_uri, split_s3
 from ...shared.payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
 from .livetail import Ledger, LiveTail, live_tail_client
@@ -391,9 +391,10 @@ class SageMakerJob:
             pass  # it ended meanwhile
         self._next_describe = 0.0
 
-    def fetch_results(self, job_dir: str, ranks) -> None:
+    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         """Copy each rank's results from its own S3 key into the job folder."""
-        fetch_each(self.s3, ((result_uri(self.results_uri, rank), result_path(job_dir, rank)) for rank in ranks))
+        fetch_each(self.s3, ((result_uri(self.results_uri, rank, kind), result_path(job_dir, rank, kind))
+                             for rank in ranks))
 
 
 def fetch_each(s3, copies: Iterable[tuple[str, str]]) -> None:

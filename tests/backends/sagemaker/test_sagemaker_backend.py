@@ -8,7 +8,9 @@ instance type make of a job in ``test_sagemaker_instances``."""
 
 from __future__ import annotations
 
+import io
 import re
+import sys
 
 import pytest
 from helpers import BUCKET, once_running, run, uploaded
@@ -35,11 +37,13 @@ def test_ranks_spread_over_every_instance_with_their_own_results(ip, cloud, pref
     assert described["TrainingJobStatus"] == "Completed" and described["ResourceConfig"]["InstanceCount"] == 4
 
 
-def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_instance(ip, cloud):
+def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_instance(ip, cloud, capsys,
+                                                                                     monkeypatch):
     with pytest.raises(mpi_magic.RemoteRankError) as caught:
         run(ip, "-i 2 -g 2 --out job", (
             "import mpi_magic, time\n"
             "from mpi4py import MPI\n"
+            "shard = [mpi_magic.rank()] * 3\n"
             "if mpi_magic.rank() == 3:\n"
             "    raise ValueError('bad shard')\n"
             "MPI.COMM_WORLD.barrier()\n"
@@ -49,6 +53,11 @@ def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_inst
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)
     assert described["TrainingJobStatus"] == "Failed"
     assert "rank 3 raised ValueError: bad shard" in described["FailureReason"]
+    # its frames came back through S3, for the debugger in the notebook
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p shard\nq\n"))
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_debug", "")
+    assert "[3, 3, 3]" in capsys.readouterr().out
 
 
 def test_interrupt_stops_the_training_job(ip, cloud, capsys):

@@ -7,6 +7,7 @@ to its own S3 prefix and its own jobs. A session that loses its notebook or its 
 from __future__ import annotations
 
 import _thread
+import io
 import os
 import re
 import subprocess
@@ -70,14 +71,18 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(c
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 
-def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(cloud_sessions, aws, tmp_path, capsys):
+def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(cloud_sessions, aws, tmp_path, capsys, monkeypatch):
     ip = cloud_sessions
     s = start_session(ip, "-i 2 -g 1")
     run(ip, "--quiet", "import mpi_magic\nkept = 'state'")
     with pytest.raises(RemoteRankError) as raised:
-        run(ip, "--quiet", "if mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
+        run(ip, "--quiet", "seen = kept * 2\nif mpi_magic.rank() == 1:\n    raise ValueError('bad input on 1')\nother = 1")
     assert raised.value.failures[0].rank == 1 and "bad input on 1" in str(raised.value)
     assert s.status == "idle", "a failure every rank got back from keeps the session"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p seen\nq\n"))  # the failed rank's frames, through S3
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_debug", "")
+    assert "'statestate'" in capsys.readouterr().out
 
     # Someone who may write to the bucket puts the next cell there, signed by a key of their own.
     marker = tmp_path / "forged-cell-ran"

@@ -1,0 +1,139 @@
+"""%mpirun_debug: a failed rank's frames and locals, opened in IPython's debugger in the notebook.
+
+Real shell, real mpirun; the debugger reads its commands from stdin, as a kernel's would come."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+import time
+
+import pytest
+from helpers import run
+from IPython.core.error import UsageError
+
+from mpi_magic.errors import RemoteRankError
+from mpi_magic.shared import postmortem
+from mpi_magic.shared.layout import POST_MORTEM, result_path
+
+ANSI = re.compile("\x1b\\[[0-9;]*m")
+
+FAILING = (
+    "import mpi_magic\n"                                  # line 2 (the magic line is line 1)
+    "def step(x, k):\n"                                   # 3
+    "    scale = x * k\n"                                 # 4
+    "    return scale // (k - 2)\n"                       # 5
+    "label = f'rank {mpi_magic.rank()}'\n"                # 6
+    "for k in range(4):\n"                                # 7
+    "    y = step(10 + mpi_magic.rank(), k if mpi_magic.rank() in failing else 5)\n"  # 8
+)
+
+
+def debug(ip, capsys, line: str, commands: list[str], monkeypatch) -> str:
+    """What the debugger printed for ``commands`` (then ``q``)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(commands + ["q"]) + "\n"))
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_debug", line)
+    return ANSI.sub("", capsys.readouterr().out)
+
+
+def fail(ip, failing: list[int], line: str = "-i 2 -g 2 --quiet") -> RemoteRankError:
+    ip.user_ns["failing"] = failing
+    with pytest.raises(RemoteRankError) as raised:
+        run(ip, line, FAILING)
+    return raised.value
+
+
+def test_the_failed_ranks_frames_open_with_their_locals_up_down_and_the_cells_lines(ip, capsys, monkeypatch):
+    error = fail(ip, [1])
+    assert error.debuggable == [1]
+    assert "%mpirun_debug opens the debugger on rank 1's frames and locals" in "\n".join(error._render_traceback_())
+    out = debug(ip, capsys, "", ["p scale, k, x", "ll", "up", "p label", "p failing", "where"], monkeypatch)
+    assert "rank 1 raised ZeroDivisionError: integer division or modulo by zero" in out
+    assert "(22, 2, 11)" in out  # the innermost frame, step's, with its locals as they were on rank 1
+    assert "return scale // (k - 2)" in out  # ll reads the cell's lines
+    assert "<mpirun_remote cell>(8)<module>()" in out  # up: the cell's own frame, numbered as the cell shows it
+    assert "'rank 1'" in out and "[1]" in out
+    assert "<mpirun_remote cell>(5)step()" in out  # where lists both frames
+
+
+def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fail_is_refused(sessions, capsys,
+                                                                                              monkeypatch):
+    ip = sessions  # a session's failed ranks go back to waiting, so both report (a one-off job's launcher may stop
+    ip.run_line_magic("mpirun_session", "start -i 2 -g 2 --quiet")  # the second before it does)
+    error = fail(ip, [1, 3], "--quiet")
+    assert error.debuggable == [1, 3]
+    out = debug(ip, capsys, "3", ["p x"], monkeypatch)
+    assert "rank 3 raised ZeroDivisionError" in out and "\n13\n" in out.replace("ipdb> ", "\n")
+    out = debug(ip, capsys, "", ["p x"], monkeypatch)
+    assert "rank 1 raised" in out and "also raised: ranks 3; %mpirun_debug N opens rank N" in out
+    with pytest.raises(UsageError, match="rank 0 of job .* did not raise; the ranks that did: 1, 3"):
+        ip.run_line_magic("mpirun_debug", "0")
+    with pytest.raises(UsageError, match="usage: %mpirun_debug"):
+        ip.run_line_magic("mpirun_debug", "one")
+
+
+def test_nothing_to_debug_is_said_in_a_sentence(ip):
+    with pytest.raises(UsageError, match="no job of this notebook has a rank that raised"):
+        ip.run_line_magic("mpirun_debug", "")
+    run(ip, "-g 2 --quiet", "x = 1\n")
+    with pytest.raises(UsageError, match="no job of this notebook has a rank that raised"):
+        ip.run_line_magic("mpirun_debug", "")
+
+
+def test_frames_changed_after_the_rank_wrote_them_are_refused(ip):
+    fail(ip, [1])
+    job = ip.magics_manager.registry["MpiMagics"].recent_jobs[-1]
+    path = result_path(job.job_dir, 1, POST_MORTEM)
+    with open(path, "ab") as f:
+        f.write(b"tampered")
+    with pytest.raises(UsageError, match="checksum differs"):
+        ip.run_line_magic("mpirun_debug", "")
+    os.remove(path)
+    with pytest.raises(UsageError, match="rank 1's frames are not in the job's folder"):
+        ip.run_line_magic("mpirun_debug", "")
+
+
+def test_huge_unpicklable_and_misbehaving_locals_come_as_their_reprs_and_the_failure_still_comes_at_once(
+        ip, capsys, monkeypatch):
+    cell = (
+        "import threading\n"
+        "class Sulky:\n"
+        "    def __repr__(self):\n        raise RuntimeError('no repr today')\n"
+        "    def __reduce__(self):\n        raise TypeError('no pickling either')\n"
+        "lock = threading.Lock()\n"
+        "big = bytes(8 << 20)\n"
+        "many = list(range(2_000_000))\n"
+        "sulky = Sulky()\n"
+        "small = {'a': 1}\n"
+        "import mpi_magic, time\n"
+        "if mpi_magic.rank() == 0:\n    raise ValueError('stop here')\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(RemoteRankError, match="ValueError: stop here"):
+        run(ip, "-g 2 --quiet", cell)
+    assert time.monotonic() - started < 20
+    out = debug(ip, capsys, "", ["p type(lock).__name__", "p len(big)", "p many", "p sulky", "p small"], monkeypatch)
+    assert "'RemoteValue'" in out  # the lock did not pickle: its repr stands for it
+    assert "<Sulky instance at 0x" in out  # its __repr__ raised
+    assert "[0, 1, 2, 3, 4, 5" in out and "...]" in out  # a short repr, not two million numbers
+    assert "{'a': 1}" in out
+    assert "*** TypeError" in out  # len() of the repr's stand-in: big did not come as a value
+    job = ip.magics_manager.registry["MpiMagics"].recent_jobs[-1]
+    assert os.path.getsize(result_path(job.job_dir, 0, POST_MORTEM)) < postmortem.TOTAL_LIMIT
+    assert not os.path.exists(result_path(job.job_dir, 1, POST_MORTEM))  # only failed ranks send frames
+
+
+def test_a_session_cells_failed_rank_is_debugged_and_the_session_goes_on(sessions, capsys, monkeypatch):
+    ip = sessions
+    ip.run_line_magic("mpirun_session", "start -i 1 -g 2 --quiet")
+    ip.user_ns["failing"] = [0]
+    with pytest.raises(RemoteRankError):
+        run(ip, "--quiet", FAILING)
+    out = debug(ip, capsys, "", ["p scale, k, x"], monkeypatch)
+    assert "(20, 2, 10)" in out
+    run(ip, "--quiet", "after = label\n")  # the ranks kept their globals and wait for the next cell
+    assert ip.user_ns["after"] == "rank 0"
