@@ -20,7 +20,7 @@ def get_backend(name: str, config, options) -> Backend:
         from .sagemaker.settings import resolve
 
         settings, aws = resolve(options.cloud)
-        return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"))
+        return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"), config.get("stall_after"))
     raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
 
 

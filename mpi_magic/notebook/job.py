@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..view import View
 
 CELL = "<cell>"  # the cell's frames, as job.stacks() names them
+ROUND_SECONDS = 10.0  # stacks sent through the log this close to the newest answer the same request
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5
 
@@ -83,6 +84,8 @@ class Job:
 
     def record(self, event: events.Event) -> None:
         self.model.fold(event)
+        if isinstance(event, events.RankStacks):
+            self.model.fold(events.RollCall(str(self.reported_roll_call()), self.model.waiting() is not None))
         if isinstance(event, events.Output):
             prefix = "" if event.stream == "stdout" else "[stderr] "
             self._log(f"rank-{event.rank}.log", prefix + event.text)
@@ -170,6 +173,17 @@ class Job:
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
                            "from this notebook: that works for local jobs and sessions")
         return ask_ranks(self._stacks_dir, self.ranks, limit)
+
+    def reported_roll_call(self) -> dumps.Snapshot:
+        """The roll-call made of the stacks the ranks sent through the log (SageMaker: when they
+        went quiet): those sent within ``ROUND_SECONDS`` of the newest answer one request."""
+        reported = self.model.reported_stacks
+        newest = max(stack.time for stack in reported.values())
+        found = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in stack.frames]
+                 for rank, stack in reported.items() if newest - stack.time <= ROUND_SECONDS}
+        missing = {state.rank: "no answer yet" if state.status in ("starting", "running") else f"it has {state.status}"
+                   for state in self.ranks if state.rank not in found}
+        return dumps.Snapshot(found, missing, CELL, self._cell_lines)
 
     def cancel(self) -> None:
         """Stop every rank of this job now (the running cell then raises JobError)."""

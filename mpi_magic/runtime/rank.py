@@ -117,10 +117,11 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     token = os.environ.pop(envvars.EVENT_TOKEN, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
-    stacks.install(place.rank)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)
+    events_fd = os.dup(1)
+    stacks.install(place.rank, events=(events_fd, token))
+    emitter = wire.Emitter(place.rank, event_writer(events_fd), token)
     announce(emitter, place)
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)

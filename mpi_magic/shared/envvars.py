@@ -30,6 +30,8 @@ MAX_WAIT = "MPI_MAGIC_MAX_WAIT"  # SageMaker: seconds a worker instance waits fo
 SSH_AGENT = "MPI_MAGIC_SSH_AGENT"  # SageMaker: the command mpirun reaches the other instances with
 MPIRUN = "MPI_MAGIC_MPIRUN"  # the mpirun to use (also %mpirun_config mpirun=...)
 STACKS_DIR = "MPI_MAGIC_STACKS_DIR"  # where each rank dumps its stack when asked (shared/stacks.py)
+STACKS_EVENTS = "MPI_MAGIC_STACKS_EVENTS"  # SageMaker: each rank sends its stack as an event when signalled
+STALL_AFTER = "MPI_MAGIC_STALL_AFTER"  # SageMaker: seconds of quiet before the leader asks every rank for its stack
 
 # checkpoints
 CHECKPOINT_S3 = "MPI_MAGIC_CHECKPOINT_S3"  # SageMaker: the job's --checkpoint-s3, or NO_CHECKPOINTS

@@ -101,6 +101,17 @@ class SessionClosing:
 
 
 @dataclass
+class RankStacks:
+    """Where a rank was when asked through mpirun (``shared/stacks.py``): its main thread's
+    frames, [filename, line, function], innermost last."""
+
+    rank: int
+    frames: list = field(default_factory=list)
+    seq: int = 0
+    time: float = 0.0
+
+
+@dataclass
 class Note:
     """Something the backend reports about the whole job (SageMaker's FailureReason)."""
 
@@ -194,12 +205,12 @@ class CellEnded(LauncherExited):
     runs on (``reports`` name ranks that were stopped). Client-side."""
 
 
-WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing
+WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
          | RollCall | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
-                           wire.READY: RankReady, wire.CLOSING: SessionClosing}
+                           wire.READY: RankReady, wire.CLOSING: SessionClosing, wire.STACKS: RankStacks}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
@@ -231,6 +242,13 @@ def _names(value) -> bool:
         type(k) is str and len(k) <= 1000 and type(v) is str and len(v) <= 4000 for k, v in value.items())  # noqa: E721
 
 
+def _frames(value) -> bool:
+    """[[filename, line, function], ...] as a faulthandler dump names them."""
+    return type(value) is list and len(value) <= 200 and all(  # noqa: E721
+        type(frame) is list and len(frame) == 3 and _text(4000)(frame[0]) and _count(frame[1])  # noqa: E721
+        and _text(1000)(frame[2]) for frame in value)
+
+
 def _digest(value) -> bool:
     return type(value) is str and len(value) <= 128 and all(c in "0123456789abcdef" for c in value)  # noqa: E721
 
@@ -244,6 +262,7 @@ _SCHEMA = {
                    "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest, "post_mortem": _digest},
     RankReady: {**_COMMON, "cell": _count},
     SessionClosing: {**_COMMON, "reason": _text(1000)},
+    RankStacks: {**_COMMON, "frames": _frames},
     Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,
                "closed": _flag},
 }
@@ -421,7 +440,9 @@ class StreamDecoder:
         except BadEvent:
             self.rejected += 1
             return [Output(rank, stream, text)]
-        if not self._accept(rank, event.seq):
+        # a rank's stacks come from a process of its own (``stacks.py``), outside its numbering;
+        # one read twice is the same answer again
+        if not isinstance(event, RankStacks) and not self._accept(rank, event.seq):
             return [Output(rank, stream, text[:at])] if at else []
         return [Output(rank, stream, text[:at]), event] if at else [event]
 

@@ -1,11 +1,18 @@
 """Every rank's stack, on request: where each rank is now, even one blocked inside MPI's C code.
 
 Each rank registers ``faulthandler`` on ``SIGNAL``: the kernel runs its C handler, which writes
-the stacks of every thread to the rank's file without the GIL, so a rank stuck in a collective
-answers as readily as a busy one. The notebook's side sends the signal to each rank's process,
-reads what the dump appended, keeps the main thread's frames (innermost last), and groups the
-ranks by where they are: the roll-call. SIGWINCH is the signal because its default is to be
-ignored: a rank that has not registered yet (still starting) ignores it instead of dying.
+the stacks of every thread without the GIL, so a rank stuck in a collective answers as readily as
+a busy one. Where the notebook shares the ranks' machine (``MPI_MAGIC_STACKS_DIR``), each rank
+dumps into its own file; the notebook sends the signal to each rank's process, reads what the
+dump appended, keeps the main thread's frames (innermost last), and groups the ranks by where
+they are: the roll-call. Where it does not (SageMaker: ``MPI_MAGIC_STACKS_EVENTS``), the signal
+comes through mpirun, which forwards it to every rank on every instance, and each rank dumps into
+a pipe that a thread of its own reads and sends on as a ``stacks`` event, the way every other
+event reaches the notebook.
+
+SIGURG is the signal: its default is to be ignored, so a rank that has not registered yet (still
+starting) ignores it instead of dying, and Open MPI's mpirun forwards it to the ranks (Open MPI 5
+by default; Open MPI 4 when ``ess_base_forward_signals`` names it).
 """
 
 from __future__ import annotations
@@ -16,13 +23,14 @@ import time
 
 from . import envvars
 
-SIGNAL_NAME = "SIGWINCH"
+SIGNAL_NAME = "SIGURG"
 HEADER = "mpi_magic stacks: main thread "
 ANSWER_LIMIT = 3.0  # seconds every rank gets to answer before the others' stacks are reported without it
 SETTLED = 0.05  # seconds a dump file's size must stay put for its dump to count as written
 MAX_DUMP = 1 << 20  # bytes of one dump read back (a thread's stack holds at most 100 frames)
 
-_registered = None  # the rank's open dump file, kept for as long as the handler writes to it
+_registered = None  # the rank's open dump file (or pipe), kept for as long as the handler writes to it
+EVENT_FRAMES = 60  # innermost frames of the main thread a stacks event carries
 
 WAITING_FOR_CELL = "_next_message"  # the function a session's rank waits in between cells (runtime/cell_loop.py)
 
@@ -35,25 +43,106 @@ def dump_path(folder: str, rank: int) -> str:
     return os.path.join(folder, f"rank-{rank}.stacks")
 
 
-def install(rank: int, environ=os.environ) -> None:
-    """On a rank: answer ``SIGNAL`` with a dump of every thread's stack into this rank's file
-    in the folder ``MPI_MAGIC_STACKS_DIR`` names (nothing where none is named)."""
+def install(rank: int, environ=os.environ, events: tuple[int, str] | None = None) -> None:
+    """On a rank: answer ``SIGNAL`` with a dump of every thread's stack into this rank's file in
+    the folder ``MPI_MAGIC_STACKS_DIR`` names, or, where ``MPI_MAGIC_STACKS_EVENTS`` is set, as a
+    ``stacks`` event written to ``events`` (the event stream's file descriptor and the job's
+    token) by a process of its own (nothing where neither is set)."""
     global _registered
     folder = environ.get(envvars.STACKS_DIR)
-    if not folder:
+    if folder:
+        try:
+            fd = os.open(dump_path(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return  # the folder went with its job: no stacks, and the cell runs as ever
+    elif environ.get(envvars.STACKS_EVENTS) and events is not None:
+        sender = _start_sender(rank, *events)
+        if sender is None:
+            return
+        fd = sender
+    else:
         return
     import _thread  # (threading costs every rank milliseconds at start-up)
     import faulthandler
     import signal
 
-    try:
-        fd = os.open(dump_path(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return  # the folder went with its job: no stacks, and the cell runs as ever
     _registered = os.fdopen(fd, "w")
-    _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
-    _registered.flush()
+    if folder:
+        _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
+        _registered.flush()
     faulthandler.register(getattr(signal, SIGNAL_NAME), file=_registered, all_threads=True, chain=False)
+
+
+def _start_sender(rank: int, event_fd: int, token: str) -> int | None:
+    """Fork the process that sends this rank's dumps on as events; the pipe's end to dump into.
+
+    A thread of the rank could not: a rank blocked in a collective may hold the GIL (mpi4py's
+    lower-case collectives do) for as long as it waits. Forked at start-up, before the cell or MPI
+    runs and while the rank has no other thread; it dies with the rank."""
+    import _thread
+
+    main = f"{_thread.get_ident():#018x}"
+    read_end, write_end = os.pipe()
+    _roomy(write_end)
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    if pid == 0:  # the sender
+        try:
+            import signal
+
+            from . import procs
+
+            procs.die_with_parent(signal.SIGKILL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the rank; the sender ends with it
+            os.close(write_end)
+            if os.getppid() != 1:
+                _send_dumps(read_end, main, rank, event_fd, token)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    return write_end
+
+
+def _roomy(fd: int) -> None:
+    """A pipe that holds a whole dump, so the handler never waits on the reader (Linux; elsewhere
+    the reader drains it as it comes)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), MAX_DUMP)
+    except (ImportError, OSError):
+        pass
+
+
+def _send_dumps(read_end: int, main_thread: str, rank: int, event_fd: int, token: str) -> None:
+    """The sender: each dump that comes through the pipe, once it has settled, is written as a
+    ``stacks`` event of the main thread's innermost frames. Blocked in ``read`` between dumps."""
+    import select
+    import time
+
+    from . import wire
+
+    while True:
+        try:
+            chunks = [os.read(read_end, MAX_DUMP)]
+            while select.select([read_end], [], [], SETTLED)[0] and sum(map(len, chunks)) < MAX_DUMP:
+                chunks.append(os.read(read_end, MAX_DUMP))
+        except OSError:
+            return
+        if not chunks[0]:
+            return  # the rank has ended
+        frames = parse(b"".join(chunks).decode("utf-8", errors="replace"), main_thread)
+        fields = {"rank": rank, "seq": 0, "time": time.time(), "frames": [list(f) for f in frames[-EVENT_FRAMES:]]}
+        data = (wire.encode(wire.STACKS, fields, token) + "\n").encode("utf-8", errors="replace")
+        try:
+            while data:
+                data = data[os.write(event_fd, data):]
+        except OSError:
+            return
 
 
 def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,

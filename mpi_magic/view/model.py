@@ -147,6 +147,7 @@ class JobModel:
         self.closing = ""  # a session's: the reason rank 0 gave when it ended the session
         self.roll_call = ""  # where every rank was when last asked (at a stall, or on request)
         self.roll_call_for: float | None = None  # the stall it was taken for (``last_activity`` then)
+        self.reported_stacks: dict[int, events.RankStacks] = {}  # each rank's latest, sent through the log
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
 
     @property
@@ -246,6 +247,10 @@ class JobModel:
             self.ranks[event.rank].ready_after = event.cell
         elif isinstance(event, events.SessionClosing):
             self.closing = event.reason
+        elif isinstance(event, events.RankStacks):
+            if self._valid(event.rank):
+                self.reported_stacks[event.rank] = event
+            return  # no sign of life, and nothing to draw until the roll-call made of them
         elif isinstance(event, events.RollCall):
             self.roll_call = event.text
             if event.stall:

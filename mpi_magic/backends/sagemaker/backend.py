@@ -32,9 +32,11 @@ class SageMakerBackend:
     pins_digest = True  # the payload travels through S3
     stop_description = "StopTrainingJob"
 
-    def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True):
+    def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True,
+                 stall_after: float = 30.0):
         self.settings, self.aws, self.requirements = settings, aws, requirements
         self.live_tail = live_tail  # follow a job's log through CloudWatch Live Tail (``livetail``)
+        self.stall_after = stall_after  # seconds of quiet before the leader asks every rank for its stack
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
     def check(self, options: LaunchOptions) -> list[str]:
@@ -87,6 +89,8 @@ class SageMakerBackend:
         request = training_job_request(self.settings, job_name, options.instances, options.procs_per_instance, digest,
                                        options.env, options.mpirun_args, code_digests, session)
         request["Environment"][envvars.EVENT_TOKEN] = token  # MPI_MAGIC_* reaches every rank
+        request["Environment"][envvars.STACKS_EVENTS] = "1"  # a rank asked for its stack sends it as an event
+        request["Environment"][envvars.STALL_AFTER] = repr(float(self.stall_after))
         validate(request)
         return request
 

@@ -143,9 +143,11 @@ def lead(hosts, interface=None):
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: stop(mpirun))
         failures: list[str] = []
-        relayed = {"at": time.monotonic(), "whole_lines": True}
+        relayed: dict = {"at": time.monotonic(), "whole_lines": True, "active": set(), "activity": time.monotonic()}
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
+        watch = threading.Thread(target=ask_for_stacks_at_a_stall, args=(mpirun, relayed), daemon=True)
+        watch.start()
         status = mpirun.wait()
         relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
         # What mpirun wrote before it exited is read within moments; a daemon left behind may hold
@@ -163,6 +165,25 @@ def lead(hosts, interface=None):
     if status != 0:
         return fail(failure or "mpirun exited with status %d" % status)
     return 0
+
+
+def ask_for_stacks_at_a_stall(mpirun, relayed, nap=1.0):
+    """Once running ranks have been quiet for ``MPI_MAGIC_STALL_AFTER`` seconds, ask every rank for
+    its stack: mpirun forwards the signal to the ranks on every instance, and each sends its
+    stack as an event through this log (``shared/stacks.py``). Once per quiet spell."""
+    from mpi_magic.shared import stacks  # the job's code, unpacked by now
+
+    stall_after = float(os.environ.get(envvars.STALL_AFTER) or 0)
+    asked_for = None
+    while stall_after > 0 and mpirun.poll() is None:
+        time.sleep(nap)
+        quiet_since = relayed["activity"]
+        if relayed["active"] and time.monotonic() - quiet_since >= stall_after and asked_for != quiet_since:
+            asked_for = quiet_since
+            try:
+                mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
+            except OSError:
+                return
 
 
 def stop(mpirun):
@@ -222,6 +243,7 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
         if "NCCL_SOCKET_IFNAME" not in os.environ:  # the job's own (--env) is forwarded above and wins
             exports += ["-x", "NCCL_SOCKET_IFNAME=" + interface]
     launch += ["--bind-to", "none"]  # a rank and its data-loader threads may use every core, as in the toolkit
+    launch += forwarded_signals(major, user_args)
     launch += user_args
     digest = os.environ.get(envvars.PAYLOAD_DIGEST, "")
     results = os.environ.get(envvars.RESULTS_URI, "")
@@ -249,10 +271,23 @@ def network_args(major, interface, user_args=()):
     return args
 
 
+def forwarded_signals(major, user_args=()):
+    """Open MPI 4's mpirun forwards the stack request's signal only when told (5's does by itself),
+    unless the user's --mpirun-args or environment chose the forwarded signals already."""
+    theirs = [*user_args, *(name.lower() for name in os.environ if name.startswith("OMPI_MCA_"))]
+    if major >= 5 or any("ess_base_forward_signals" in arg for arg in theirs):
+        return []
+    from mpi_magic.shared import stacks  # the job's code, unpacked by now
+
+    return ["--mca", "ess_base_forward_signals", stacks.SIGNAL_NAME]
+
+
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
-    line came (``relayed["at"]``) and whether it ended in a newline."""
-    from mpi_magic.shared.events import RankFinished, StreamDecoder  # the job's code, unpacked by now
+    line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
+    (``relayed["active"]``) and when one last printed or reported (``relayed["activity"]``; a
+    stack it was asked for is no sign of life)."""
+    from mpi_magic.shared.events import RankFinished, RankStacks, RankStarted, StreamDecoder  # unpacked by now
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(envvars.EVENT_TOKEN, ""))
@@ -262,8 +297,14 @@ def relay_output(output, failures, relayed):
         sys.stdout.write(line)
         sys.stdout.flush()
         for event in decoder.feed(line):
-            if isinstance(event, RankFinished) and not event.ok:
-                failures.append("rank %d raised %s: %s" % (event.rank, event.error_type, event.message))
+            if not isinstance(event, RankStacks):
+                relayed["activity"] = relayed["at"]
+            if isinstance(event, RankStarted):
+                relayed["active"].add(event.rank)
+            elif isinstance(event, RankFinished):
+                relayed["active"].discard(event.rank)
+                if not event.ok:
+                    failures.append("rank %d raised %s: %s" % (event.rank, event.error_type, event.message))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import re
 import sys
 
 import pytest
-from helpers import BUCKET, once_running, run, uploaded
+from helpers import BUCKET, once, once_running, run, uploaded
 
 import mpi_magic
 
@@ -58,6 +58,31 @@ def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_inst
     capsys.readouterr()
     ip.run_line_magic("mpirun_debug", "")
     assert "[3, 3, 3]" in capsys.readouterr().out
+
+
+def test_quiet_ranks_on_every_instance_send_their_stacks_through_the_log_as_the_roll_call(ip, cloud, capsys):
+    import _thread
+
+    ip.run_line_magic("mpirun_config", "stall_after=2 view=text")
+    def answered() -> bool:  # the ranks' answers come one by one, as the log brings them
+        job = ip.user_ns.get("job")
+        return bool(job and job.model.roll_call and "no answer" not in job.model.roll_call)
+
+    with once(answered, _thread.interrupt_main, limit=90), pytest.raises(KeyboardInterrupt):
+        run(ip, "-i 2 -g 2 --out job", (
+            "from mpi4py import MPI\n"       # 2
+            "import time\n"                  # 3
+            "comm = MPI.COMM_WORLD\n"        # 4
+            "if comm.rank == 2:\n"           # 5
+            "    time.sleep(120)\n"          # 6
+            "else:\n"                        # 7
+            "    comm.allreduce(1)\n"        # 8
+        ))
+    job = ip.user_ns["job"]
+    where = "ranks 0, 1, 3 at cell line 8 in allreduce; rank 2 at cell line 6 in sleep"
+    assert job.model.roll_call == where, "every rank, instance 1's through mpirun, answered with its frames"
+    assert f"where the ranks were: {where}" in capsys.readouterr().err, "the summary keeps it"
+    assert job.status == "stopped"
 
 
 def test_interrupt_stops_the_training_job(ip, cloud, capsys):

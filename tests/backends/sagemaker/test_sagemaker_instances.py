@@ -127,12 +127,14 @@ def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir)
         run(ip, "--backend sagemaker", "x = 1\n")
 
 
-@pytest.mark.parametrize(("version_text", "launch"), [
+@pytest.mark.parametrize(("version_text", "launch", "signals"), [
     ("mpirun.real (OpenRTE) 4.1.7\n\nReport bugs to", ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn",
-                                                      "1", "--allow-run-as-root"]),
-    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1"]),
+                                                      "1", "--allow-run-as-root"],
+     ["--mca", "ess_base_forward_signals", "SIGURG"]),  # Open MPI 4 forwards the stack request when told
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1"], []),
 ])
-def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch):
+def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch,
+                                                                     signals):
     """Only `mpirun --version` is stood in for (a script printing what each version prints)."""
     from mpi_magic.backends.sagemaker import bootstrap
 
@@ -146,8 +148,10 @@ def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, m
     assert argv[:6] == [str(fake), "--hostfile", "/hosts", "-np", "16", "--tag-output"]
     assert argv[6:6 + len(launch)] == launch
     rest = argv[6 + len(launch):]
-    assert rest[:5] == ["--bind-to", "none", "--mca", "btl_tcp_if_include", "eth0"]
+    assert rest[:5 + len(signals)] == ["--bind-to", "none", *signals, "--mca", "btl_tcp_if_include", "eth0"]
     assert ["-x", "STAGE"] == rest[rest.index("STAGE") - 1:rest.index("STAGE") + 1]
+    monkeypatch.setenv("OMPI_MCA_ess_base_forward_signals", "SIGUSR1")  # the user's choice stays theirs
+    assert "ess_base_forward_signals" not in bootstrap.mpirun_argv(str(fake), "ssh", "/hosts", 16)
 
 
 def test_defaults_come_from_the_sagemaker_sdks_config_file(ip, cloud, tmp_path, monkeypatch, capsys):
