@@ -277,6 +277,8 @@ class MpiMagics(Magics):
     @magic_arguments()
     @argument("rank", nargs="?", type=int, default=None,
               help="The failed rank to inspect (default: the first that raised).")
+    @argument("-c", "--command", action="append", default=[], metavar="COMMAND",
+              help="Run this debugger command, then leave (repeatable), as in a notebook run headless.")
     def mpirun_debug(self, line: str):
         """Open IPython's debugger on a failed rank's traceback, after the cell raised RemoteRankError.
 
@@ -287,7 +289,7 @@ class MpiMagics(Magics):
         try:
             args = _parse(self.mpirun_debug, line)
         except (UsageError, ValueError):
-            raise UsageError("usage: %mpirun_debug [RANK]") from None
+            raise UsageError("usage: %mpirun_debug [RANK] [-c COMMAND ...]") from None
         job = next((job for job in reversed(self.recent_jobs) if debugger.failed_ranks(job)), None)
         if job is None:
             raise UsageError("no job of this notebook has a rank that raised: %mpirun_debug opens the debugger on "
@@ -300,7 +302,7 @@ class MpiMagics(Magics):
         others = [r for r in failed if r != rank]
         print(f"job {job.name}: rank {rank} raised {record['error_type']}: {record['message']}"
               + (f" (also raised: ranks {', '.join(map(str, others))}; %mpirun_debug N opens rank N)" if others else ""))
-        debugger.interact(debugger.traceback_of(record, job.cell_lines), self.shell.debugger_cls)
+        debugger.interact(debugger.traceback_of(record, job.cell_lines), self.shell.debugger_cls, args.command)
 
     @line_magic
     def mpirun_jobs(self, line: str):

@@ -135,9 +135,12 @@ def _remember(filename: str, lines: list[str]) -> None:
     linecache.cache[filename] = (sum(map(len, text)), None, text, filename)
 
 
-def interact(tb: types.TracebackType, debugger_cls: Callable[[], Any]) -> None:
-    """IPython's debugger on ``tb``, at its innermost frame, as ``%debug`` opens it."""
+def interact(tb: types.TracebackType, debugger_cls: Callable[[], Any], commands: list[str] | None = None) -> None:
+    """IPython's debugger on ``tb``, at its innermost frame, as ``%debug`` opens it; with
+    ``commands``, it runs those and returns (a notebook run headless has no one to type them)."""
     pdb = debugger_cls()
     pdb.reset()
     pdb.botframe = tb.tb_frame
+    if commands:
+        pdb.cmdqueue.extend([*commands, "quit"])
     pdb.interaction(None, tb)

@@ -73,6 +73,10 @@ def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fa
         ip.run_line_magic("mpirun_debug", "0")
     with pytest.raises(UsageError, match="usage: %mpirun_debug"):
         ip.run_line_magic("mpirun_debug", "one")
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_debug", "3 -c 'p x' -c up -c 'p label'")  # headless: no stdin is read
+    out = ANSI.sub("", capsys.readouterr().out)
+    assert "\n13\n" in out.replace("ipdb> ", "\n") and "'rank 3'" in out
 
 
 def test_nothing_to_debug_is_said_in_a_sentence(ip):
