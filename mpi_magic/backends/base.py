@@ -53,6 +53,11 @@ class BackendJob(Protocol):
         """The folder where the ranks dump their stacks when signalled (``shared/stacks.py``); None
         where the notebook cannot signal them."""
 
+    def request_stacks(self) -> bool:
+        """Ask every rank for its stack through the job's own channel, the answers to come as
+        ``RankStacks`` events; False where the job has none (its ranks are asked through
+        ``stacks_dir``, or not at all)."""
+
 
 class Backend(Protocol):
     """Where ranks run: checks, plans and submits one cell's job."""

@@ -247,6 +247,9 @@ class LocalJob:
             self._gone.clear()
             self._failure_seen = False
 
+    def request_stacks(self) -> bool:
+        return False  # the notebook signals the ranks itself (stacks_dir)
+
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         """The ranks wrote their results into the job folder already."""
 

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 CELL = "<cell>"  # the cell's frames, as job.stacks() names them
 ROUND_SECONDS = 10.0  # stacks sent through the log this close to the newest answer the same request
+CHANNEL_ANSWER_LIMIT = 30.0  # seconds the ranks of a SageMaker job get to answer through S3 and the log
+CLOCK_SLACK = 2.0  # seconds an instance's clock may be behind the notebook's
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5
 
@@ -44,6 +46,7 @@ class Job:
         self.follower: threading.Thread | None = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
         self._stacks_dir: str | None = None
+        self._request_stacks: Callable[[], bool] = lambda: False
         self._cell_lines: list[str] = []
         self._clock = clock
         self._pending: dict[str, list[str]] = {}
@@ -51,11 +54,15 @@ class Job:
         self._last_flush = clock()
         self._folder_lost = False
 
-    def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "") -> None:
-        """The job was submitted: its folder, how to stop it, and where its ranks dump their
-        stacks (None: they cannot be asked) are known now; ``source`` is the cell's code."""
+    def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "",
+              request_stacks: Callable[[], bool] | None = None) -> None:
+        """The job was submitted: its folder, how to stop it, and how its ranks are asked for
+        their stacks (``stacks_dir`` where they dump them, else ``request_stacks``, which asks
+        through the job's own channel) are known now; ``source`` is the cell's code."""
         self.job_dir, self._cancel = job_dir, cancel
         self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
+        if request_stacks is not None:
+            self._request_stacks = request_stacks
 
     # -- what the model knows ---------------------------------------------------------------
 
@@ -154,25 +161,43 @@ class Job:
         """True where the ranks can be asked for their stacks (local jobs and sessions)."""
         return self._stacks_dir is not None
 
-    def stacks(self, limit: float = dumps.ANSWER_LIMIT) -> dict[int, list[dumps.Frame]]:
+    def stacks(self, limit: float | None = None) -> dict[int, list[dumps.Frame]]:
         """Where every rank is now: {rank: [(filename, line, function), ...]}, innermost last, the
         cell's frames named ``<cell>`` with its lines numbered as the cell shows them (the magic
-        line is line 1). A rank that gives none within ``limit`` seconds is left out; ``roll_call()``
+        line is line 1). A rank that gives none within ``limit`` seconds (3 locally, 30 through a
+        SageMaker job's log) is left out; ``roll_call()``
         says why."""
         return self._ask(limit)[0]
 
-    def roll_call(self, limit: float = dumps.ANSWER_LIMIT, stall: bool = False) -> dumps.Snapshot:
+    def roll_call(self, limit: float | None = None, stall: bool = False) -> dumps.Snapshot:
         """Where every rank is now, which prints as the roll-call ("ranks 0, 1, 3 at cell line 7 in
         allreduce; rank 2 at cell line 12 in recv") and shows in the dashboard and the summary."""
         snapshot = dumps.Snapshot(*self._ask(limit), CELL, self._cell_lines)
         self.model.fold(events.RollCall(str(snapshot), stall))
         return snapshot
 
-    def _ask(self, limit: float) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
-        if self._stacks_dir is None:
+    def _ask(self, limit: float | None) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+        if self._stacks_dir is not None:
+            return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit)
+        asked_at = time.time()
+        if not self._request_stacks():
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "from this notebook: that works for local jobs and sessions")
-        return ask_ranks(self._stacks_dir, self.ranks, limit)
+                           "from this notebook")
+        limit = CHANNEL_ANSWER_LIMIT if limit is None else limit
+        deadline = time.monotonic() + limit
+        while True:  # the answers come with the job's other events (followed in the background)
+            fresh = {rank: stack for rank, stack in self.model.reported_stacks.items()
+                     if stack.time >= asked_at - CLOCK_SLACK}
+            waiting = [s.rank for s in self.ranks if s.status in ("starting", "running") and s.rank not in fresh]
+            if not waiting or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        found = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in stack.frames]
+                 for rank, stack in fresh.items()}
+        missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
+        missing.update({s.rank: f"it has {s.status}" for s in self.ranks
+                        if s.status not in ("starting", "running") and s.rank not in found})
+        return found, missing
 
     def reported_roll_call(self) -> dumps.Snapshot:
         """The roll-call made of the stacks the ranks sent through the log (SageMaker: when they

@@ -141,7 +141,7 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         if view is not None:
             view.close()
         raise
-    job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source)
+    job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source, backend_job.request_stacks)
     job.view = view
     if backend_job.launcher is not None:  # pruning spares the folder of a job whose launcher runs
         pid, started = backend_job.launcher

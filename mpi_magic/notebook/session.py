@@ -470,6 +470,9 @@ class SessionCell:
     def stacks_dir(self) -> str | None:
         return self.session.stacks_dir
 
+    def request_stacks(self) -> bool:
+        return False  # a session's ranks are asked through stacks_dir, where they can be
+
     @property
     def finished(self) -> bool:
         return self._done

@@ -28,6 +28,11 @@ def result_uri(results_uri: str, rank: int, kind: str = RESULTS) -> str:
     return f"{results_uri.rstrip('/')}/{result_file(rank, kind)}"
 
 
+def stacks_request_uri(results_uri: str) -> str:
+    """Where the notebook asks a SageMaker job's ranks for their stacks: the leader watches it."""
+    return f"{results_uri.rstrip('/')}/stacks.request"
+
+
 def split_s3(uri: str) -> tuple[str, str]:
     """('bucket', 'key/prefix') of 's3://bucket/key/prefix'."""
     if not uri.startswith("s3://"):

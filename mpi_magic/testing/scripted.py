@@ -102,6 +102,9 @@ class ScriptedJob:
             self._script.append((at, len(self.cancels) + 1_000_000, LauncherOutput("scripted: stopped")))
             self._script.append((at, len(self.cancels) + 1_000_001, LauncherExited(-2)))
 
+    def request_stacks(self) -> bool:
+        return False
+
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         if kind != RESULTS:  # a failed rank's frames: a scripted job has none
             return

@@ -146,7 +146,7 @@ def lead(hosts, interface=None):
         relayed: dict = {"at": time.monotonic(), "whole_lines": True, "active": set(), "activity": time.monotonic()}
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
-        watch = threading.Thread(target=ask_for_stacks_at_a_stall, args=(mpirun, relayed), daemon=True)
+        watch = threading.Thread(target=ask_for_stacks, args=(mpirun, relayed), daemon=True)
         watch.start()
         status = mpirun.wait()
         relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
@@ -167,23 +167,65 @@ def lead(hosts, interface=None):
     return 0
 
 
-def ask_for_stacks_at_a_stall(mpirun, relayed, nap=1.0):
-    """Once running ranks have been quiet for ``MPI_MAGIC_STALL_AFTER`` seconds, ask every rank for
-    its stack: mpirun forwards the signal to the ranks on every instance, and each sends its
-    stack as an event through this log (``shared/stacks.py``). Once per quiet spell."""
+def ask_for_stacks(mpirun, relayed, nap=1.0):
+    """Ask every rank for its stack once running ranks have been quiet for ``MPI_MAGIC_STALL_AFTER``
+    seconds (once per quiet spell), and whenever the notebook asks (``StackRequests``): mpirun
+    forwards the signal to the ranks on every instance, and each sends its stack as an event
+    through this log (``shared/stacks.py``)."""
     from mpi_magic.shared import stacks  # the job's code, unpacked by now
 
     stall_after = float(os.environ.get(envvars.STALL_AFTER) or 0)
+    requests = StackRequests(os.environ.get(envvars.RESULTS_URI, ""))
     asked_for = None
-    while stall_after > 0 and mpirun.poll() is None:
+    while mpirun.poll() is None:
         time.sleep(nap)
+        if not relayed["active"]:
+            continue
         quiet_since = relayed["activity"]
-        if relayed["active"] and time.monotonic() - quiet_since >= stall_after and asked_for != quiet_since:
+        stalled = stall_after > 0 and time.monotonic() - quiet_since >= stall_after and asked_for != quiet_since
+        if stalled:
             asked_for = quiet_since
+        if stalled | requests.new():
             try:
                 mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
             except OSError:
                 return
+
+
+class StackRequests:
+    """The notebook's requests for the ranks' stacks: an object it writes under the job's results
+    (``layout.stacks_request_uri``), looked at every ``EVERY`` seconds while ranks run; a request
+    is an object newer than the last one taken."""
+
+    EVERY = 2.0
+
+    def __init__(self, results_uri):
+        self.uri, self.s3, self.taken, self.next = results_uri, None, time.time() - 5, 0.0
+
+    def new(self):
+        if not self.uri or time.monotonic() < self.next:
+            return False
+        self.next = time.monotonic() + self.EVERY
+        from mpi_magic.shared.layout import split_s3, stacks_request_uri
+
+        bucket, key = split_s3(stacks_request_uri(self.uri))
+        try:
+            if self.s3 is None:
+                import boto3
+
+                self.s3 = boto3.client("s3")
+            written = self.s3.head_object(Bucket=bucket, Key=key)["LastModified"].timestamp()
+        except Exception as exc:  # noqa: BLE001 - none yet (404), or none can be read: the stall's roll-call remains
+            status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status != 404:
+                say("the notebook's requests for the ranks' stacks cannot be read (%s: %s); only a stall "
+                    "takes the roll-call" % (type(exc).__name__, exc))
+                self.uri = ""
+            return False
+        if written <= self.taken:
+            return False
+        self.taken = written
+        return True
 
 
 def stop(mpirun):

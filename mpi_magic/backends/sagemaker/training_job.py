@@ -16,7 +16,7 @@ from ...shared import jobdir, wire
 from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                               Restarted, StreamDecoder)
 from ..launcher import LauncherLog
-from ...shared.layout import RESULTS, result_path, result_uri, split_s3
+from ...shared.layout import RESULTS, result_path, result_uri, split_s3, stacks_request_uri
 from ...shared.payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
 from .livetail import Ledger, LiveTail, live_tail_client
@@ -390,6 +390,12 @@ class SageMakerJob:
         except ClientError:
             pass  # it ended meanwhile
         self._next_describe = 0.0
+
+    def request_stacks(self) -> bool:
+        """An object the leader watches while ranks run; it asks every rank through mpirun."""
+        bucket, key = split_s3(stacks_request_uri(self.results_uri))
+        self.s3.put_object(Bucket=bucket, Key=key, Body=repr(time.time()).encode())
+        return True
 
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         """Copy each rank's results from its own S3 key into the job folder."""

@@ -13,7 +13,7 @@ import re
 import sys
 
 import pytest
-from helpers import BUCKET, once, once_running, run, uploaded
+from helpers import BUCKET, once, once_running, run, uploaded, wait_until
 
 import mpi_magic
 
@@ -83,6 +83,29 @@ def test_quiet_ranks_on_every_instance_send_their_stacks_through_the_log_as_the_
     assert job.model.roll_call == where, "every rank, instance 1's through mpirun, answered with its frames"
     assert f"where the ranks were: {where}" in capsys.readouterr().err, "the summary keeps it"
     assert job.status == "stopped"
+
+
+def test_mpirun_stacks_asks_a_background_jobs_ranks_through_s3_and_they_answer_through_the_log(ip, cloud, capsys):
+    ip.run_line_magic("mpirun_config", "stall_after=600")  # only when asked
+    run(ip, "-i 2 -g 1 --async --quiet --out job", (
+        "import mpi_magic, time\n"            # 2
+        "if mpi_magic.rank() == 1:\n"         # 3
+        "    time.sleep(120)\n"               # 4
+        "else:\n"                             # 5
+        "    while True:\n"                   # 6
+        "        time.sleep(0.05)\n"          # 7
+    ))
+    job = ip.user_ns["job"]
+    try:
+        assert wait_until(lambda: all(r.status == "running" for r in job.ranks), 60)
+        capsys.readouterr()
+        ip.run_line_magic("mpirun_stacks", "")
+        shown = capsys.readouterr().out
+    finally:
+        job.cancel()
+        with pytest.raises(Exception, match="cancelled"):
+            job.wait()
+    assert "  rank 0 at cell line 7 in sleep\n  rank 1 at cell line 4 in sleep\n" in shown
 
 
 def test_interrupt_stops_the_training_job(ip, cloud, capsys):
