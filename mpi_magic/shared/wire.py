@@ -22,6 +22,7 @@ SCHEMA_VERSION = 2
 
 # The kinds of event a rank sends
 STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"
+METRICS = "metrics"  # numbers a cell logs (``metrics``)
 
 
 def new_token() -> str:
