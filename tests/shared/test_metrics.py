@@ -16,6 +16,7 @@ from mpi_magic.shared.metrics import BATCH_POINTS, MAX_NAMES, MetricLog, MetricS
 from mpi_magic.shared.reporting import Reporter
 from mpi_magic.shared.wire import Emitter, marker
 from mpi_magic.view.model import JobModel
+from mpi_magic.view.summary import Summary
 
 TOKEN = "0123456789abcdef"
 MARKER = marker(TOKEN)
@@ -266,6 +267,7 @@ def test_tqdm_postfix_and_log_reach_job_metrics_per_rank(ip):
         assert [s for s, _ in series["loss"]] == sorted(s for s, _ in series["loss"])
     (postfix,) = job.logs(rank=3).splitlines()
     assert postfix.startswith("loss=3") and postfix.endswith(", phase=warm"), "tqdm shows what it always showed"
+    assert "  loss: rank 0 0.003333, rank 1 1.003, rank 2 2.003, rank 3 3.003" in repr(Summary(job.model)).splitlines()
 
 
 def test_each_session_cell_has_metrics_of_its_own(sessions):
