@@ -5,8 +5,8 @@ notebook keeps of them (``MetricStore``: ``job.metrics``, the charts).
 On a rank, values are coalesced and sent as ``metrics`` events, at most about ``MAX_RATE`` a
 second on average (bursts of ``BURST``); what is held back goes out with the next event or when
 the cell ends, so the last value of every series always arrives. Between two events each name
-keeps at most ``BATCH_POINTS`` points, thinned evenly, so a loop that logs a million times sends
-a few hundred points, not a million. Outside a job the values are checked and nothing is kept.
+keeps at most ``BATCH_POINTS`` points, thinned evenly (fewer when many names share an event's
+``EVENT_POINTS``), so a loop that logs a million times sends a few hundred points, not a million. Outside a job the values are checked and nothing is kept.
 The notebook keeps at most ``SERIES_POINTS`` points a series plus the latest, thinned evenly as
 more arrive (``Thinned``), and ``MAX_NAMES`` names a rank, however much a job logs.
 
@@ -27,6 +27,7 @@ BURST = 10  # events a rank may send at once after a quiet spell (two calls in a
 MAX_NAMES = 32  # metric names per rank and cell
 NAME_LENGTH = 64  # characters of a metric name
 BATCH_POINTS = 16  # points per name in one event
+EVENT_POINTS = 256  # points in one event, all names together: a line of about 8 kB at most, as log agents like
 SERIES_POINTS = 1000  # points per series the notebook keeps (plus the latest)
 
 
@@ -150,7 +151,8 @@ class MetricLog:
         return False
 
     def _send(self) -> None:
-        points = {name: [[whole_step(step), value] for step, value in series.points()]
+        share = max(1, EVENT_POINTS // len(self._pending))  # many names: fewer points each
+        points = {name: [[whole_step(step), value] for step, value in _spread(series.points(), share)]
                   for name, series in self._pending.items()}
         self._pending = {}
         self._emitter.emit(wire.METRICS, points=points)
@@ -162,6 +164,16 @@ class MetricLog:
             if self._pending:
                 self._send()
             self._next_step.clear()
+
+
+def _spread(points: list, most: int) -> list:
+    """At most ``most`` of ``points``, evenly spread, the last among them."""
+    if len(points) <= most:
+        return points
+    if most == 1:
+        return points[-1:]
+    last = len(points) - 1
+    return [points[round(i * last / (most - 1))] for i in range(most)]
 
 
 def whole_step(step: float) -> float:
