@@ -12,6 +12,7 @@ _HOMES = {
                      "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError"], "errors"),
     **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
     "progress": "shared.reporting",
+    "log": "shared.metrics",
 }
 __all__ = sorted([*_HOMES, "load_ipython_extension"])
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
                          RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError)
     from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .shared.reporting import progress
+    from .shared.metrics import log
 
 
 def __getattr__(name: str):

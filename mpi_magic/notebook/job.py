@@ -33,6 +33,7 @@ class Job:
 
     ``ranks[r]`` has ``rank``, ``instance``, ``local_rank``, ``host``, ``pid``, ``status``,
     ``n`` and ``total`` (its progress); ``progress`` is the fraction done over all ranks;
+    ``metrics`` each rank's logged numbers;
     ``widget`` is the live dashboard (None where none is shown).
     """
 
@@ -77,6 +78,13 @@ class Job:
     @property
     def progress(self) -> float | None:
         return self.model.progress()
+
+    @property
+    def metrics(self) -> dict[int, dict[str, list[tuple[float, float]]]]:
+        """Each rank's metrics, as ``mpi_magic.log`` and tqdm's ``set_postfix`` reported them:
+        {rank: {"loss": [(step, value), ...]}}, at most 1,000 evenly thinned points a series plus
+        the latest."""
+        return self.model.metrics.as_dict()
 
     @property
     def unreturned(self) -> dict[str, str]:

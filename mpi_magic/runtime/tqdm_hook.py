@@ -2,7 +2,8 @@
 drawing into the log. Nothing is imported until the cell imports tqdm itself.
 
 An import hook patches each tqdm module right after it runs: ``tqdm.std.tqdm`` becomes a
-subclass whose ``display`` sends a progress event and whose own output goes nowhere, and the
+subclass whose ``display`` sends a progress event, whose ``set_postfix`` logs the numbers among
+its values as metrics (``mpi_magic.log``), and whose own output goes nowhere, and the
 notebook variant (which would need a browser) is replaced by the same class.
 """
 
@@ -27,6 +28,8 @@ class _Discard(io.TextIOBase):
 
 
 def make_rank_tqdm(base: type, reporter: Reporter) -> type:
+    from ..shared import metrics  # with tqdm's import, not at the rank's start-up
+
     class RankTqdm(base):
         """tqdm that reports each refresh as a progress event and prints nothing."""
 
@@ -40,6 +43,11 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
             if not self.disable:
                 reporter.update(self)
             return True
+
+        def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+            if not getattr(self, "disable", False):  # (tqdm's __init__ may call this before it sets disable)
+                metrics.log_postfix({**(ordered_dict or {}), **kwargs})
+            super().set_postfix(ordered_dict, refresh, **kwargs)
 
         def close(self):
             if not self.disable and not getattr(self, "_mpi_magic_closed", False):

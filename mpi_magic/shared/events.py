@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Iterable
 
-from . import wire
+from . import metrics, wire
 
 
 @dataclass
@@ -107,6 +107,17 @@ class RankStacks:
 
     rank: int
     frames: list = field(default_factory=list)
+    seq: int = 0
+    time: float = 0.0
+
+
+@dataclass
+class Metrics:
+    """Numbers a rank logged since its last report (``mpi_magic.log``, tqdm's ``set_postfix``):
+    {name: [[step, value], ...]}, each name's points in the order they were logged."""
+
+    rank: int
+    points: dict[str, list[list[float]]] = field(default_factory=dict)
     seq: int = 0
     time: float = 0.0
 
@@ -205,12 +216,13 @@ class CellEnded(LauncherExited):
     runs on (``reports`` name ranks that were stopped). Client-side."""
 
 
-WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks
+WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks | Metrics
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
          | RollCall | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
-                           wire.READY: RankReady, wire.CLOSING: SessionClosing, wire.STACKS: RankStacks}
+                           wire.READY: RankReady, wire.CLOSING: SessionClosing, wire.STACKS: RankStacks,
+                           wire.METRICS: Metrics}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
@@ -247,6 +259,23 @@ def _frames(value) -> bool:
     return type(value) is list and len(value) <= 200 and all(  # noqa: E721
         type(frame) is list and len(frame) == 3 and _text(4000)(frame[0]) and _count(frame[1])  # noqa: E721
         and _text(1000)(frame[2]) for frame in value)
+def _finite(value) -> bool:
+    kind = type(value)
+    return kind is float and math.isfinite(value) or kind is int and -(1 << 53) < value < 1 << 53
+
+
+def _metric_points(value) -> bool:
+    """{name: [[step, value], ...]}: at most as many names and points as a rank may send (with room)."""
+    if type(value) is not dict or not 0 < len(value) <= metrics.MAX_NAMES:  # noqa: E721
+        return False
+    for name, points in value.items():
+        if not (metrics.valid_name(name) and type(points) is list  # noqa: E721
+                and 0 < len(points) <= 4 * metrics.BATCH_POINTS):
+            return False
+        for point in points:
+            if not (type(point) is list and len(point) == 2 and _finite(point[0]) and _finite(point[1])):  # noqa: E721
+                return False
+    return True
 
 
 def _digest(value) -> bool:
@@ -263,6 +292,7 @@ _SCHEMA = {
     RankReady: {**_COMMON, "cell": _count},
     SessionClosing: {**_COMMON, "reason": _text(1000)},
     RankStacks: {**_COMMON, "frames": _frames},
+    Metrics: {**_COMMON, "points": _metric_points},
     Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,
                "closed": _flag},
 }

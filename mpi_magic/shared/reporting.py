@@ -16,6 +16,7 @@ from . import wire
 TYPE_CHECKING = False  # typing and collections.abc are not imported on the ranks: they cost start-up time
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from collections.abc import Callable
 
 MAX_RATE = 10.0  # progress events per second per rank
 
@@ -28,7 +29,8 @@ class Reporter:
     """
 
     def __init__(self, emitter: wire.Emitter, max_rate: float = MAX_RATE, clock=time.monotonic):
-        self._emitter = emitter
+        self._emitter = self.emitter = emitter
+        self.at_flush: list[Callable[[], None]] = []  # what else sends what it holds when the cell ends (metrics)
         self._interval = 1.0 / max_rate
         self.clock = clock
         self.next_at = 0.0
@@ -60,11 +62,13 @@ class Reporter:
                            closed=closed)
 
     def flush(self) -> None:
-        """Send every held bar's latest state (the cell has ended)."""
+        """Send every held bar's latest state, and what ``at_flush`` holds (the cell has ended)."""
         with self._lock:
             held, self._held = self._held, {}
             for bar_id in sorted(held):
                 self._send(held[bar_id])
+        for flush in self.at_flush:
+            flush()
 
 
 _reporter: Reporter | None = None

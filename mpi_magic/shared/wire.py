@@ -23,6 +23,7 @@ SCHEMA_VERSION = 2
 # The kinds of event a rank sends
 STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"
 STACKS = "stacks"  # where the rank is, when asked through mpirun (shared/stacks.py)
+METRICS = "metrics"  # numbers a cell logs (``metrics``)
 
 
 def new_token() -> str:

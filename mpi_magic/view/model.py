@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..shared import events
 from ..shared.cost import Cost, estimate
+from ..shared.metrics import MetricStore
 from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
@@ -149,6 +150,7 @@ class JobModel:
         self.roll_call_for: float | None = None  # the stall it was taken for (``last_activity`` then)
         self.reported_stacks: dict[int, events.RankStacks] = {}  # each rank's latest, sent through the log
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
+        self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
 
     @property
     def num_instances(self) -> int:
@@ -197,6 +199,11 @@ class JobModel:
             if text.strip():
                 state.last_line = text
             self.last_activity = self.clock()
+        elif isinstance(event, events.Metrics):
+            if not self._valid(event.rank):
+                return
+            self.metrics.fold(event.rank, event.points)
+            self.last_activity = self.clock()
         elif isinstance(event, events.LauncherOutput):
             if event.text.strip():
                 self.launcher_tail.append(event.text[:LIVE_LINE])
@@ -240,6 +247,7 @@ class JobModel:
             self.unreturned.clear()
             self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
+            self.metrics = MetricStore()
             self.last_activity = self.clock()
         elif isinstance(event, events.RankReady):
             if not self._valid(event.rank):

@@ -7,6 +7,7 @@ import html
 import os
 
 from .model import JobModel, RankState
+from .plot import charts, metric_lines
 
 
 def duration(seconds: float | None) -> str:
@@ -95,6 +96,7 @@ class Summary:
             lines.append(f"  progress: {shares(self.model)}")
         if self.model.roll_call:
             lines.append(f"  where the ranks were: {self.model.roll_call}")
+        lines += [f"  {line}" for line in last_metrics(self.model)]
         if self.model.phase == "completed":
             return "\n".join(lines)
         for state in self.model.ranks:
@@ -126,7 +128,7 @@ class Summary:
             + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes)
             + (f"<div class='mpi-magic-roll-call'>where the ranks were: {html.escape(model.roll_call)}</div>"
                if model.roll_call else "")
-            + table + self._failed_html() + "</div>"
+            + charts(model.metrics.by_name()) + table + self._failed_html() + "</div>"
         )
 
     def _bar(self) -> str:
@@ -166,3 +168,9 @@ class Summary:
         if len(failed) > FAILED_SHOWN:
             parts.append(f"<div>and {len(failed) - FAILED_SHOWN} more failed ranks (see the table)</div>")
         return "".join(parts)
+
+
+def last_metrics(model: JobModel) -> list[str]:
+    """Each metric's last value per rank, in words ("loss: rank 0 0.12, rank 1 0.15")."""
+    store = model.metrics
+    return metric_lines({name: store.latest(name) for name in store.names})

@@ -1,5 +1,6 @@
 """The live dashboard in ipywidgets 8: a header, an aggregate bar, one row per rank grouped by
-instance (a compact coloured grid above ``GRID_ABOVE`` ranks), and a per-rank output pane.
+instance (a compact coloured grid above ``GRID_ABOVE`` ranks), the metric charts once a rank logs
+one, and a per-rank output pane.
 
 The dashboard takes the place of an empty display made when the job starts, and is itself
 replaced by the static summary when the job ends, so printed output stays below it and a
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import html
 import os
+import time
 from typing import TYPE_CHECKING, Callable
 
 import ipywidgets as w
 
 from ..errors import compact_ranks
 from .model import JobModel, RankState
+from .plot import charts
 from .summary import Summary, count, duration, headline, percent, rate
 
 if TYPE_CHECKING:
@@ -29,6 +32,7 @@ NAMED_FAILURES = 5  # failed ranks the compact grid describes one by one
 REDRAW_EVERY = 0.1
 HEARTBEAT = 1.0  # the header's elapsed time moves on even when no event arrives
 QUIET_START = 1.0
+PLOT_EVERY = 0.5  # seconds between redraws of the metric charts (longer when drawing them takes long)
 PANE_LINES = 200
 ALL_RANKS = "all ranks"
 
@@ -199,8 +203,9 @@ class WidgetView:
         self.output = w.Stack(self.panes, selected_index=0)
         w.jslink((self.chooser, "index"), (self.output, "selected_index"))
         chooser_row = w.HBox([w.Label("output", layout=w.Layout(flex="0 0 70px")), self.chooser])
-        dashboard = Dashboard(model, children=[w.HTML(STYLESHEET), self.header, total_box, *body, chooser_row,
-                                               self.output])
+        self.plots = MetricCharts()
+        dashboard = Dashboard(model, children=[w.HTML(STYLESHEET), self.header, total_box, *body, self.plots.html,
+                                               chooser_row, self.output])
         dashboard.add_class("mpi-magic-dashboard")
         return dashboard
 
@@ -240,6 +245,7 @@ class WidgetView:
         else:
             for row, state in zip(self.rows, model.ranks):
                 row.draw(state)
+        self.plots.draw(model)
         self._draw_panes()
 
     def _draw_total(self) -> None:
@@ -323,6 +329,34 @@ def _pane_html(lines: list[tuple[int, str, str]], log_path: str, trace: str = ""
     # the widget's own line height (a control's) would leave a wrapped path far apart
     note = f"<div style='line-height:1.5'>full log: <code>{html.escape(log_path)}</code></div>" if log_path else ""
     return body + note
+
+
+class MetricCharts:
+    """The metric charts (``plot.charts``): hidden until a rank reports a metric, redrawn when one
+    did, at most every ``PLOT_EVERY`` seconds of the job, or ten times as long as the last drawing
+    took (a thousand ranks' series take a while to fold into a band)."""
+
+    def __init__(self, every: float = PLOT_EVERY):
+        self.html = w.HTML(layout=w.Layout(display="none"))
+        self.html.add_class("mpi-magic-plots")
+        self._every = every
+        self._drawn: tuple[object, int] | None = None  # (the model's store, its version) drawn last
+        self._due_at = 0.0  # by the job's elapsed time
+        self.draws = 0
+
+    def draw(self, model: JobModel) -> None:
+        store = model.metrics
+        if self._drawn == (store, store.version):
+            return
+        elapsed = model.elapsed()
+        ended = model.exit is not None
+        if elapsed < self._due_at and not ended:  # the job's end is drawn at once: the summary follows
+            return
+        began = time.perf_counter()
+        self.html.value = charts(store.by_name())
+        self.html.layout.display = "" if self.html.value else "none"
+        self._drawn, self.draws = (store, store.version), self.draws + 1
+        self._due_at = elapsed + max(self._every, 10 * (time.perf_counter() - began))
 
 
 class _Blank:

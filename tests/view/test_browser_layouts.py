@@ -27,7 +27,7 @@ if mpi_magic.rank() == 79:
 time.sleep(30)
 """
 
-# every kind of text the dashboard shows: running, unknown total, done and waiting, failed
+# every kind of text the dashboard shows: running, unknown total, done and waiting, failed, the charts
 MIXED_CELL = """%%mpirun_remote --instances 2 --gpus 2
 import itertools
 import time
@@ -38,6 +38,7 @@ rank = MPI.COMM_WORLD.rank
 items = itertools.islice(itertools.count(), 20) if rank == 1 else range(4 if rank == 0 else 20)
 for step in mpi_magic.progress(items, desc='steps'):
     print(f'rank {rank} step {step}')
+    mpi_magic.log(loss=1 / (step + 1) + rank)
     time.sleep(0.15)
 if rank == 3:
     raise KeyError('missing shard')
@@ -95,6 +96,7 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
             if (/done, waiting for others/.test(view.textContent)) seen.waiting = true;
             if (view.querySelector('.mpi-magic-indeterminate')) seen.moving = true;
             if (/KeyError: 'missing shard'/.test(view.textContent)) seen.failed = true;
+            seen.lines = Math.max(seen.lines || 0, view.querySelectorAll('.mpi-magic-chart polyline').length);
         """)
         run_all(page)
         wait_rows(page, 5)
@@ -105,6 +107,8 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
         shoot(page, screenshots, "dark-finished")
         shown = seen(page)
         assert shown["looks"] > 5 and shown.get("waiting") and shown.get("moving") and shown.get("failed"), shown
+        assert shown["lines"] == 4, "the dashboard draws the loss of each rank"
+        assert page.locator(".mpi-magic-summary .mpi-magic-chart polyline").count() == 4, "and the summary keeps it"
         assert not shown.get("bad"), f"text below {READABLE}:1 on the dashboard: {shown['bad']}"
         bad = _contrast_failures(page, ".mpi-magic-summary")
         assert not bad, f"text below {READABLE}:1 in the summary: {bad}"

@@ -420,3 +420,46 @@ def test_a_starting_phase_read_after_the_ranks_started_is_news_no_more(world):
     assert model.phase == "running"
     model.fold(Phase("Uploading", "SageMaker: Uploading"))
     assert model.phase == "Uploading", "what comes after the ranks is news"
+
+
+def test_metric_charts_appear_once_a_metric_arrives_redraw_a_few_times_a_second_and_stay_in_the_summary(world):
+    from mpi_magic.shared.events import LauncherExited, Metrics
+
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    clock.now += 1.5
+    view.update()
+    charts = view.plots.html
+    assert (charts.layout.display, charts.value) == ("none", ""), "no charts before a metric"
+    seq = {r: 1 for r in range(4)}
+    for i in range(400):  # 400 reports within two seconds
+        rank = i % 4
+        wire(model, decoder, Metrics(rank=rank, points={"loss": [[i // 4, 1 / (i + 1) + rank]]}, seq=seq[rank],
+                                     time=11.0))
+        seq[rank] += 1
+        clock.now += 0.005
+        view.update()
+    assert charts.layout.display == "" and charts.value.count("<polyline") == 4
+    assert 3 <= view.plots.draws <= 6, "the charts are redrawn a few times a second, not for every report"
+    assert clock.now - model.last_activity < 0.01, "a rank that logs is not stalled"
+    wire(model, decoder, *[RankFinished(rank=r, ok=True, seq=seq[r], time=12.0) for r in range(4)])
+    model.fold(LauncherExited(0))
+    view.close()
+    assert "rank 3: 3.0025 at step 99" in charts.value, "the end is drawn at once"
+    summary = slot.current
+    assert isinstance(summary, Summary) and summary._repr_html_().count("<polyline") == 4
+    assert "  loss: rank 0 0.002519, rank 1 1.003, rank 2 2.003, rank 3 3.002" in repr(summary).splitlines()
+
+
+def test_a_restarted_job_draws_the_new_attempts_metrics_only(world):
+    from mpi_magic.shared.events import Metrics, Restarted
+
+    clock, model, view, slot, decoder = world
+    clock.now += 2
+    wire(model, decoder, started(0), Metrics(rank=0, points={"loss": [[0, 5.0]]}, seq=1, time=11.0))
+    view.update()
+    assert "<polyline" in view.plots.html.value
+    model.fold(Restarted(2, "spot interruption", "spot interruption: restarting, attempt 2"))
+    clock.now += 2
+    view.update()
+    assert view.plots.html.layout.display == "none" and model.metrics.as_dict() == {}
