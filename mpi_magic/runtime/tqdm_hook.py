@@ -49,6 +49,9 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
                 metrics.log_postfix({**(ordered_dict or {}), **kwargs})
             super().set_postfix(ordered_dict, refresh, **kwargs)
 
+        def __reduce_ex__(self, protocol):
+            raise TypeError("a progress bar stays on its rank")  # (tqdm's own would not load in the notebook)
+
         def close(self):
             if not self.disable and not getattr(self, "_mpi_magic_closed", False):
                 self._mpi_magic_closed = True

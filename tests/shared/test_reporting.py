@@ -47,6 +47,17 @@ def test_unchanged_tqdm_loops_are_reported_per_rank_and_draw_nothing(ip, module)
     assert job.logs(rank=1) == "finished\n", "tqdm must not draw bars into the logs"
 
 
+def test_a_progress_bar_the_cell_assigns_stays_on_its_rank_and_the_rest_comes_back(ip, capsys):
+    ip.run_cell_magic("mpirun_remote", "-g 2 --quiet", (
+        "from tqdm import tqdm\n"
+        "bar = tqdm(range(5))\n"
+        "for i in bar:\n"
+        "    total = i\n"
+    ))
+    assert ip.user_ns["total"] == 4 and "bar" not in ip.user_ns
+    assert "bar was not brought back: tqdm: TypeError: a progress bar stays on its rank" in capsys.readouterr().err
+
+
 def test_a_tqdm_class_captured_from_the_notebook_reports_too(ip):
     ip.run_cell("from tqdm.auto import tqdm")
     ip.run_cell_magic("mpirun_remote", "-g 2 --quiet --out job", "for i in tqdm(range(20)):\n    pass\n")
