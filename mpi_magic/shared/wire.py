@@ -22,6 +22,7 @@ SCHEMA_VERSION = 2
 
 # The kinds of event a rank sends
 STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"
+RESOURCES = "resources"  # what the rank uses now (runtime/resources.py), sent when it changed
 
 
 def new_token() -> str:
