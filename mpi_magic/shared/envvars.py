@@ -30,6 +30,7 @@ MAX_WAIT = "MPI_MAGIC_MAX_WAIT"  # SageMaker: seconds a worker instance waits fo
 SSH_AGENT = "MPI_MAGIC_SSH_AGENT"  # SageMaker: the command mpirun reaches the other instances with
 MPIRUN = "MPI_MAGIC_MPIRUN"  # the mpirun to use (also %mpirun_config mpirun=...)
 STACKS_DIR = "MPI_MAGIC_STACKS_DIR"  # where each rank dumps its stack when asked (shared/stacks.py)
+RESOURCES_EVERY = "MPI_MAGIC_RESOURCES_EVERY"  # seconds between a rank's resource samples (at least 1; 0: none)
 
 # checkpoints
 CHECKPOINT_S3 = "MPI_MAGIC_CHECKPOINT_S3"  # SageMaker: the job's --checkpoint-s3, or NO_CHECKPOINTS

@@ -14,6 +14,7 @@ classes and the decoder that checks what arrives live in ``events``, built on th
 from __future__ import annotations
 
 import json
+import os
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
@@ -87,6 +88,12 @@ class Emitter:
 
     def emit(self, kind: str, **values) -> None:
         self.emit_via(self._write, kind, **values)
+
+    def hold_across_forks(self) -> None:
+        """Take the lock around every ``os.fork``: a child forked while another thread of the rank
+        writes an event would otherwise inherit the lock held, and hang on its first event."""
+        os.register_at_fork(before=self._lock.acquire, after_in_parent=self._lock.release,
+                            after_in_child=self._lock.release)
 
     def emit_via(self, write, kind: str, **values) -> None:
         """Emit through ``write`` instead (another stream), numbered with this rank's other events."""
