@@ -256,8 +256,9 @@ class WidgetView:
             f"<div class='mpi-magic-roll-call'>where the ranks are: {html.escape(roll_call)}</div>" if roll_call else "")
         self._draw_total()
         if self.compact:
-            self.grid.value = self._grid_html()
-            self.memory_legend.value, self.memory_grid.value = self._memory_grid_html()
+            titles = [_cell_title(state) for state in model.ranks]  # what hovering over a square says, in both grids
+            self.grid.value = self._grid_html(titles)
+            self.memory_legend.value, self.memory_grid.value = self._memory_grid_html(titles)
             self.slowest.value = self._named_html()
         else:
             for row, state in zip(self.rows, model.ranks):
@@ -294,15 +295,15 @@ class WidgetView:
         for label in [self.total_resources] + [row.resources for row in self.rows]:
             label.layout.flex = f"0 0 {RESOURCES_WIDTH_GPU}"
 
-    def _grid_html(self) -> str:
-        return _grid(self.model, _cell_colour, _cell_title)
+    def _grid_html(self, titles: list[str]) -> str:
+        return _grid(self.model, _cell_colour, titles)
 
-    def _memory_grid_html(self) -> tuple[str, str]:
+    def _memory_grid_html(self, titles: list[str]) -> tuple[str, str]:
         """(legend, grid) of the ranks coloured by resident memory, as a share of the largest rank's."""
         largest = max((s.rss for s in self.model.ranks if s.rss is not None), default=None)
         if not largest:
             return "<i>no rank has reported its memory yet (each samples it about once a second)</i>", ""
-        return _memory_legend(largest), _grid(self.model, lambda s: _memory_colour(s, largest), _cell_title)
+        return _memory_legend(largest), _grid(self.model, lambda s: _memory_colour(s, largest), titles)
 
     def _named_html(self) -> str:
         """Failed and stopped ranks by name (a red square alone says nothing to a reader), then the slowest."""
@@ -388,12 +389,13 @@ def _cell_colour(state: RankState) -> str:
     return COLOUR_OF[state.status]
 
 
-def _grid(model: JobModel, colour: Callable[[RankState], str], title: Callable[[RankState], str]) -> str:
-    """A square per rank in a block per instance, each of ``colour(rank)``, titled ``title(rank)``."""
+def _grid(model: JobModel, colour: Callable[[RankState], str], titles: list[str]) -> str:
+    """A square per rank in a block per instance, each of ``colour(rank)``, titled ``titles[rank]``
+    (words and figures of ours, with nothing to escape)."""
     blocks = []
     for index, ranks in enumerate(model.by_instance()):
-        cells = "".join(f"<span class='mpi-magic-cell mpi-magic-{s.status}' title='rank {s.rank}: "
-                        f"{html.escape(title(s), quote=True)}' style='background:{colour(s)}'></span>" for s in ranks)
+        cells = "".join(f"<span class='mpi-magic-cell mpi-magic-{s.status}' title='rank {s.rank}: {titles[s.rank]}' "
+                        f"style='background:{colour(s)}'></span>" for s in ranks)
         blocks.append(f"<div class='mpi-magic-instance'><span class='mpi-magic-label'>instance {index}</span>"
                       f"<span class='mpi-magic-cells'>{cells}</span></div>")
     return "".join(blocks)
