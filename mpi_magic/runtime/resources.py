@@ -70,7 +70,7 @@ def start(emitter: wire.Emitter, fd: int, local_rank: int, environ: Mapping[str,
     sampler = Sampler(send, every, lambda: open_gpu(local_rank, environ))
     emitter.hold_across_forks()
     _thread.start_new_thread(sampler.run, ())
-    atexit.register(sampler.stop, 1.0)  # no sample while the interpreter is being torn down
+    atexit.register(sampler.stop, 0.5)  # no sample while the interpreter is being torn down
     return sampler
 
 
