@@ -113,10 +113,9 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     stacks.install(place.rank)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    events_fd = os.dup(1)
-    emitter = wire.Emitter(place.rank, event_writer(events_fd), token)
+    emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)
     announce(emitter, place)
-    resources.start(emitter, events_fd, place.local_rank)
+    resources.start(emitter, place.local_rank)
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)
     tqdm_hook.install(reporter)

@@ -4,7 +4,10 @@ the rank has a GPU, the GPU memory it holds and that GPU's utilisation.
 A thread of the rank's own (``_thread``: ``threading`` costs every rank milliseconds at start-up)
 wakes once a second, reads ``time.process_time()`` and ``/proc/self/statm`` (psutil where there is
 no ``/proc``), and sends a ``resources`` event only when a figure moved noticeably, so a rank that
-idles keeps the wire quiet. It keeps its own cost under ``BUDGET`` of a core whatever a sample
+idles keeps the wire quiet. Its events go to the rank's stderr, never its stdout, and wait while
+that pipe holds unread bytes, so that a line the cell is part way through writing is not cut in
+two. (That leaves a race: a line of more than 64 KiB written to stderr just as a sample goes out
+can still arrive as two lines.) It keeps its own cost under ``BUDGET`` of a core whatever a sample
 costs: a slow sample (NVML on a machine of many GPUs) makes it sleep longer. Every error it meets
 is swallowed; it never slows or breaks the cell, and it stops when the rank exits.
 
@@ -21,6 +24,7 @@ while a cell runs would leave the session blind to what its ranks hold between c
 from __future__ import annotations
 
 import os
+import sys
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
@@ -54,24 +58,41 @@ def interval(text: str | None) -> float | None:
     return max(EVERY, seconds) if seconds == seconds else EVERY  # NaN: the default
 
 
-def start(emitter: wire.Emitter, fd: int, local_rank: int, environ: Mapping[str, str] = os.environ) -> Sampler | None:
-    """Sample this rank's resources on a thread of its own, sending each change as an event on
-    ``fd`` (the rank's private copy of its stdout: the cell's own buffered output is not touched
-    from this thread); None where ``MPI_MAGIC_RESOURCES_EVERY`` turns sampling off."""
+def start(emitter: wire.Emitter, local_rank: int, environ: Mapping[str, str] = os.environ) -> Sampler | None:
+    """Sample this rank's resources on a thread of its own, sending each change as an event on a
+    private copy of its stderr (the cell's streams are not touched from this thread: a flush there
+    would cut a line the cell is still writing); None where ``MPI_MAGIC_RESOURCES_EVERY`` turns
+    sampling off."""
     every = interval(environ.get(envvars.RESOURCES_EVERY))
     if every is None:
         return None
     import _thread
     import atexit
 
-    def send(**figures) -> None:
+    fd = os.dup(2)
+
+    def send(**figures) -> bool:
+        if pipe_holds_data(fd):
+            return False  # the cell may be mid-way through a long write: the next sample goes instead
         emitter.emit_via(lambda line: _write_all(fd, line), wire.RESOURCES, **figures)
+        return True
 
     sampler = Sampler(send, every, lambda: open_gpu(local_rank, environ))
     emitter.hold_across_forks()
     _thread.start_new_thread(sampler.run, ())
     atexit.register(sampler.stop, 0.5)  # no sample while the interpreter is being torn down
     return sampler
+
+
+def pipe_holds_data(fd: int) -> bool:
+    """True while the pipe ``fd`` writes to holds bytes not read yet (False for what is no pipe)."""
+    try:
+        import fcntl  # on the sampler's thread, not at the rank's start-up
+        import termios
+
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder) > 0
+    except (ImportError, OSError):
+        return False
 
 
 def _write_all(fd: int, line: str) -> None:
@@ -84,11 +105,12 @@ class Sampler:
     """One rank's sampling loop: ``run`` on a thread of its own until ``stop``.
 
     ``send(**figures)`` gets ``cpu``, ``rss``, ``gpu_memory`` and ``gpu_util`` when one of them
-    changed noticeably since it last sent them (always the first time). ``open_gpu`` is called
+    changed noticeably since it last sent them (always the first time); it returns False when it
+    could not send them now (they are offered again at the next sample). ``open_gpu`` is called
     once, on the thread, and returns something with ``read() -> (gpu_memory, gpu_util)`` or None.
     """
 
-    def __init__(self, send: Callable[..., None], every: float = EVERY,
+    def __init__(self, send: Callable[..., bool | None], every: float = EVERY,
                  open_gpu: Callable[[], GpuReader | None] | None = None,
                  clock: Callable[[], float] = time.monotonic, cpu_seconds: Callable[[], float] = time.process_time,
                  resident: Callable[[], int | None] | None = None):
@@ -153,7 +175,8 @@ class Sampler:
         self.samples += 1
         if self.sent and not news(self.sent, figures):
             return False
-        self.send(**figures)
+        if self.send(**figures) is False:
+            return False
         self.sent = figures
         return True
 

@@ -65,6 +65,38 @@ def test_a_sample_is_sent_the_first_time_and_then_only_when_a_figure_moved_notic
     assert (len(sent), sampler.samples) == (3, 12)
 
 
+def test_a_sample_that_could_not_go_out_is_offered_again_at_the_next():
+    scripted, sent, busy = Scripted(), [], [True]
+
+    def send(**figures):
+        if busy[0]:
+            return False
+        sent.append(figures)
+        return True
+
+    sampler = Sampler(send, clock=lambda: scripted.now, cpu_seconds=lambda: scripted.cpu, resident=lambda: scripted.rss)
+    sampler._last = (scripted.now, scripted.cpu)
+    scripted.wait(1.0, busy=0.5)
+    assert not sampler.tick() and sampler.sent == {}
+    busy[0] = False
+    scripted.wait(1.0, busy=0.5)
+    assert sampler.tick() and sent == [{"cpu": 50.0, "rss": 100 * MIB, "gpu_memory": None, "gpu_util": None}]
+
+
+def test_a_pipe_holding_unread_bytes_is_seen_as_such(tmp_path):
+    read_end, write_end = os.pipe()
+    try:
+        assert not resources.pipe_holds_data(write_end)
+        os.write(write_end, b"half a line")
+        assert resources.pipe_holds_data(write_end)
+        os.read(read_end, 100)
+        assert not resources.pipe_holds_data(write_end)
+    finally:
+        os.close(read_end), os.close(write_end)
+    with open(tmp_path / "file", "w") as f:
+        assert not resources.pipe_holds_data(f.fileno()), "a file is no pipe"
+
+
 def test_what_counts_as_news():
     before = {"cpu": 100.0, "rss": GIB, "gpu_memory": None, "gpu_util": None}
     assert not news(before, {**before, "cpu": 109.0})
@@ -293,6 +325,21 @@ def test_a_job_reports_each_ranks_resources_and_the_rank_that_holds_more_shows_i
     others = [ranks[0].rss, ranks[2].rss]
     assert ranks[1].rss - max(others) > 150 * MIB, [r.rss for r in ranks]
     assert ranks[1].peak_rss >= ranks[1].rss
+
+
+def test_long_lines_of_a_sampling_rank_come_through_whole(ip):
+    """Open MPI takes seconds to pass a 4 MB line on: the rank's samples, on its stderr, must not
+    cut its stdout's lines (a flush from the sampler's thread did), nor its stderr's."""
+    run(ip, "-g 2 --quiet --out job", (
+        "import sys, time\n"
+        "print('y' * 4_000_000)\n"
+        "print('z' * 4_000_000, file=sys.stderr)\n"
+        "time.sleep(1.5)\n"
+    ))
+    job = ip.user_ns["job"]
+    for rank in range(2):
+        assert sorted(job.logs(rank).split("\n")) == ["", "[stderr] " + "z" * 4_000_000, "y" * 4_000_000]
+        assert job.ranks[rank].rss > 4_000_000, "the samples went once the line was through"
 
 
 def test_sampling_can_be_turned_off(ip):
