@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 def interval(text: str | None) -> float | None:
     """Seconds between samples for ``MPI_MAGIC_RESOURCES_EVERY``'s value: ``EVERY`` when unset
-    or unreadable, at least ``EVERY``; None (no sampling) for 0, "off" or "no"."""
+    or unreadable, at least ``EVERY``; None (no sampling) for 0, "off", "no" or "false"."""
     if text is None or not text.strip():
         return EVERY
     if text.strip().lower() in ("off", "no", "false"):
@@ -62,10 +62,17 @@ def start(emitter: wire.Emitter, local_rank: int, environ: Mapping[str, str] = o
     """Sample this rank's resources on a thread of its own, sending each change as an event on a
     private copy of its stderr (the cell's streams are not touched from this thread: a flush there
     would cut a line the cell is still writing); None where ``MPI_MAGIC_RESOURCES_EVERY`` turns
-    sampling off."""
+    sampling off, or where it cannot start (no stderr, no thread to be had): the cell runs anyway."""
     every = interval(environ.get(envvars.RESOURCES_EVERY))
     if every is None:
         return None
+    try:
+        return _start(emitter, local_rank, environ, every)
+    except Exception:  # noqa: BLE001 - a rank that cannot sample still runs its cell
+        return None
+
+
+def _start(emitter: wire.Emitter, local_rank: int, environ: Mapping[str, str], every: float) -> Sampler:
     import _thread
     import atexit
 

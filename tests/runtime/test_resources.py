@@ -14,7 +14,7 @@ import pytest
 from helpers import run, start_session
 
 from mpi_magic.runtime import resources
-from mpi_magic.shared import envvars
+from mpi_magic.shared import envvars, wire
 from mpi_magic.runtime.resources import BUDGET, GpuReader, Sampler, interval, news, open_gpu, visible_devices
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -141,6 +141,27 @@ def test_the_sampling_thread_sends_survives_failures_and_stops_at_once():
     started = time.monotonic()
     assert sampler.stop(wait=5.0) and time.monotonic() - started < 1.0, "the sleep ends at once"
     assert sampler.stop(wait=1.0), "stopping twice is fine"
+
+
+def test_a_rank_samples_onto_a_copy_of_its_stderr_and_starts_its_cell_even_where_it_cannot(capfd):
+    from mpi_magic.shared.events import Resources, StreamDecoder
+
+    token = "0123456789abcdef"
+    emitter = wire.Emitter(3, lambda line: None, token)
+    sampler = resources.start(emitter, 0, {})
+    _wait_for(lambda: sampler.sent)
+    assert sampler.stop(wait=5.0)
+    (line,) = capfd.readouterr().err.splitlines()
+    (event,) = StreamDecoder(token).feed(f"[1,3]<stderr>: {line}")
+    assert isinstance(event, Resources) and event.rss > 10 * MIB and event.cpu >= 0
+    assert resources.start(emitter, 0, {envvars.RESOURCES_EVERY: "0"}) is None
+    stderr = os.dup(2)
+    os.close(2)  # a rank started without a stderr
+    try:
+        assert resources.start(emitter, 0, {}) is None
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
 
 
 def test_a_sample_that_costs_much_stretches_the_interval_to_keep_within_its_budget():
