@@ -32,7 +32,8 @@ class Job:
     """One run of a cell. ``status`` is running, completed, failed or stopped.
 
     ``ranks[r]`` has ``rank``, ``instance``, ``local_rank``, ``host``, ``pid``, ``status``,
-    ``n`` and ``total`` (its progress); ``progress`` is the fraction done over all ranks;
+    ``n`` and ``total`` (its progress), ``cpu``, ``rss``, ``gpu_memory`` and ``gpu_util`` (what it
+    uses, as last sampled; None until known); ``progress`` is the fraction done over all ranks;
     ``metrics`` each rank's logged numbers;
     ``widget`` is the live dashboard (None where none is shown).
     """

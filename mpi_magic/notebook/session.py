@@ -33,7 +33,8 @@ STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are 
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
 # what a session's model folds during a cell too (the cell's own model gets every event)
-SESSION_FACTS = (events.RankStarted, events.RankReady, events.SessionClosing, events.LauncherExited, events.Billing)
+SESSION_FACTS = (events.RankStarted, events.RankReady, events.SessionClosing, events.LauncherExited, events.Billing,
+                 events.Resources)
 
 
 @dataclass
@@ -353,6 +354,11 @@ class Session:
                 if state.pid:
                     cell.queue.put(events.RankStarted(state.rank, state.instance, state.local_rank, self.world_size,
                                                       state.host, state.pid, time=now))
+            for state in self.model.ranks:  # and what they use (a rank reports that only as it changes), in
+                # the room a huge world leaves: the queue is read only once this returns
+                if (state.cpu is not None or state.rss is not None) and cell.queue.qsize() < QUEUE_SIZE // 2:
+                    cell.queue.put(events.Resources(state.rank, state.cpu, state.rss, state.gpu_memory, state.gpu_util,
+                                                    time=now))
             billing = self.model.billing
             if billing is not None:  # the instance time billed so far shows from the cell's start
                 if billing.running:

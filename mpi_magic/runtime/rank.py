@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 from ..shared import cell, payload, procs, reporting, stacks, wire
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path, result_uri, split_s3
 from ..shared.rebind import rebind_all
-from . import tqdm_hook
+from . import resources, tqdm_hook
 from .shell import RankShell
 
 CELL_FILENAME = cell.FILENAME
@@ -112,17 +112,18 @@ def main(argv: list[str]) -> int:
 
 def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     """What every rank does first: die with the launcher, take the event token out of the
-    environment, export its place, report that it started, and hook progress reporting."""
+    environment, export its place, report that it started, start sampling its resources, and
+    hook progress reporting."""
     _die_with_launcher()
     token = os.environ.pop(envvars.EVENT_TOKEN, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    events_fd = os.dup(1)
-    stacks.install(place.rank, events=(events_fd, token))
-    emitter = wire.Emitter(place.rank, event_writer(events_fd), token)
+    stacks.install(place.rank, events=(os.dup(2), token))  # (forks its sender: before any thread starts)
+    emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)
     announce(emitter, place)
+    resources.start(emitter, place.local_rank)
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)
     tqdm_hook.install(reporter)

@@ -123,6 +123,21 @@ class Metrics:
 
 
 @dataclass
+class Resources:
+    """What a rank uses now, sampled on it (``runtime/resources.py``): ``cpu`` in percent of one
+    core (above 100 with several busy threads), ``rss`` resident bytes, and where it has a GPU
+    the GPU memory it holds (bytes) and that GPU's utilisation (percent); None where unknown."""
+
+    rank: int
+    cpu: float | None = None
+    rss: int | None = None
+    gpu_memory: int | None = None
+    gpu_util: float | None = None
+    seq: int = 0
+    time: float = 0.0
+
+
+@dataclass
 class Note:
     """Something the backend reports about the whole job (SageMaker's FailureReason)."""
 
@@ -216,13 +231,13 @@ class CellEnded(LauncherExited):
     runs on (``reports`` name ranks that were stopped). Client-side."""
 
 
-WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks | Metrics
+WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks | Metrics | Resources
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
          | RollCall | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
                            wire.READY: RankReady, wire.CLOSING: SessionClosing, wire.STACKS: RankStacks,
-                           wire.METRICS: Metrics}
+                           wire.METRICS: Metrics, wire.RESOURCES: Resources}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _KINDS.values()}
 
@@ -238,6 +253,15 @@ def _number(value) -> bool:
 
 def _optional_number(value) -> bool:
     return value is None or _number(value)
+
+
+def _at_most(limit: float):
+    """A number from 0 to ``limit``, or None (not measured)."""
+    return lambda value: value is None or _number(value) and value <= limit
+
+
+def _optional_count(value) -> bool:
+    return value is None or _count(value)
 
 
 def _flag(value) -> bool:
@@ -295,6 +319,9 @@ _SCHEMA = {
     Metrics: {**_COMMON, "points": _metric_points},
     Progress: {**_COMMON, "n": _number, "total": _optional_number, "desc": _text(1000), "bar": _count,
                "closed": _flag},
+    # a core's percent times a million cores; bytes below 1 << 53 (8 PiB)
+    Resources: {**_COMMON, "cpu": _at_most(1e8), "rss": _optional_count, "gpu_memory": _optional_count,
+                "gpu_util": _at_most(100.0)},
 }
 
 

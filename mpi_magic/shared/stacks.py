@@ -31,6 +31,7 @@ MAX_DUMP = 1 << 20  # bytes of one dump read back (a thread's stack holds at mos
 
 _registered = None  # the rank's open dump file (or pipe), kept for as long as the handler writes to it
 EVENT_FRAMES = 60  # innermost frames of the main thread a stacks event carries
+WRITE_WAIT = 2.0  # seconds a stacks event waits for the rank's stderr to be read before it goes anyway
 
 WAITING_FOR_CELL = "_next_message"  # the function a session's rank waits in between cells (runtime/cell_loop.py)
 
@@ -46,8 +47,8 @@ def dump_path(folder: str, rank: int) -> str:
 def install(rank: int, environ=os.environ, events: tuple[int, str] | None = None) -> None:
     """On a rank: answer ``SIGNAL`` with a dump of every thread's stack into this rank's file in
     the folder ``MPI_MAGIC_STACKS_DIR`` names, or, where ``MPI_MAGIC_STACKS_EVENTS`` is set, as a
-    ``stacks`` event written to ``events`` (the event stream's file descriptor and the job's
-    token) by a process of its own (nothing where neither is set)."""
+    ``stacks`` event written to ``events`` (a copy of the rank's stderr, which the cell writes to
+    less than its stdout, and the job's token) by a process of its own (nothing where neither is set)."""
     global _registered
     folder = environ.get(envvars.STACKS_DIR)
     if folder:
@@ -137,10 +138,11 @@ def _send_dumps(read_end: int, main_thread: str, rank: int, event_fd: int, token
             return  # the rank has ended
         frames = parse(b"".join(chunks).decode("utf-8", errors="replace"), main_thread)
         fields = {"rank": rank, "seq": 0, "time": time.time(), "frames": [list(f) for f in frames[-EVENT_FRAMES:]]}
-        data = (wire.encode(wire.STACKS, fields, token) + "\n").encode("utf-8", errors="replace")
+        until = time.monotonic() + WRITE_WAIT
+        while wire.pipe_holds_data(event_fd) and time.monotonic() < until:
+            time.sleep(0.02)  # the rank may be part way through a long line there
         try:
-            while data:
-                data = data[os.write(event_fd, data):]
+            wire.write_all(event_fd, wire.encode(wire.STACKS, fields, token) + "\n")
         except OSError:
             return
 

@@ -14,6 +14,7 @@ classes and the decoder that checks what arrives live in ``events``, built on th
 from __future__ import annotations
 
 import json
+import os
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
@@ -24,6 +25,7 @@ SCHEMA_VERSION = 2
 STARTED, FINISHED, PROGRESS, READY, CLOSING = "started", "finished", "progress", "ready", "closing"
 STACKS = "stacks"  # where the rank is, when asked through mpirun (shared/stacks.py)
 METRICS = "metrics"  # numbers a cell logs (``metrics``)
+RESOURCES = "resources"  # what the rank uses now (runtime/resources.py), sent when it changed
 
 
 def new_token() -> str:
@@ -76,6 +78,25 @@ def number(text: str) -> int | float:
     return int(text) if text.isdigit() else float(text)
 
 
+def pipe_holds_data(fd: int) -> bool:
+    """True while the pipe ``fd`` writes to holds bytes not read yet (False for what is no pipe):
+    a writer beside the cell waits for it, lest it cut a line the cell is part way through."""
+    try:
+        import fcntl  # by the writers beside the cell, not at a rank's start-up
+        import sys
+        import termios
+
+        return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder) > 0
+    except (ImportError, OSError):
+        return False
+
+
+def write_all(fd: int, line: str) -> None:
+    data = line.encode("utf-8", errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
+
+
 class Emitter:
     """Writes one rank's wire events, numbering them; used by the rank runtime."""
 
@@ -88,6 +109,12 @@ class Emitter:
 
     def emit(self, kind: str, **values) -> None:
         self.emit_via(self._write, kind, **values)
+
+    def hold_across_forks(self) -> None:
+        """Take the lock around every ``os.fork``: a child forked while another thread of the rank
+        writes an event would otherwise inherit the lock held, and hang on its first event."""
+        os.register_at_fork(before=self._lock.acquire, after_in_parent=self._lock.release,
+                            after_in_child=self._lock.release)
 
     def emit_via(self, write, kind: str, **values) -> None:
         """Emit through ``write`` instead (another stream), numbered with this rank's other events."""

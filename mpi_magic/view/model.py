@@ -64,6 +64,13 @@ class RankState:
     attempt: int = 1  # of the job (2 and on after it started again)
     ready_after: int | None = None  # in a session: the cell it finished last, waiting for the next (0: up)
     post_mortem: str = ""  # where it failed: the SHA-256 of the frames and locals it kept for %mpirun_debug
+    # what it uses, as the rank last sampled it (None until it reports, or where it has no GPU)
+    cpu: float | None = None  # percent of one core
+    rss: int | None = None  # resident memory, bytes
+    gpu_memory: int | None = None  # bytes it holds on GPUs
+    gpu_util: float | None = None  # percent busy, of the GPU it uses
+    peak_rss: int | None = None  # the largest rss sampled
+    peak_gpu_memory: int | None = None
 
     def restart(self, attempt: int) -> "RankState":
         """This rank as the job starts again: what it did belongs to the attempt that ended; its
@@ -249,6 +256,10 @@ class JobModel:
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.metrics = MetricStore()
             self.last_activity = self.clock()
+        elif isinstance(event, events.Resources):
+            if not self._valid(event.rank):
+                return
+            self._resources(event)  # not activity: ranks that only report resources have gone quiet
         elif isinstance(event, events.RankReady):
             if not self._valid(event.rank):
                 return
@@ -296,6 +307,14 @@ class JobModel:
                                         event.message, event.traceback)
             state.post_mortem = event.post_mortem
         self.last_activity = self.clock()
+
+    def _resources(self, event: events.Resources) -> None:
+        state = self.ranks[event.rank]
+        state.cpu, state.rss, state.gpu_memory, state.gpu_util = event.cpu, event.rss, event.gpu_memory, event.gpu_util
+        if event.rss is not None:
+            state.peak_rss = max(state.peak_rss or 0, event.rss)
+        if event.gpu_memory is not None:
+            state.peak_gpu_memory = max(state.peak_gpu_memory or 0, event.gpu_memory)
 
     def _settle(self, end: events.LauncherExited) -> None:
         """The launcher is gone: every rank still active ended with it."""
@@ -376,6 +395,11 @@ class JobModel:
         """Running ranks furthest behind, by fraction done."""
         running = [s for s in self.ranks if s.status == "running" and s.fraction is not None]
         return sorted(running, key=lambda s: (s.fraction, s.rank))[:count]
+
+    def largest(self, count: int = 5, measure: str = "rss") -> list[RankState]:
+        """The ranks that hold the most memory now (``measure``: rss or gpu_memory), largest first."""
+        known = [s for s in self.ranks if getattr(s, measure)]
+        return sorted(known, key=lambda s: (-getattr(s, measure), s.rank))[:count]
 
     def by_instance(self) -> list[list[RankState]]:
         return [self.ranks[i:i + self.procs_per_instance] for i in range(0, self.world_size, self.procs_per_instance)]

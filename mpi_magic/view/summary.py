@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import os
 
+from ..shared.payload import size_text
 from .model import JobModel, RankState
 from .plot import charts, metric_lines
 
@@ -33,6 +34,55 @@ def count(value: float | None) -> str:
 
 def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def memory(n: float | None) -> str:
+    return "-" if n is None else size_text(n)
+
+
+def resources(state: RankState) -> str:
+    """'CPU 97% · 1.2 GiB', then 'GPU 3.4 GiB 88%' where the rank has a GPU; '' until it reports."""
+    parts = []
+    if state.cpu is not None:
+        parts.append(f"CPU {state.cpu:.0f}%")
+    if state.rss is not None:
+        parts.append(memory(state.rss))
+    if state.gpu_memory is not None or state.gpu_util is not None:
+        parts.append(" ".join(["GPU"] + ([memory(state.gpu_memory)] if state.gpu_memory is not None else [])
+                              + ([f"{state.gpu_util:.0f}%"] if state.gpu_util is not None else [])))
+    return " · ".join(parts)
+
+
+def total_resources(model: JobModel) -> str:
+    """What all ranks use together ('CPU 380% · 4.8 GiB', 'GPU 13.2 GiB' where known); '' until one reports."""
+    ranks = model.ranks
+    cpu = [s.cpu for s in ranks if s.cpu is not None]
+    rss = [s.rss for s in ranks if s.rss is not None]
+    gpu = [s.gpu_memory for s in ranks if s.gpu_memory is not None]
+    return " · ".join(([f"CPU {sum(cpu):.0f}%"] if cpu else []) + ([memory(sum(rss))] if rss else [])
+                      + ([f"GPU {memory(sum(gpu))}"] if gpu else []))
+
+
+def largest_phrase(model: JobModel) -> str:
+    """'most memory: rank 3 1.2 GiB' (resident, now); '' until a rank reports."""
+    largest = model.largest(1)
+    return f"most memory: rank {largest[0].rank} {memory(largest[0].rss)}" if largest else ""
+
+
+def peaks_phrase(model: JobModel) -> str:
+    """'peak memory: most rank 3 1.2 GiB, least rank 0 310.5 MiB' (the largest resident memory
+    sampled on each rank; GPU memory too where ranks held some); '' where no rank reported."""
+    parts = []
+    for name, attribute in (("peak memory", "peak_rss"), ("peak GPU memory", "peak_gpu_memory")):
+        known = sorted((getattr(s, attribute), s.rank) for s in model.ranks if getattr(s, attribute) is not None)
+        if not known or (attribute == "peak_gpu_memory" and not known[-1][0]):
+            continue
+        (low, low_rank), (high, high_rank) = known[0], known[-1]
+        if len(known) == 1:
+            parts.append(f"{name}: rank {high_rank} {memory(high)}")
+        else:
+            parts.append(f"{name}: most rank {high_rank} {memory(high)}, least rank {low_rank} {memory(low)}")
+    return "; ".join(parts)
 
 
 def headline(model: JobModel) -> str:
@@ -97,6 +147,8 @@ class Summary:
         if self.model.roll_call:
             lines.append(f"  where the ranks were: {self.model.roll_call}")
         lines += [f"  {line}" for line in last_metrics(self.model)]
+        if peaks_phrase(self.model):
+            lines.append(f"  {peaks_phrase(self.model)}")
         if self.model.phase == "completed":
             return "\n".join(lines)
         for state in self.model.ranks:
@@ -109,9 +161,11 @@ class Summary:
     def _repr_html_(self) -> str:
         model = self.model
         with_errors = any(state.failure is not None for state in model.ranks)
-        columns = ["rank", "instance", "host", "status", "time", "progress"] + (["error"] if with_errors else [])
+        peaks = [name for name, attribute in (("peak memory", "peak_rss"), ("peak GPU memory", "peak_gpu_memory"))
+                 if any(getattr(state, attribute) is not None for state in model.ranks)]
+        columns = ["rank", "instance", "host", "status", "time", "progress"] + peaks + (["error"] if with_errors else [])
         head = "<tr>" + "".join(f"<th style='text-align:left'>{c}</th>" for c in columns) + "</tr>"
-        rows = {state.rank: self._row(state, with_errors) for state in model.ranks}
+        rows = {state.rank: self._row(state, with_errors, peaks) for state in model.ranks}
         if model.world_size <= FULL_TABLE_UP_TO:
             table = (f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
                      f"<table>{head}{''.join(rows.values())}</table></details>")
@@ -128,7 +182,9 @@ class Summary:
             + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes)
             + (f"<div class='mpi-magic-roll-call'>where the ranks were: {html.escape(model.roll_call)}</div>"
                if model.roll_call else "")
-            + charts(model.metrics.by_name()) + table + self._failed_html() + "</div>"
+            + charts(model.metrics.by_name())
+            + (f"<div class='mpi-magic-peaks'>{html.escape(peaks_phrase(model))}</div>" if peaks_phrase(model) else "")
+            + table + self._failed_html() + "</div>"
         )
 
     def _bar(self) -> str:
@@ -141,9 +197,13 @@ class Summary:
                 f"<div class='mpi-magic-summary-bar' style='height:100%;width:{width:.1f}%;background:{colour}'>"
                 "</div></div>")
 
-    def _row(self, state: RankState, with_errors: bool) -> str:
+    def _row(self, state: RankState, with_errors: bool, peaks: list[str]) -> str:
         values = [str(state.rank), str(state.instance), html.escape(state.host), state.status,
                   duration(state.elapsed), f"{count(state.n)}/{count(state.total)}" if state.bar else "-"]
+        if "peak memory" in peaks:
+            values.append(memory(state.peak_rss))
+        if "peak GPU memory" in peaks:
+            values.append(memory(state.peak_gpu_memory))
         if with_errors:
             failure = state.failure
             error = "" if failure is None else f"{failure.error_type}: {failure.message}" if failure.error_type \

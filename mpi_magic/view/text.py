@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from .model import JobModel
-from .summary import Summary, headline, percent, rate, shares
+from .summary import Summary, headline, largest_phrase, percent, rate, shares
 
 if TYPE_CHECKING:
     from . import View
@@ -70,6 +70,8 @@ class TextView:
         elif slowest and model.world_size > 1:
             s = slowest[0]
             line += f"; slowest rank {s.rank} {percent(s.fraction)} at {rate(s.rate)}"
+        if largest_phrase(model):
+            line += "; " + largest_phrase(model)
         self._write(line)
 
     def _write(self, line: str) -> None:

@@ -1,6 +1,7 @@
 """The live dashboard in ipywidgets 8: a header, an aggregate bar, one row per rank grouped by
-instance (a compact coloured grid above ``GRID_ABOVE`` ranks), the metric charts once a rank logs
-one, and a per-rank output pane.
+instance (a compact coloured grid above ``GRID_ABOVE`` ranks, coloured by progress or by memory),
+each with what the rank uses (CPU, memory, GPU), the metric charts once a rank logs one, and a
+per-rank output pane.
 
 The dashboard takes the place of an empty display made when the job starts, and is itself
 replaced by the static summary when the job ends, so printed output stays below it and a
@@ -22,13 +23,14 @@ import ipywidgets as w
 from ..errors import compact_ranks
 from .model import JobModel, RankState
 from .plot import charts
-from .summary import Summary, count, duration, headline, percent, rate
+from .summary import Summary, count, duration, headline, memory, percent, rate, resources, total_resources
 
 if TYPE_CHECKING:
     from . import View
 
 GRID_ABOVE = 64
 NAMED_FAILURES = 5  # failed ranks the compact grid describes one by one
+NAMED_LARGEST = 5  # ranks holding the most memory, named below the compact grid
 REDRAW_EVERY = 0.1
 HEARTBEAT = 1.0  # the header's elapsed time moves on even when no event arrives
 QUIET_START = 1.0
@@ -43,6 +45,10 @@ _STYLE_OF = {"starting": "info", "running": "", "completed": "success", "failed"
 ERROR_TEXT = "var(--jp-error-color1, #c62828)"
 SHADES = ("var(--jp-brand-color3, #bbdefb)", "var(--jp-brand-color2, #64b5f6)",
           "var(--jp-brand-color1, #1976d2)", "var(--jp-brand-color0, #0d47a1)")  # running: <25% .. >=75% done
+# memory, as a share of the largest rank's: <25% .. >=75%
+MEMORY_SHADES = ("var(--jp-warn-color3, #ffe0b2)", "var(--jp-warn-color2, #ffb74d)",
+                 "var(--jp-warn-color1, #f57c00)", "var(--jp-warn-color0, #e65100)")
+RESOURCES_WIDTH, RESOURCES_WIDTH_GPU = "150px", "280px"  # room for 'CPU 100% · 12.3 GiB' (and 'GPU 70.1 GiB 100%')
 COLOUR_OF = {"starting": "var(--jp-layout-color3, #bdbdbd)", "completed": "var(--jp-success-color1, #388e3c)",
              "failed": "var(--jp-error-color1, #d32f2f)", "stopped": "var(--jp-warn-color1, #f57c00)",
              "unknown": "var(--jp-info-color1, #0288d1)"}
@@ -108,13 +114,17 @@ def _indeterminate(bar: w.FloatProgress, on: bool) -> None:
         bar.remove_class("mpi-magic-indeterminate")
 
 
-def _row(label: str) -> tuple[w.HBox, w.FloatProgress, w.Label, w.HTML]:
+def _row(label: str) -> tuple[w.HBox, w.FloatProgress, w.Label, w.Label, w.HTML]:
+    """label, bar, figures, resources ('CPU 97% · 1.2 GiB'), last line."""
     bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, bar_style="info", layout=w.Layout(flex="0 0 30%"))
     figures = w.Label("", layout=w.Layout(flex="0 0 220px", margin="0 8px"))
+    used = w.Label("", layout=w.Layout(flex=f"0 0 {RESOURCES_WIDTH}", margin="0 8px 0 0"))
+    used.add_class("mpi-magic-resources")
     last = w.HTML("", layout=w.Layout(flex="1 1 0", min_width="0"))
-    box = w.HBox([w.Label(label, layout=w.Layout(flex="0 0 70px")), bar, figures, last], layout=w.Layout(width="100%"))
+    box = w.HBox([w.Label(label, layout=w.Layout(flex="0 0 70px")), bar, figures, used, last],
+                 layout=w.Layout(width="100%"))
     box.add_class("mpi-magic-row")
-    return box, bar, figures, last
+    return box, bar, figures, used, last
 
 
 class Dashboard(w.VBox):
@@ -130,7 +140,7 @@ class Dashboard(w.VBox):
 
 class RankRow:
     def __init__(self, state: RankState):
-        self.box, self.bar, self.numbers, self.last_line = _row(f"rank {state.rank}")
+        self.box, self.bar, self.numbers, self.resources, self.last_line = _row(f"rank {state.rank}")
         self._attempt = state.attempt
 
     def draw(self, state: RankState) -> None:
@@ -145,6 +155,7 @@ class RankRow:
         self._attempt = state.attempt
         _indeterminate(self.bar, self.bar.bar_style == "info" and bar is not None)
         self.numbers.value = numbers(state)
+        self.resources.value = resources(state)
         if state.failure is not None:
             failure = state.failure
             text = f"{failure.error_type}: {failure.message}" if failure.error_type else failure.message
@@ -179,15 +190,25 @@ class WidgetView:
     def _build(self) -> Dashboard:
         model = self.model
         self.header = w.HTML()
-        total_box, self.total_bar, self.total_numbers, _ = _row(ALL_RANKS)
+        total_box, self.total_bar, self.total_numbers, self.total_resources, _ = _row(ALL_RANKS)
+        self._gpu_width = False  # the resource columns widened for GPU figures
         total_box.add_class("mpi-magic-total")
         self.compact = model.world_size > GRID_ABOVE
         if self.compact:
             self.grid = w.HTML()
             self.grid.add_class("mpi-magic-grid")
-            self.slowest = w.HTML()  # the ranks that failed or stopped, by name, and the slowest
+            # the same grid coloured by memory, chosen in the browser (the kernel is busy while the job runs)
+            self.memory_grid = w.HTML()
+            self.memory_grid.add_class("mpi-magic-grid")
+            self.memory_legend = w.HTML()
+            self.colour_by = w.Dropdown(options=["progress", "memory"], value="progress", layout=w.Layout(width="160px"))
+            self.grids = w.Stack([w.VBox([w.HTML(_legend()), self.grid]), w.VBox([self.memory_legend, self.memory_grid])],
+                                 selected_index=0)
+            w.jslink((self.colour_by, "index"), (self.grids, "selected_index"))
+            self.slowest = w.HTML()  # the ranks that failed or stopped, by name, the slowest, the largest
             self.slowest.add_class("mpi-magic-named")
-            body = [w.HTML(_legend()), self.grid, self.slowest]
+            colour_row = w.HBox([w.Label("colour by", layout=w.Layout(flex="0 0 70px")), self.colour_by])
+            body = [colour_row, self.grids, self.slowest]
         else:
             self.rows = [RankRow(state) for state in model.ranks]
             body = []
@@ -240,11 +261,14 @@ class WidgetView:
             f"<div class='mpi-magic-roll-call'>where the ranks are: {html.escape(roll_call)}</div>" if roll_call else "")
         self._draw_total()
         if self.compact:
-            self.grid.value = self._grid_html()
+            titles = [_cell_title(state) for state in model.ranks]  # what hovering over a square says, in both grids
+            self.grid.value = self._grid_html(titles)
+            self.memory_legend.value, self.memory_grid.value = self._memory_grid_html(titles)
             self.slowest.value = self._named_html()
         else:
             for row, state in zip(self.rows, model.ranks):
                 row.draw(state)
+            self._widen_for_gpus()
         self.plots.draw(model)
         self._draw_panes()
 
@@ -266,16 +290,26 @@ class WidgetView:
         if counts["failed"]:
             parts.append(f"{counts['failed']} failed")
         self.total_numbers.value = " · ".join(parts)
+        self.total_resources.value = total_resources(model)
         self._drawn_attempt = model.attempt
 
-    def _grid_html(self) -> str:
-        blocks = []
-        for index, ranks in enumerate(self.model.by_instance()):
-            cells = "".join(f"<span class='mpi-magic-cell mpi-magic-{s.status}' title='rank {s.rank}: {s.status} "
-                            f"{percent(s.fraction)}' style='background:{_cell_colour(s)}'></span>" for s in ranks)
-            blocks.append(f"<div class='mpi-magic-instance'><span class='mpi-magic-label'>instance {index}</span>"
-                          f"<span class='mpi-magic-cells'>{cells}</span></div>")
-        return "".join(blocks)
+    def _widen_for_gpus(self) -> None:
+        """Room for the GPU figures in every row, once a rank reports any."""
+        if self._gpu_width or not any(s.gpu_memory is not None or s.gpu_util is not None for s in self.model.ranks):
+            return
+        self._gpu_width = True
+        for label in [self.total_resources] + [row.resources for row in self.rows]:
+            label.layout.flex = f"0 0 {RESOURCES_WIDTH_GPU}"
+
+    def _grid_html(self, titles: list[str]) -> str:
+        return _grid(self.model, _cell_colour, titles)
+
+    def _memory_grid_html(self, titles: list[str]) -> tuple[str, str]:
+        """(legend, grid) of the ranks coloured by resident memory, as a share of the largest rank's."""
+        largest = max((s.rss for s in self.model.ranks if s.rss is not None), default=None)
+        if not largest:
+            return "<i>no rank has reported its memory yet (each samples it about once a second)</i>", ""
+        return _memory_legend(largest), _grid(self.model, lambda s: _memory_colour(s, largest), titles)
 
     def _named_html(self) -> str:
         """Failed and stopped ranks by name (a red square alone says nothing to a reader), then the slowest."""
@@ -296,6 +330,16 @@ class WidgetView:
         if slow:
             lines.append("<div>slowest: " + ", ".join(
                 f"rank {s.rank} {percent(s.fraction)} ({rate(s.rate)})" for s in slow) + "</div>")
+        largest = self.model.largest(NAMED_LARGEST)
+        if largest:
+            lines.append("<div>most memory: " + ", ".join(
+                f"rank {s.rank} {memory(s.rss)}" + (f" (CPU {s.cpu:.0f}%)" if s.cpu is not None else "")
+                for s in largest) + "</div>")
+        largest_gpu = self.model.largest(NAMED_LARGEST, "gpu_memory")
+        if largest_gpu:
+            lines.append("<div>most GPU memory: " + ", ".join(
+                f"rank {s.rank} {memory(s.gpu_memory)}" + (f" ({s.gpu_util:.0f}% busy)" if s.gpu_util is not None else "")
+                for s in largest_gpu) + "</div>")
         return f"<div style='line-height:1.5'>{''.join(lines)}</div>"
 
     def _draw_panes(self) -> None:
@@ -377,6 +421,38 @@ def _cell_colour(state: RankState) -> str:
             return COLOUR_OF["unknown"]
         return SHADES[min(len(SHADES) - 1, int(fraction * len(SHADES)))]
     return COLOUR_OF[state.status]
+
+
+def _grid(model: JobModel, colour: Callable[[RankState], str], titles: list[str]) -> str:
+    """A square per rank in a block per instance, each of ``colour(rank)``, titled ``titles[rank]``
+    (words and figures of ours, with nothing to escape)."""
+    blocks = []
+    for index, ranks in enumerate(model.by_instance()):
+        cells = "".join(f"<span class='mpi-magic-cell mpi-magic-{s.status}' title='rank {s.rank}: {titles[s.rank]}' "
+                        f"style='background:{colour(s)}'></span>" for s in ranks)
+        blocks.append(f"<div class='mpi-magic-instance'><span class='mpi-magic-label'>instance {index}</span>"
+                      f"<span class='mpi-magic-cells'>{cells}</span></div>")
+    return "".join(blocks)
+
+
+def _cell_title(state: RankState) -> str:
+    """'running 40% · CPU 97% · 1.2 GiB': what hovering over a rank's square says."""
+    return " · ".join(part for part in (f"{state.status} {percent(state.fraction)}", resources(state)) if part)
+
+
+def _memory_colour(state: RankState, largest: int) -> str:
+    """Four shades by the rank's share of the largest rank's resident memory; grey before it reports."""
+    if state.rss is None:
+        return COLOUR_OF["starting"]
+    return MEMORY_SHADES[min(len(MEMORY_SHADES) - 1, int(state.rss / largest * len(MEMORY_SHADES)))]
+
+
+def _memory_legend(largest: int) -> str:
+    keys = [(MEMORY_SHADES[i], f"{25 * i}-{25 * (i + 1)}%") for i in range(len(MEMORY_SHADES))] + [
+        (COLOUR_OF["starting"], "not reported yet")]
+    return (f"<span class='mpi-magic-legend'>memory, as a share of the largest rank's {memory(largest)}:</span>"
+            + "".join(f"<span class='mpi-magic-legend'><span class='mpi-magic-cell' style='background:{colour}'></span>"
+                      f"{label}</span>" for colour, label in keys))
 
 
 def _legend() -> str:

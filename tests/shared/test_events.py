@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mpi_magic.shared import wire
-from mpi_magic.shared.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, StreamDecoder,
-                                     encode, parse_tag)
+from mpi_magic.shared.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, Resources,
+                                     StreamDecoder, encode, parse_tag)
 from mpi_magic.shared.wire import marker
 
 TOKEN = "0123456789abcdef"
@@ -136,3 +136,31 @@ def test_the_lines_of_a_read_decode_at_once_as_they_do_one_at_a_time():
     assert at_once.feed_lines(lines) == expected
     assert [type(e).__name__ for e in expected].count("Progress") == 9
     assert (at_once.duplicates, at_once.rejected) == (one_by_one.duplicates, one_by_one.rejected) == (1, 2)
+
+
+def test_a_ranks_resources_round_trip_with_or_without_gpu_figures():
+    decoder = StreamDecoder(TOKEN)
+    on_a_cpu = Resources(rank=2, cpu=97.3, rss=1_288_490_188, seq=5, time=12.5)
+    on_a_gpu = Resources(rank=2, cpu=310.0, rss=2 << 30, gpu_memory=40 << 30, gpu_util=88.0, seq=6, time=13.5)
+    for sent in (on_a_cpu, on_a_gpu):
+        line = encode(sent, TOKEN)
+        assert decoder.feed(f"[1,2]<stdout>: {line}") == [sent]
+    assert "gpu" not in encode(on_a_cpu, TOKEN), "figures a rank does not have take no room on the wire"
+    emitted = []
+    wire.Emitter(2, emitted.append, TOKEN).emit(wire.RESOURCES, cpu=0.0, rss=0)  # an idle rank's zeros are figures
+    (got,) = StreamDecoder(TOKEN).feed(f"[1,2]<stdout>: {emitted[0]}")
+    assert (got.cpu, got.rss, got.gpu_memory, got.gpu_util) == (0.0, 0, None, None)
+
+
+def test_resources_out_of_range_or_of_the_wrong_type_are_not_believed():
+    """Each field is checked: finite, not negative, bytes as whole numbers, a GPU busy at most 100%."""
+    bad = ['"cpu":-1', '"cpu":NaN', '"cpu":Infinity', '"cpu":1e300', '"cpu":"97"', '"cpu":true', '"rss":-5',
+           '"rss":1.5', '"rss":9007199254740993', '"rss":false', '"rss":[1]', '"gpu_memory":-1', '"gpu_memory":2.5',
+           '"gpu_util":100.5', '"gpu_util":-0.1', '"gpu_util":{}', '"swap":1', '"rank":3']
+    for field in bad:
+        decoder = StreamDecoder(TOKEN)
+        line = f'[1,2]<stdout>: {MARKER}{{"v":2,"k":"resources","rank":2,"seq":0,"time":1.0,{field}}}'
+        assert decoder.feed(line) == [Output(2, "stdout", line.partition(": ")[2])], field
+        assert decoder.rejected == 1, field
+    fine = f'[1,2]<stdout>: {MARKER}{{"v":2,"k":"resources","rank":2,"seq":0,"time":1.0,"cpu":0,"rss":0,"gpu_util":100}}'
+    assert StreamDecoder(TOKEN).feed(fine) == [Resources(rank=2, cpu=0, rss=0, gpu_util=100, seq=0, time=1.0)]

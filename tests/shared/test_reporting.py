@@ -74,8 +74,9 @@ def test_text_view_shows_progress_lines_and_a_summary_for_a_longer_job(ip, capsy
     job = ip.user_ns["job"]
     progress_lines = [line for line in err if " running " in line]
     assert progress_lines and all(line.startswith(f"mpi_magic: job {job.name} (local, 1 x 2) running") for line in progress_lines)
-    assert err[-2].startswith(f"mpi_magic: job {job.name} (local, 1 x 2) completed")
-    assert err[-1] == "  progress: ranks 0:100% 1:100%", "the summary keeps where each rank's bar ended"
+    assert err[-3].startswith(f"mpi_magic: job {job.name} (local, 1 x 2) completed")
+    assert err[-2] == "  progress: ranks 0:100% 1:100%", "the summary keeps where each rank's bar ended"
+    assert err[-1].startswith("  peak memory: most rank "), "and the most memory each rank was seen to hold"
 
 
 class Bar:

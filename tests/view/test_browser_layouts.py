@@ -21,7 +21,9 @@ WIDE_CELL = """%%mpirun_remote --instances 1 --gpus 80
 import time
 import mpi_magic
 
-time.sleep(1.5)
+if mpi_magic.rank() == 5:
+    held = bytearray(200 * 1024 * 1024)
+time.sleep(4)  # every rank samples what it uses once a second
 if mpi_magic.rank() == 79:
     raise RuntimeError('rank 79 failed')
 time.sleep(30)
@@ -60,14 +62,23 @@ def test_more_than_64_ranks_show_a_compact_grid_that_names_the_failed_rank(jupyt
                 (c) => c.getBoundingClientRect().left >= label.right - 0.5);
             const named = document.querySelector('.mpi-magic-dashboard .mpi-magic-named').textContent;
             if (/rank 79 \\(instance 0\\) failed: RuntimeError: rank 79 failed/.test(named)) seen.named = named;
+            if (/most memory: rank 5 \\d/.test(named)) seen.largest = true;
+            // coloured by memory (chosen below, while the kernel is busy): the one grid shown, rank 5 darkest
+            const shown = [...document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-grid')]
+                .filter((g) => g.getClientRects().length);
+            const five = shown.length === 1 && shown[0].querySelector("[title^='rank 5: ']");
+            if (five && five.getAttribute('style').includes('--jp-warn-color0')) seen.by_memory = true;
         """)
         run_all(page)
+        page.wait_for_selector(".mpi-magic-dashboard .mpi-magic-grid", timeout=120_000)
+        page.locator(".mpi-magic-dashboard select").first.select_option("memory")
         page.wait_for_function("() => window.mpiMagicSeen.named", timeout=120_000)
         shoot(page, screenshots, "wide-running")
         page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
         shoot(page, screenshots, "wide-finished")
         shown = seen(page)
         assert shown["cells"] == 80 and shown["aligned"], "80 squares, all in their instance's block"
+        assert shown.get("by_memory") and shown.get("largest"), "coloured by memory, the largest rank darkest and named"
         assert page.locator(".mpi-magic-dashboard .mpi-magic-row").count() == 0
         summary = page.locator(".mpi-magic-summary")
         listed = summary.locator(":scope > table tr.mpi-magic-failed")
@@ -97,6 +108,8 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
             if (view.querySelector('.mpi-magic-indeterminate')) seen.moving = true;
             if (/KeyError: 'missing shard'/.test(view.textContent)) seen.failed = true;
             seen.lines = Math.max(seen.lines || 0, view.querySelectorAll('.mpi-magic-chart polyline').length);
+            if ([...view.querySelectorAll('.mpi-magic-resources')].some((r) => /^CPU \\d+% · \\d/.test(r.textContent)))
+                seen.resources = true;
         """)
         run_all(page)
         wait_rows(page, 5)
@@ -109,6 +122,7 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
         assert shown["looks"] > 5 and shown.get("waiting") and shown.get("moving") and shown.get("failed"), shown
         assert shown["lines"] == 4, "the dashboard draws the loss of each rank"
         assert page.locator(".mpi-magic-summary .mpi-magic-chart polyline").count() == 4, "and the summary keeps it"
+        assert shown.get("resources"), "each row says what its rank uses, readable too"
         assert not shown.get("bad"), f"text below {READABLE}:1 on the dashboard: {shown['bad']}"
         bad = _contrast_failures(page, ".mpi-magic-summary")
         assert not bad, f"text below {READABLE}:1 in the summary: {bad}"

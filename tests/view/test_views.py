@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from mpi_magic.shared.events import Output, Phase, Progress, RankFinished, RankStarted, StreamDecoder, encode
+from mpi_magic.shared.events import Output, Phase, Progress, RankFinished, RankStarted, Resources, StreamDecoder, encode
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.summary import Summary
 from mpi_magic.view.text import TextView
@@ -463,3 +463,126 @@ def test_a_restarted_job_draws_the_new_attempts_metrics_only(world):
     clock.now += 2
     view.update()
     assert view.plots.html.layout.display == "none" and model.metrics.as_dict() == {}
+
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def test_the_model_keeps_each_ranks_resources_and_their_peak_without_counting_them_as_activity(world):
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    assert [(s.cpu, s.rss, s.gpu_memory, s.gpu_util, s.peak_rss) for s in model.ranks] == [(None,) * 5] * 4
+    before = model.version
+    wire(model, decoder, Resources(rank=1, cpu=97.0, rss=3 * GIB, seq=1, time=11.0),
+         Resources(rank=1, cpu=12.5, rss=GIB, seq=2, time=12.0),
+         Resources(rank=2, cpu=100.0, rss=200 * MIB, gpu_memory=5 * GIB, gpu_util=88.0, seq=1, time=11.0))
+    assert model.version == before + 3, "each sample redraws the views"
+    one, two = model.ranks[1], model.ranks[2]
+    assert (one.cpu, one.rss, one.peak_rss, one.gpu_memory, one.gpu_util) == (12.5, GIB, 3 * GIB, None, None)
+    assert (two.gpu_memory, two.peak_gpu_memory, two.gpu_util) == (5 * GIB, 5 * GIB, 88.0)
+    assert [s.rank for s in model.largest()] == [1, 2] and [s.rank for s in model.largest(measure="gpu_memory")] == [2]
+    model.fold(Resources(rank=7, cpu=1.0, rss=1))  # no such rank (the decoder lets only a tag's rank through)
+    clock.now += 40
+    wire(model, decoder, Resources(rank=0, cpu=100.0, rss=GIB, seq=1, time=50.0))
+    assert model.waiting() is not None, "ranks that only report what they use are still waiting (a stall)"
+    wire(model, decoder, RankFinished(rank=1, ok=True, seq=3, time=51.0),
+         Resources(rank=1, cpu=0.0, rss=GIB, seq=4, time=51.5))  # sampled as the rank ended
+    assert (one.status, one.cpu) == ("completed", 0.0), "a late sample changes the figures, not the status"
+
+
+def test_a_job_started_again_forgets_what_its_ranks_used(world):
+    from mpi_magic.shared.events import Restarted
+
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, started(0), Resources(rank=0, cpu=50.0, rss=GIB, seq=1, time=11.0))
+    model.fold(Restarted(2, "spot interruption", "restarting"))
+    assert (model.ranks[0].rss, model.ranks[0].peak_rss) == (None, None)
+
+
+def test_each_row_shows_what_its_rank_uses_and_the_aggregate_the_sum(world):
+    clock, model, view, slot, decoder = world
+    clock.now += 2
+    wire(model, decoder, *[started(r) for r in range(4)],
+         Resources(rank=0, cpu=97.4, rss=int(1.2 * GIB), seq=1, time=11.0),
+         Resources(rank=1, cpu=3.0, rss=300 * MIB, seq=1, time=11.0))
+    view.update()
+    rows = view.rows
+    assert [row.resources.value for row in rows] == ["CPU 97% · 1.2 GiB", "CPU 3% · 300.0 MiB", "", ""]
+    assert rows[0].box.children[3] is rows[0].resources and rows[0].box.children[2] is rows[0].numbers
+    assert view.total_resources.value == "CPU 100% · 1.5 GiB"
+    assert rows[0].resources.layout.flex == "0 0 150px"
+    clock.now += 1
+    wire(model, decoder, Resources(rank=2, cpu=101.0, rss=2 * GIB, gpu_memory=int(40.5 * GIB), gpu_util=88.0, seq=1,
+                                   time=12.0))
+    view.update()
+    assert rows[2].resources.value == "CPU 101% · 2.0 GiB · GPU 40.5 GiB 88%"
+    assert view.total_resources.value == "CPU 201% · 3.5 GiB · GPU 40.5 GiB"
+    assert {row.resources.layout.flex for row in rows} == {view.total_resources.layout.flex} == {"0 0 280px"}, \
+        "every row makes room for GPU figures once a rank has them"
+
+
+def test_the_compact_grid_can_colour_the_ranks_by_memory_and_names_the_largest():
+    from mpi_magic.view.widgets import MEMORY_SHADES
+
+    clock = Clock()
+    model = JobModel("big", "local", 128, 8, clock)
+    view = WidgetView(model, lambda: "", Slot())
+    decoder = StreamDecoder(TOKEN)
+    clock.now += 2
+    for r in range(128):
+        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=128, seq=0, time=1.0))
+    view.update()
+    assert view.grids.selected_index == 0 and view.colour_by.options == ("progress", "memory")
+    assert "no rank has reported its memory yet" in view.memory_legend.value and view.memory_grid.value == ""
+    for r in range(120):  # 8 ranks have not reported yet
+        wire(model, decoder, Resources(rank=r, cpu=99.0, rss=(8 if r == 77 else 6 if r == 5 else 1) * GIB, seq=1,
+                                       time=2.0))
+    clock.now += 1
+    view.update()
+    grid = view.memory_grid.value
+    assert grid.count(" title='rank ") == 128
+    cell = "title='rank 77: running - · CPU 99% · 8.0 GiB' style='background:" + MEMORY_SHADES[3]
+    assert cell in grid, "the largest rank in the darkest shade"
+    assert "title='rank 5: running - · CPU 99% · 6.0 GiB' style='background:" + MEMORY_SHADES[3] in grid
+    assert grid.count("background:" + MEMORY_SHADES[0]) == 118 and grid.count("var(--jp-layout-color3") == 8
+    assert "largest rank's 8.0 GiB" in view.memory_legend.value and "not reported yet" in view.memory_legend.value
+    assert "title='rank 77: running - · CPU 99% · 8.0 GiB' style='background:var(--jp-info-color1" in view.grid.value, \
+        "the progress grid keeps its colours, and its squares say what the rank uses"
+    named = view.slowest.value
+    assert "<div>most memory: rank 77 8.0 GiB (CPU 99%), rank 5 6.0 GiB (CPU 99%), rank 0 1.0 GiB (CPU 99%)," in named
+    assert "GPU" not in named
+    wire(model, decoder, Resources(rank=9, cpu=99.0, rss=GIB, gpu_memory=30 * GIB, gpu_util=97.0, seq=2, time=3.0))
+    clock.now += 1
+    view.update()
+    assert "<div>most GPU memory: rank 9 30.0 GiB (97% busy)</div>" in view.slowest.value
+
+
+def test_the_summary_keeps_each_ranks_peak_memory(world):
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)],
+         Resources(rank=0, cpu=90.0, rss=3 * GIB, seq=1, time=11.0), Resources(rank=0, cpu=90.0, rss=GIB, seq=2, time=12.0),
+         Resources(rank=1, cpu=90.0, rss=512 * MIB, seq=1, time=11.0),
+         *[RankFinished(rank=r, ok=True, seq=3, time=13.0) for r in range(4)])
+    model.fold(Phase("completed"))
+    view.close()
+    summary = slot.current
+    page = summary._repr_html_().replace(" style='text-align:left'", "")
+    assert "<th>progress</th><th>peak memory</th></tr>" in page and "<th>peak GPU memory</th>" not in page
+    assert "<td>0</td><td>0</td><td>h</td><td>completed</td><td>3.0s</td><td>-</td><td>3.0 GiB</td></tr>" in page
+    assert "<td>2</td><td>1</td><td>h</td><td>completed</td><td>3.0s</td><td>-</td><td>-</td></tr>" in page, \
+        "rank 2 never reported"
+    assert "peak memory: most rank 0 3.0 GiB, least rank 1 512.0 MiB" in page
+    assert repr(summary).splitlines()[1] == "  peak memory: most rank 0 3.0 GiB, least rank 1 512.0 MiB"
+
+
+def test_the_text_view_names_the_rank_with_the_most_memory():
+    clock = Clock()
+    model = JobModel("job-3", "local", 2, 1, clock)
+    out = io.StringIO()
+    view = TextView(model, stream=out)
+    decoder = StreamDecoder(TOKEN)
+    wire(model, decoder, started(0, 1), started(1, 1), Resources(rank=1, cpu=99.0, rss=2 * GIB, seq=1, time=11.0),
+         Resources(rank=0, cpu=99.0, rss=GIB, seq=1, time=11.0))
+    clock.now += 2
+    view.update()
+    assert out.getvalue().splitlines()[-1].endswith("; most memory: rank 1 2.0 GiB")
