@@ -4,6 +4,7 @@ Those whose cells run on SageMaker are in ``test_notebooks_sagemaker``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -129,3 +130,27 @@ def test_data_parallel_training_matches_a_single_process_run(tmp_path):
         assert "no CUDA GPU here" in gpu
     else:
         assert re.search(r"rank 0 of \d+ on .*: loss", gpu)
+
+
+def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_and_follows_the_loss(tmp_path):
+    nb = executed("diagnosing.ipynb", tmp_path)
+    deadlock = text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --timeout").outputs)
+    assert ("where the ranks are: ranks 0, 1, 3 at cell line 9 in allreduce; rank 2 at cell line 7 in sleep"
+            in deadlock), deadlock
+    failed = text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nimport mpi_magic").outputs)
+    assert "%mpirun_debug opens the debugger on rank 1's frames and locals" in "\n".join(
+        line for o in code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nimport mpi_magic").outputs
+        for line in o.get("traceback", [])), failed
+    debugged = re.sub("\x1b\\[[0-9;]*m", "", text_of(code_cell(nb, "%mpirun_debug").outputs))
+    assert "(22, 2, 11)" in debugged and "('rank 1', 2)" in debugged, debugged
+    followed = text_of(code_cell(nb, "for rank, series in job.metrics.items()").outputs)
+    for rank in range(4):  # the cell's loss at its last step, 39, as set_postfix reported it
+        last = math.exp(-39 / (8 + 4 * rank)) + 0.01 * rank
+        assert re.search(rf"rank {rank}: 40 loss points, last {last:.3f}; accuracy \[([\d.]+, ){{3}}[\d.]+\]", followed)
+    peaks = [int(mb) for mb in re.search(r"peak memory per rank \(MB\): \[([\d, ]+)\]", followed).group(1).split(",")]
+    assert peaks[3] - peaks[0] > 40, "rank 3 holds 60 MB more than rank 0"
+    stored = stored_notebook("diagnosing.ipynb")
+    for ran, kept in zip(nb.cells, stored.cells):  # (the lines a quiet job prints depend on the machine's pace)
+        if execute.keeps_output(kept):
+            errors = [_comparable([o for o in cell.outputs if o.output_type == "error"]) for cell in (ran, kept)]
+            assert errors[0] == errors[1], "the stored error is what execution shows"
