@@ -1,5 +1,6 @@
 """The dashboard as a person sees it, as ``test_browser`` checks it, in Notebook 7, for a job too
-wide for a row per rank (the compact grid) and in JupyterLab's dark theme.
+wide for a row per rank (the compact grid), and every text (the charts and what each rank uses
+included) in JupyterLab's dark and light themes.
 
 Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
 
@@ -92,12 +93,14 @@ def _contrast_failures(page, selector: str) -> list[dict]:
             if t["ratio"] < READABLE]
 
 
-def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
-    server = jupyter(theme=DARK)
-    write_notebook(os.path.join(server.root, "dark.ipynb"), "%load_ext mpi_magic", MIXED_CELL)
-    with browser_page(dark=True) as page:
-        open_notebook(page, server, "dark.ipynb")
-        assert page.evaluate("() => document.body.dataset.jpThemeLight") == "false", "the dark theme is on"
+@pytest.mark.parametrize("dark", [True, False], ids=["dark", "light"])
+def test_every_text_is_readable_in_either_theme(jupyter, screenshots, dark):
+    theme = "dark" if dark else "light"
+    server = jupyter(theme=DARK if dark else None)
+    write_notebook(os.path.join(server.root, f"{theme}.ipynb"), "%load_ext mpi_magic", MIXED_CELL)
+    with browser_page(dark=dark) as page:
+        open_notebook(page, server, f"{theme}.ipynb")
+        assert page.evaluate("() => document.body.dataset.jpThemeLight") == str(not dark).lower(), f"the {theme} theme is on"
         record(page, f"""
             const view = document.querySelector('.mpi-magic-dashboard');
             if (!view) return;
@@ -114,10 +117,10 @@ def test_every_text_is_readable_in_the_dark_theme(jupyter, screenshots):
         run_all(page)
         wait_rows(page, 5)
         time.sleep(1.5)
-        shoot(page, screenshots, "dark-running")
+        shoot(page, screenshots, f"{theme}-running")
         page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
         time.sleep(0.3)
-        shoot(page, screenshots, "dark-finished")
+        shoot(page, screenshots, f"{theme}-finished")
         shown = seen(page)
         assert shown["looks"] > 5 and shown.get("waiting") and shown.get("moving") and shown.get("failed"), shown
         assert shown["lines"] == 4, "the dashboard draws the loss of each rank"
