@@ -79,10 +79,13 @@ def _start_sender(rank: int, event_fd: int, token: str) -> int | None:
 
     A thread of the rank could not: a rank blocked in a collective may hold the GIL (mpi4py's
     lower-case collectives do) for as long as it waits. Forked at start-up, before the cell or MPI
-    runs and while the rank has no other thread; it dies with the rank."""
+    runs and while the rank has no other thread; it dies with the rank. It keeps none of the rank's
+    files open: it opens the rank's ``event_fd`` through /proc for each dump, so the rank's output
+    ends the moment the rank does (a launcher may stop reading it then)."""
     import _thread
 
     main = f"{_thread.get_ident():#018x}"
+    parent = os.getpid()
     read_end, write_end = os.pipe()
     _roomy(write_end)
     try:
@@ -99,9 +102,10 @@ def _start_sender(rank: int, event_fd: int, token: str) -> int | None:
 
             procs.die_with_parent(signal.SIGKILL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the rank; the sender ends with it
-            os.close(write_end)
-            if os.getppid() != 1:
-                _send_dumps(read_end, main, rank, event_fd, token)
+            os.closerange(0, read_end)
+            os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16)
+            if os.getppid() == parent:
+                _send_dumps(read_end, main, rank, f"/proc/{parent}/fd/{event_fd}", token)
         finally:
             os._exit(0)
     os.close(read_end)
@@ -119,9 +123,10 @@ def _roomy(fd: int) -> None:
         pass
 
 
-def _send_dumps(read_end: int, main_thread: str, rank: int, event_fd: int, token: str) -> None:
-    """The sender: each dump that comes through the pipe, once it has settled, is written as a
-    ``stacks`` event of the main thread's innermost frames. Blocked in ``read`` between dumps."""
+def _send_dumps(read_end: int, main_thread: str, rank: int, events: str, token: str) -> None:
+    """The sender: each dump that comes through the pipe, once it has settled, is written to the
+    rank's ``events`` stream (its path under /proc) as a ``stacks`` event of the main thread's
+    innermost frames. Blocked in ``read`` between dumps."""
     import select
     import time
 
@@ -138,13 +143,19 @@ def _send_dumps(read_end: int, main_thread: str, rank: int, event_fd: int, token
             return  # the rank has ended
         frames = parse(b"".join(chunks).decode("utf-8", errors="replace"), main_thread)
         fields = {"rank": rank, "seq": 0, "time": time.time(), "frames": [list(f) for f in frames[-EVENT_FRAMES:]]}
-        until = time.monotonic() + WRITE_WAIT
-        while wire.pipe_holds_data(event_fd) and time.monotonic() < until:
-            time.sleep(0.02)  # the rank may be part way through a long line there
         try:
+            event_fd = os.open(events, os.O_WRONLY)
+        except OSError:
+            return  # the rank has ended
+        try:
+            until = time.monotonic() + WRITE_WAIT
+            while wire.pipe_holds_data(event_fd) and time.monotonic() < until:
+                time.sleep(0.02)  # the rank may be part way through a long line there
             wire.write_all(event_fd, wire.encode(wire.STACKS, fields, token) + "\n")
         except OSError:
             return
+        finally:
+            os.close(event_fd)
 
 
 def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
