@@ -10,6 +10,7 @@ chained outermost first. IPython's debugger then walks them as it walks any trac
 from __future__ import annotations
 
 import builtins
+import io
 import linecache
 import os
 import pickle
@@ -23,6 +24,11 @@ from ..shared.layout import POST_MORTEM, result_path
 from .job import Job
 
 _RAISE = "__mpi_magic_post_mortem__"  # the name the rebuilt line raises; gone from the frame once it has
+# Packages whose objects are the rank's own: MPI handles always (here one would start MPI in the
+# kernel, and stand for the notebook's world, not the rank's), GPU runtimes unless the notebook
+# imported them (loading one would take the GPU the ranks use).
+RANKS_OWN = "mpi4py"
+GPU_RUNTIMES = frozenset({"torch", "cupy", "jax", "tensorflow"})
 
 
 class RemoteValue:
@@ -104,10 +110,21 @@ def value_of(entry: tuple) -> Any:
         return sys.modules.get(data) or RemoteValue(f"{text} (not imported in this notebook)")
     if kind == postmortem.VALUE:
         try:
-            return pickle.loads(data)  # noqa: S301 - the record's digest is the one the rank reported
+            return _Unpickler(io.BytesIO(data)).load()  # the record's digest is the one the rank reported
         except Exception as exc:  # noqa: BLE001 - this local shows as its repr instead
             return RemoteValue(f"{text} (not loaded here: {type(exc).__name__}: {exc})")
     return RemoteValue(text)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Loads a rank's local unless it needs what must not start in the notebook (``RANKS_OWN``,
+    ``GPU_RUNTIMES``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        package = module.partition(".")[0]
+        if package == RANKS_OWN or (package in GPU_RUNTIMES and package not in sys.modules):
+            raise pickle.UnpicklingError(f"it is {module}'s, which stays on the rank")
+        return super().find_class(module, name)
 
 
 def _raise_in(frame: dict, namespace: dict, local: dict, exc: BaseException) -> types.TracebackType:

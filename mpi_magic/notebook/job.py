@@ -21,9 +21,8 @@ if TYPE_CHECKING:
     from ..view import View
 
 CELL = "<cell>"  # the cell's frames, as job.stacks() names them
-ROUND_SECONDS = 10.0  # stacks sent through the log this close to the newest answer the same request
+ROUND_SECONDS = 10.0  # stacks that arrive through the log this close to the newest answer the same request
 CHANNEL_ANSWER_LIMIT = 30.0  # seconds the ranks of a SageMaker job get to answer through S3 and the log
-CLOCK_SLACK = 2.0  # seconds an instance's clock may be behind the notebook's
 _FLUSH_BYTES = 1 << 20
 _FLUSH_SECONDS = 0.5
 
@@ -100,8 +99,6 @@ class Job:
 
     def record(self, event: events.Event) -> None:
         self.model.fold(event)
-        if isinstance(event, events.RankStacks):
-            self.model.fold(events.RollCall(str(self.reported_roll_call()), self.model.waiting() is not None))
         if isinstance(event, events.Output):
             prefix = "" if event.stream == "stdout" else "[stderr] "
             self._log(f"rank-{event.rank}.log", prefix + event.text)
@@ -167,7 +164,9 @@ class Job:
 
     @property
     def can_roll_call(self) -> bool:
-        """True where the ranks can be asked for their stacks (local jobs and sessions)."""
+        """True where the notebook signals the ranks itself (local jobs and sessions), so it takes the
+        roll-call at a stall and on Ctrl-C; a SageMaker job's leader takes it at a stall, and
+        ``stacks()`` asks through S3."""
         return self._stacks_dir is not None
 
     def stacks(self, limit: float | None = None) -> dict[int, list[dumps.Frame]]:
@@ -188,33 +187,38 @@ class Job:
     def _ask(self, limit: float | None) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
         if self._stacks_dir is not None:
             return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit)
-        asked_at = time.time()
+        asked_at = self._clock()
         if not self._request_stacks():
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
                            "from this notebook")
         limit = CHANNEL_ANSWER_LIMIT if limit is None else limit
-        deadline = time.monotonic() + limit
-        while True:  # the answers come with the job's other events (followed in the background)
-            fresh = {rank: stack for rank, stack in self.model.reported_stacks.items()
-                     if stack.time >= asked_at - CLOCK_SLACK}
+        while True:  # the answers come with the job's other events, which a thread follows (--async)
+            reported = dict(self.model.reported_stacks)  # a copy: that thread adds to it meanwhile
+            fresh = {rank: frames for rank, (frames, arrived) in reported.items() if arrived >= asked_at}
             waiting = [s.rank for s in self.ranks if s.status in ("starting", "running") and s.rank not in fresh]
-            if not waiting or time.monotonic() > deadline:
+            if not waiting or self._clock() - asked_at > limit:
                 break
             time.sleep(0.1)
-        found = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in stack.frames]
-                 for rank, stack in fresh.items()}
+        found = {rank: in_cell_words(frames) for rank, frames in fresh.items()}
         missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
         missing.update({s.rank: f"it has {s.status}" for s in self.ranks
                         if s.status not in ("starting", "running") and s.rank not in found})
         return found, missing
 
+    def take_reported_roll_call(self) -> None:
+        """Fold the roll-call made of the stacks that came through the log since the last one
+        (SageMaker), once per batch of events however many ranks answered in it."""
+        if self.model.new_reported_stacks():
+            self.model.fold(events.RollCall(str(self.reported_roll_call()), self.model.waiting() is not None))
+
     def reported_roll_call(self) -> dumps.Snapshot:
         """The roll-call made of the stacks the ranks sent through the log (SageMaker: when they
-        went quiet): those sent within ``ROUND_SECONDS`` of the newest answer one request."""
-        reported = self.model.reported_stacks
-        newest = max(stack.time for stack in reported.values())
-        found = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in stack.frames]
-                 for rank, stack in reported.items() if newest - stack.time <= ROUND_SECONDS}
+        went quiet, or were asked): those that arrived within ``ROUND_SECONDS`` of the newest
+        answer one request."""
+        reported = dict(self.model.reported_stacks)
+        newest = max((arrived for _, arrived in reported.values()), default=0.0)
+        found = {rank: in_cell_words(frames) for rank, (frames, arrived) in reported.items()
+                 if newest - arrived <= ROUND_SECONDS}
         missing = {state.rank: "no answer yet" if state.status in ("starting", "running") else f"it has {state.status}"
                    for state in self.ranks if state.rank not in found}
         return dumps.Snapshot(found, missing, CELL, self._cell_lines)
@@ -240,9 +244,12 @@ def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float) -> tuple[di
     found, missing = dumps.request(stacks_dir, {s.rank: s.pid for s in active if s.pid}, limit, alive=_alive)
     missing.update({s.rank: "it has not reported its process yet" for s in active if not s.pid})
     missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ("starting", "running")})
-    renamed = {rank: [(CELL if f == cell.FILENAME else f, line, fn) for f, line, fn in frames]
-               for rank, frames in found.items()}
-    return renamed, missing
+    return {rank: in_cell_words(frames) for rank, frames in found.items()}, missing
+
+
+def in_cell_words(frames) -> list[dumps.Frame]:
+    """A rank's frames with the cell's named ``<cell>``, as job.stacks() gives them."""
+    return [(CELL if filename == cell.FILENAME else filename, line, function) for filename, line, function in frames]
 
 
 def _alive(pid: int) -> bool:

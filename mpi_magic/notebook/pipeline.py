@@ -432,6 +432,7 @@ class Follower:
         while not backend_job.finished:
             for event in backend_job.poll(POLL_SECONDS):
                 self.show(event)
+            job.take_reported_roll_call()
             if job.can_roll_call and job.model.stall_needs_roll_call():
                 self._roll_call(stall=True)
             self.tick()

@@ -120,7 +120,7 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     export_placement(place, os.environ)
     for stream in (sys.stdout, sys.stderr):  # one write per line: launchers tag chunks, not lines
         stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
-    stacks.install(place.rank, events=(os.dup(2), token))  # (forks its sender: before any thread starts)
+    stacks.install(place.rank, token)  # (which may fork a process: before any thread starts)
     emitter = wire.Emitter(place.rank, event_writer(os.dup(1)), token)
     announce(emitter, place)
     resources.start(emitter, place.local_rank)
@@ -266,21 +266,41 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
     return unreturned, digest or ""
 
 
+POST_MORTEM_LIMIT = 20.0  # seconds the frames may take to keep and send before the failure is reported without
+
+
 def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -> str:
     """Write the failed cell's frames and their locals for %mpirun_debug (``publish(path)`` sends
     them where the notebook reads them); their SHA-256, or "" where there are none. Whatever goes
-    wrong here, the failure is still reported."""
+    wrong here, the failure is still reported, within ``POST_MORTEM_LIMIT`` seconds however long
+    a local's repr or the upload would take."""
     if isinstance(exc, KeyboardInterrupt):  # stopped from outside: nothing of the cell's to inspect
         return ""
-    try:
-        from ..shared import postmortem  # only on failure
+    import _thread
 
-        path = result_path(results_dir, rank, POST_MORTEM)
-        digest = postmortem.write(path, postmortem.capture(exc, CELL_FILENAME))
-        publish(path)
-        return digest
-    except BaseException:  # noqa: BLE001 - the traceback still goes to the notebook as an event
+    kept: list[str] = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def keep() -> None:
+        try:
+            from ..shared import postmortem  # only on failure
+
+            path = result_path(results_dir, rank, POST_MORTEM)
+            digest = postmortem.write(path, postmortem.capture(exc, CELL_FILENAME))
+            publish(path)
+            kept.append(digest)
+        except BaseException:  # noqa: BLE001 - the traceback still goes to the notebook as an event
+            pass
+        finally:
+            done.release()
+
+    try:
+        _thread.start_new_thread(keep, ())
+    except RuntimeError:
         return ""
+    done.acquire(timeout=POST_MORTEM_LIMIT)
+    return kept[0] if kept else ""
 
 
 def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException, post_mortem: str = "") -> NoReturn:

@@ -24,7 +24,6 @@ while a cell runs would leave the session blind to what its ranks hold between c
 from __future__ import annotations
 
 import os
-import sys
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 

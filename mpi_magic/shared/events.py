@@ -283,6 +283,8 @@ def _frames(value) -> bool:
     return type(value) is list and len(value) <= 200 and all(  # noqa: E721
         type(frame) is list and len(frame) == 3 and _text(4000)(frame[0]) and _count(frame[1])  # noqa: E721
         and _text(1000)(frame[2]) for frame in value)
+
+
 def _finite(value) -> bool:
     kind = type(value)
     return kind is float and math.isfinite(value) or kind is int and -(1 << 53) < value < 1 << 53

@@ -29,7 +29,7 @@ class Reporter:
     """
 
     def __init__(self, emitter: wire.Emitter, max_rate: float = MAX_RATE, clock=time.monotonic):
-        self._emitter = self.emitter = emitter
+        self.emitter = emitter  # (metrics.MetricLog sends through it too)
         self.at_flush: list[Callable[[], None]] = []  # what else sends what it holds when the cell ends (metrics)
         self._interval = 1.0 / max_rate
         self.clock = clock
@@ -58,7 +58,7 @@ class Reporter:
         return True
 
     def _send(self, bar, closed: bool = False) -> None:
-        self._emitter.emit(wire.PROGRESS, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id,
+        self.emitter.emit(wire.PROGRESS, n=bar.n, total=bar.total, desc=bar.desc or "", bar=bar.bar_id,
                            closed=closed)
 
     def flush(self) -> None:

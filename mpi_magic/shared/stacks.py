@@ -7,8 +7,9 @@ dumps into its own file; the notebook sends the signal to each rank's process, r
 dump appended, keeps the main thread's frames (innermost last), and groups the ranks by where
 they are: the roll-call. Where it does not (SageMaker: ``MPI_MAGIC_STACKS_EVENTS``), the signal
 comes through mpirun, which forwards it to every rank on every instance, and each rank dumps into
-a pipe that a thread of its own reads and sends on as a ``stacks`` event, the way every other
-event reaches the notebook.
+a pipe that a process of its own reads and sends on as a ``stacks`` event on the rank's stderr,
+the way every other event reaches the notebook. A process the rank forks (a data loader's worker)
+does not answer for it: it forgets the handler.
 
 SIGURG is the signal: its default is to be ignored, so a rank that has not registered yet (still
 starting) ignores it instead of dying, and Open MPI's mpirun forwards it to the ranks (Open MPI 5
@@ -44,11 +45,11 @@ def dump_path(folder: str, rank: int) -> str:
     return os.path.join(folder, f"rank-{rank}.stacks")
 
 
-def install(rank: int, environ=os.environ, events: tuple[int, str] | None = None) -> None:
+def install(rank: int, token: str = "", environ=os.environ) -> None:
     """On a rank: answer ``SIGNAL`` with a dump of every thread's stack into this rank's file in
     the folder ``MPI_MAGIC_STACKS_DIR`` names, or, where ``MPI_MAGIC_STACKS_EVENTS`` is set, as a
-    ``stacks`` event written to ``events`` (a copy of the rank's stderr, which the cell writes to
-    less than its stdout, and the job's token) by a process of its own (nothing where neither is set)."""
+    ``stacks`` event with the job's ``token`` on the rank's stderr (which a cell writes to less than
+    its stdout), sent by a process of its own (nothing where neither is set)."""
     global _registered
     folder = environ.get(envvars.STACKS_DIR)
     if folder:
@@ -56,8 +57,8 @@ def install(rank: int, environ=os.environ, events: tuple[int, str] | None = None
             fd = os.open(dump_path(folder, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         except OSError:
             return  # the folder went with its job: no stacks, and the cell runs as ever
-    elif environ.get(envvars.STACKS_EVENTS) and events is not None:
-        sender = _start_sender(rank, *events)
+    elif environ.get(envvars.STACKS_EVENTS):
+        sender = _start_sender(rank, os.dup(2), token)  # a copy, which the cell's own redirections leave alone
         if sender is None:
             return
         fd = sender
@@ -72,6 +73,23 @@ def install(rank: int, environ=os.environ, events: tuple[int, str] | None = None
         _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
         _registered.flush()
     faulthandler.register(getattr(signal, SIGNAL_NAME), file=_registered, all_threads=True, chain=False)
+    os.register_at_fork(after_in_child=_forget)
+
+
+def _forget() -> None:
+    """In a process the rank forks: the signal, which Open MPI may send the rank's whole process
+    group, is ignored there again, and the rank's dump file or pipe is closed."""
+    global _registered
+    import faulthandler
+    import signal
+
+    try:
+        faulthandler.unregister(getattr(signal, SIGNAL_NAME))
+        if _registered is not None:
+            _registered.close()
+    except (OSError, ValueError):
+        pass
+    _registered = None
 
 
 def _start_sender(rank: int, event_fd: int, token: str) -> int | None:
@@ -128,19 +146,24 @@ def _send_dumps(read_end: int, main_thread: str, rank: int, events: str, token: 
     rank's ``events`` stream (its path under /proc) as a ``stacks`` event of the main thread's
     innermost frames. Blocked in ``read`` between dumps."""
     import select
-    import time
 
     from . import wire
 
     while True:
         try:
             chunks = [os.read(read_end, MAX_DUMP)]
-            while select.select([read_end], [], [], SETTLED)[0] and sum(map(len, chunks)) < MAX_DUMP:
-                chunks.append(os.read(read_end, MAX_DUMP))
+            if not chunks[0]:
+                return  # the rank has ended
+            kept = len(chunks[0])
+            while select.select([read_end], [], [], SETTLED)[0]:  # the whole dump, however large
+                chunk = os.read(read_end, MAX_DUMP)
+                if not chunk:
+                    return
+                if kept < MAX_DUMP:  # (beyond that, read and dropped, so the next dump starts clean)
+                    chunks.append(chunk)
+                    kept += len(chunk)
         except OSError:
             return
-        if not chunks[0]:
-            return  # the rank has ended
         frames = parse(b"".join(chunks).decode("utf-8", errors="replace"), main_thread)
         fields = {"rank": rank, "seq": 0, "time": time.time(), "frames": [list(f) for f in frames[-EVENT_FRAMES:]]}
         try:
@@ -217,14 +240,15 @@ def _read(path: str, offset: int) -> list[Frame]:
 
 
 def parse(dump: str, main_thread: str | None) -> list[Frame]:
-    """The main thread's frames in one faulthandler dump, innermost last (the dump lists them
-    innermost first); the first thread's where the main one is not named."""
+    """The main thread's frames in a faulthandler dump, innermost last (the dump lists them
+    innermost first); the first thread's where the main one is not named; where two dumps ran
+    together, the later one's."""
     threads: dict[str, list[Frame]] = {}
     current: list[Frame] | None = None
     for line in dump.splitlines():
         thread = _THREAD.match(line)
         if thread:
-            current = threads.setdefault(thread.group(1), [])
+            current = threads[thread.group(1)] = []  # a thread named again: a later dump, which wins
             continue
         frame = _FRAME.match(line)
         if frame and current is not None:

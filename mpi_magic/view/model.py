@@ -155,7 +155,9 @@ class JobModel:
         self.closing = ""  # a session's: the reason rank 0 gave when it ended the session
         self.roll_call = ""  # where every rank was when last asked (at a stall, or on request)
         self.roll_call_for: float | None = None  # the stall it was taken for (``last_activity`` then)
-        self.reported_stacks: dict[int, events.RankStacks] = {}  # each rank's latest, sent through the log
+        # each rank's latest stack sent through the log: (frames, when it arrived, by our clock)
+        self.reported_stacks: dict[int, tuple[list, float]] = {}
+        self._stacks_news = False  # stacks arrived that no roll-call counts yet
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
         self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
 
@@ -253,6 +255,7 @@ class JobModel:
             self.result_digests.clear()
             self.unreturned.clear()
             self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
+            self.reported_stacks.clear()
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.metrics = MetricStore()
             self.last_activity = self.clock()
@@ -268,7 +271,8 @@ class JobModel:
             self.closing = event.reason
         elif isinstance(event, events.RankStacks):
             if self._valid(event.rank):
-                self.reported_stacks[event.rank] = event
+                self.reported_stacks[event.rank] = (event.frames, self.clock())
+                self._stacks_news = True
             return  # no sign of life, and nothing to draw until the roll-call made of them
         elif isinstance(event, events.RollCall):
             self.roll_call = event.text
@@ -403,6 +407,11 @@ class JobModel:
 
     def by_instance(self) -> list[list[RankState]]:
         return [self.ranks[i:i + self.procs_per_instance] for i in range(0, self.world_size, self.procs_per_instance)]
+
+    def new_reported_stacks(self) -> bool:
+        """True once for the stacks that arrived through the log since it was last asked."""
+        news, self._stacks_news = self._stacks_news, False
+        return news
 
     def stall_needs_roll_call(self) -> bool:
         """True once the ranks have gone quiet, until a roll-call is taken for this stall."""

@@ -79,6 +79,18 @@ def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fa
     assert "\n13\n" in out.replace("ipdb> ", "\n") and "'rank 3'" in out
 
 
+def test_an_mpi_object_among_the_locals_stays_on_the_rank(ip, capsys):
+    imported = "mpi4py.MPI" in sys.modules
+    with pytest.raises(RemoteRankError):
+        run(ip, "-g 2 --quiet", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nsize = comm.size\nraise ValueError\n")
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_debug", "-c 'p comm' -c 'p size'")
+    out = ANSI.sub("", capsys.readouterr().out)
+    assert "(not loaded here: UnpicklingError: it is mpi4py.MPI's, which stays on the rank)" in out
+    assert "\n2\n" in out.replace("ipdb> ", "\n")
+    assert imported or "mpi4py.MPI" not in sys.modules, "MPI was not started in the notebook"
+
+
 def test_nothing_to_debug_is_said_in_a_sentence(ip):
     with pytest.raises(UsageError, match="no job of this notebook has a rank that raised"):
         ip.run_line_magic("mpirun_debug", "")

@@ -164,3 +164,21 @@ def test_resources_out_of_range_or_of_the_wrong_type_are_not_believed():
         assert decoder.rejected == 1, field
     fine = f'[1,2]<stdout>: {MARKER}{{"v":2,"k":"resources","rank":2,"seq":0,"time":1.0,"cpu":0,"rss":0,"gpu_util":100}}'
     assert StreamDecoder(TOKEN).feed(fine) == [Resources(rank=2, cpu=0, rss=0, gpu_util=100, seq=0, time=1.0)]
+
+
+def test_a_ranks_stacks_event_is_believed_only_whole_and_a_repeat_is_the_same_answer_again():
+    from mpi_magic.shared.events import RankStacks
+
+    decoder = StreamDecoder(TOKEN)
+    sent = RankStacks(rank=2, frames=[["<mpirun_remote cell>", 8, "<module>"], ["/lib/mpi.py", 1, "allreduce"]],
+                      time=5.0)
+    line = f"[1,2]<stderr>: {encode(sent, TOKEN)}"
+    assert decoder.feed(line) == [sent] and decoder.feed(line) == [sent], \
+        "outside the rank's numbering (its sender is a process of its own)"
+    for frames in ([["f", -1, "g"]], [["f", 1]], [["f", "1", "g"]], "f:1:g", [["f", 1, "g"]] * 201,
+                   [["x" * 4001, 1, "g"]]):
+        bad = encode(RankStacks(rank=2, frames=frames), TOKEN)
+        assert decoder.feed(f"[1,2]<stderr>: {bad}") == [Output(2, "stderr", bad)]
+    other = encode(RankStacks(rank=3, frames=[]), TOKEN)
+    assert decoder.feed(f"[1,2]<stderr>: {other}") == [Output(2, "stderr", other)], "rank 2 cannot speak for 3"
+    assert decoder.rejected == 7

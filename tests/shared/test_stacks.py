@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 from mpi_magic.shared import envvars, stacks
@@ -113,3 +114,57 @@ def test_a_dump_names_the_main_thread_by_its_header_and_parses_faulthandlers_for
                                                          ("<cell>", 8, "<module>")]
     assert stacks.parse(dump, None) == [("/lib/threading.py", 320, "wait")], "without a header: the first thread"
     assert stacks.parse("", None) == []
+
+
+SENDING_RANK = textwrap.dedent("""
+    import os, sys, time
+    from mpi_magic.shared import stacks
+    stacks.install(1, "0123456789abcdef")
+    worker = os.fork()  # a data loader's worker, say: it must not answer for the rank
+    if worker == 0:
+        time.sleep(60)
+        os._exit(0)
+    print(worker, flush=True)
+
+    def blocked_in_c():
+        time.sleep(60)
+
+    blocked_in_c()
+""")
+
+
+def test_a_rank_asked_through_its_process_group_answers_once_on_stderr_and_its_sender_ends_with_it(tmp_path):
+    import signal
+
+    import psutil
+
+    from mpi_magic.shared.events import RankStacks, StreamDecoder
+
+    env = dict(os.environ, **{envvars.STACKS_EVENTS: "1"})
+    env.pop(envvars.STACKS_DIR, None)
+    rank = subprocess.Popen([sys.executable, "-c", SENDING_RANK], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    worker = int(rank.stdout.readline())
+    sender = [child.pid for child in psutil.Process(rank.pid).children() if child.pid != worker]
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(rank.stderr.readline, b"")))  # as mpirun reads it
+    reader.start()
+    try:
+        time.sleep(0.3)  # from the print into the sleep
+        for _ in range(2):
+            os.killpg(rank.pid, getattr(signal, stacks.SIGNAL_NAME))  # as Open MPI may signal a rank's group
+            time.sleep(0.5)
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.communicate()
+        reader.join()
+    decoder = StreamDecoder("0123456789abcdef")
+    answers = [event for line in err for event in decoder.feed(f"[1,1]<stderr>: {line.decode()}")]
+    assert [type(event) for event in answers] == [RankStacks, RankStacks], err
+    assert [function for _, _, function in answers[0].frames] == ["<module>", "blocked_in_c"]
+    assert answers[1].frames == answers[0].frames, "one dump each time, not the worker's as well"
+    assert len(sender) == 1
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(sender[0]) and psutil.Process(sender[0]).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the sender outlived its rank"
+        time.sleep(0.05)

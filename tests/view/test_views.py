@@ -179,17 +179,24 @@ def test_progress_at_its_total_while_running_reads_done_and_waiting_in_green(wor
     assert view.rows[0].bar.bar_style == "success"
 
 
-def test_a_1024_rank_world_uses_the_compact_grid():
-    import time
-
+def wide_world(world_size: int, *per_rank) -> tuple[Clock, JobModel, WidgetView, StreamDecoder]:
+    """A job of ``world_size`` ranks, 8 to an instance, every rank started (then ``per_rank(r)``'s
+    events), its widget view not drawn yet."""
     clock = Clock()
-    model = JobModel("big", "local", 1024, 8, clock)
+    model = JobModel("big", "local", world_size, 8, clock)
     view = WidgetView(model, lambda: "", Slot())
     decoder = StreamDecoder(TOKEN)
     clock.now += 2
-    for r in range(1024):
-        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=1024, seq=0, time=1.0),
-             Progress(rank=r, n=r % 100, total=100, seq=1, time=2.0))
+    for r in range(world_size):
+        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=world_size, seq=0,
+                                         time=1.0), *(event(r) for event in per_rank))
+    return clock, model, view, decoder
+
+
+def test_a_1024_rank_world_uses_the_compact_grid():
+    import time
+
+    clock, model, view, decoder = wide_world(1024, lambda r: Progress(rank=r, n=r % 100, total=100, seq=1, time=2.0))
     wire(model, decoder, RankFinished(rank=5, ok=False, error_type="E", seq=2, time=3.0))
     start = time.perf_counter()
     view.update()
@@ -524,13 +531,7 @@ def test_each_row_shows_what_its_rank_uses_and_the_aggregate_the_sum(world):
 def test_the_compact_grid_can_colour_the_ranks_by_memory_and_names_the_largest():
     from mpi_magic.view.widgets import MEMORY_SHADES
 
-    clock = Clock()
-    model = JobModel("big", "local", 128, 8, clock)
-    view = WidgetView(model, lambda: "", Slot())
-    decoder = StreamDecoder(TOKEN)
-    clock.now += 2
-    for r in range(128):
-        wire(model, decoder, RankStarted(rank=r, instance=r // 8, local_rank=r % 8, world_size=128, seq=0, time=1.0))
+    clock, model, view, decoder = wide_world(128)
     view.update()
     assert view.grids.selected_index == 0 and view.colour_by.options == ("progress", "memory")
     assert "no rank has reported its memory yet" in view.memory_legend.value and view.memory_grid.value == ""

@@ -185,7 +185,8 @@ def ask_for_stacks(mpirun, relayed, nap=1.0):
         stalled = stall_after > 0 and time.monotonic() - quiet_since >= stall_after and asked_for != quiet_since
         if stalled:
             asked_for = quiet_since
-        if stalled | requests.new():
+        asked = requests.new()  # (looked at whether or not the ranks stalled: a request is taken once)
+        if stalled or asked:
             try:
                 mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
             except OSError:
@@ -194,13 +195,14 @@ def ask_for_stacks(mpirun, relayed, nap=1.0):
 
 class StackRequests:
     """The notebook's requests for the ranks' stacks: an object it writes under the job's results
-    (``layout.stacks_request_uri``), looked at every ``EVERY`` seconds while ranks run; a request
-    is an object newer than the last one taken."""
+    (``layout.stacks_request_uri``), read every ``EVERY`` seconds while ranks run; a request is
+    the object written since this instance started, with a body (the notebook's time) other than
+    the last one taken."""
 
     EVERY = 2.0
 
     def __init__(self, results_uri):
-        self.uri, self.s3, self.taken, self.next = results_uri, None, time.time() - 5, 0.0
+        self.uri, self.s3, self.started, self.taken, self.next = results_uri, None, time.time() - 5, b"", 0.0
 
     def new(self):
         if not self.uri or time.monotonic() < self.next:
@@ -214,7 +216,8 @@ class StackRequests:
                 import boto3
 
                 self.s3 = boto3.client("s3")
-            written = self.s3.head_object(Bucket=bucket, Key=key)["LastModified"].timestamp()
+            found = self.s3.get_object(Bucket=bucket, Key=key)
+            written, body = found["LastModified"].timestamp(), found["Body"].read(100)
         except Exception as exc:  # noqa: BLE001 - none yet (404), or none can be read: the stall's roll-call remains
             status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
             if status != 404:
@@ -222,9 +225,9 @@ class StackRequests:
                     "takes the roll-call" % (type(exc).__name__, exc))
                 self.uri = ""
             return False
-        if written <= self.taken:
+        if written < self.started or body == self.taken:
             return False
-        self.taken = written
+        self.taken = body
         return True
 
 
@@ -329,7 +332,8 @@ def relay_output(output, failures, relayed):
     line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
     (``relayed["active"]``) and when one last printed or reported (``relayed["activity"]``; a
     stack it was asked for is no sign of life)."""
-    from mpi_magic.shared.events import RankFinished, RankStacks, RankStarted, StreamDecoder  # unpacked by now
+    from mpi_magic.shared.events import (RankFinished, RankStacks, RankStarted, Resources,  # the job's code,
+                                         StreamDecoder)  # unpacked by now
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(envvars.EVENT_TOKEN, ""))
@@ -339,7 +343,7 @@ def relay_output(output, failures, relayed):
         sys.stdout.write(line)
         sys.stdout.flush()
         for event in decoder.feed(line):
-            if not isinstance(event, RankStacks):
+            if not isinstance(event, (RankStacks, Resources)):  # what a stalled rank still sends
                 relayed["activity"] = relayed["at"]
             if isinstance(event, RankStarted):
                 relayed["active"].add(event.rank)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ...errors import SageMakerSetupError
+from ...errors import JobError, SageMakerSetupError
 from ...shared import jobdir, wire
 from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                               Restarted, StreamDecoder)
@@ -393,8 +393,14 @@ class SageMakerJob:
 
     def request_stacks(self) -> bool:
         """An object the leader watches while ranks run; it asks every rank through mpirun."""
+        if self._ended_status:
+            return True  # nothing to ask: every rank's answer is how it ended
         bucket, key = split_s3(stacks_request_uri(self.results_uri))
-        self.s3.put_object(Bucket=bucket, Key=key, Body=repr(time.time()).encode())
+        try:
+            self.s3.put_object(Bucket=bucket, Key=key, Body=repr(time.time()).encode())
+        except ClientError as exc:
+            raise JobError(f"the ranks of job {self.name} could not be asked for their stacks: writing "
+                           f"{stacks_request_uri(self.results_uri)} failed ({exc})") from None
         return True
 
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
