@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from helpers import run, start_session
+from helpers import run, start_session, wait_until
 
 from mpi_magic.runtime import resources
 from mpi_magic.shared import envvars, wire
@@ -371,8 +371,8 @@ def test_sampling_can_be_turned_off(ip):
 def test_a_session_cell_shows_what_its_ranks_use_from_its_start(sessions):
     """A rank sends its figures as they change; a cell too short to see a change still has the latest."""
     ip = sessions
-    start_session(ip, "-i 1 -g 2")
-    time.sleep(1.5)  # each rank has sampled once
+    session = start_session(ip, "-i 1 -g 2")
+    assert wait_until(lambda: all(r.rss for r in session.model.ranks), 30), "each rank has sampled once"
     run(ip, "--quiet --out job", "x = 1")
     ranks = ip.user_ns["job"].ranks
     assert all(r.rss and r.rss > 10 * MIB and r.cpu is not None for r in ranks), [(r.cpu, r.rss) for r in ranks]
