@@ -89,7 +89,7 @@ def test_even_the_real_token_speaks_only_for_the_rank_whose_tag_carried_it(ip):
     cell = textwrap.dedent("""
         import json, mpi_magic, sys
         from mpi_magic.shared import reporting, wire
-        token = reporting.current_reporter()._emitter.token
+        token = reporting.current_reporter().emitter.token
         if mpi_magic.rank() == 1:
             bodies = [
                 {"v": 2, "k": "finished", "rank": 0, "ok": False, "error_type": "Forged", "seq": 70},
