@@ -131,7 +131,7 @@ SETTINGS = {s.name: s for s in [
             "sagemaker: follow a job's log through CloudWatch Live Tail ($0.01 a minute); no: read it, a second later"),
     Setting("stall_after", 30.0, _positive_float,
             "seconds without progress or output from any rank before the view says who waits and shows "
-            "where every rank is (local jobs and sessions)"),
+            "where every rank is (on SageMaker, the job's leader asks the ranks)"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
