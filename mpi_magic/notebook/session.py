@@ -419,7 +419,8 @@ class Session:
         idle); a running cell's own roll-call names the cell's lines."""
         if self.stacks_dir is None:
             raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "from this notebook: that works for local sessions")
+                           "from this notebook (that works for local sessions); they give them by themselves when "
+                           "a cell's ranks go quiet for stall_after seconds")
         return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit), CELL, [])
 
     @property
