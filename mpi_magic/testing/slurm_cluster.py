@@ -1,0 +1,257 @@
+"""A real Slurm cluster on this machine, for tests and for rehearsing ``--backend slurm``.
+
+    python -m mpi_magic.testing.slurm_cluster start --nodes 4 [--root DIR]   (prints SLURM_CONF=...)
+    python -m mpi_magic.testing.slurm_cluster stop [--root DIR]                (ends it, removes DIR)
+
+Debian's daemons, unchanged (``apt-get install slurmctld slurmd slurm-client munge``: ``.ci/run``
+and ``dev.sh`` install them where they are missing; this module installs nothing): ``munged`` with
+a key of the cluster's own, one ``slurmctld``, and one ``slurmd -N nK`` per node, each node a name
+for this host on a port of its own (Debian builds slurmd to run several on one host). Processes
+are tracked with ``proctrack/linuxproc`` and tasks run without ``task/`` confinement, so neither
+cgroups nor systemd are needed. Every daemon runs in the foreground of a process group of its own,
+recorded in the root folder, so ``stop`` ends each one and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..shared import procs
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+PACKAGES = "slurmctld slurmd slurm-client munge"
+PIDS = "daemons.pids"  # in the root: one pid per line, each its process group's leader
+UP_LIMIT = 60.0  # seconds the daemons get to come up and report every node idle
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started (what is missing, or what a daemon said)."""
+
+
+def missing_programs() -> list[str]:
+    return [name for name in (*DAEMONS, "sinfo", "sbatch") if not shutil.which(name, path=_path())]
+
+
+def _path() -> str:
+    return os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+
+
+class SlurmCluster:
+    """A cluster of ``nodes`` nodes (``n1``..``nN``, partition ``debug``) under ``root``."""
+
+    def __init__(self, root: str, nodes: int = 4, cpus: int | None = None):
+        self.root, self.nodes = os.path.abspath(root), nodes
+        self.cpus = cpus or max(2, os.cpu_count() or 1)  # each node may run as many tasks as this machine has cores
+        self._daemons: list[subprocess.Popen] = []  # those this process started, to be waited for
+
+    @property
+    def conf(self) -> str:
+        return os.path.join(self.root, "slurm.conf")
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """What a client needs: Slurm's commands read the cluster's configuration from SLURM_CONF."""
+        return {"SLURM_CONF": self.conf}
+
+    def start(self) -> SlurmCluster:
+        missing = missing_programs()
+        if missing:
+            raise ClusterError(f"{', '.join(missing)} not found: install Debian's Slurm with "
+                               f"apt-get install {PACKAGES}")
+        os.makedirs(os.path.join(self.root, "state"), mode=0o700, exist_ok=True)
+        if os.path.exists(os.path.join(self.root, PIDS)):
+            raise ClusterError(f"a cluster runs under {self.root} already: stop it first")
+        self._write_key()
+        self._write_conf()
+        try:
+            self._spawn(["munged", "--foreground", "--force", f"--socket={self._munge_socket}",
+                         f"--key-file={self._path('munge.key')}", f"--log-file={self._path('munged.log')}",
+                         f"--pid-file={self._path('munged.pid')}", f"--seed-file={self._path('munged.seed')}"])
+            self._wait_for(lambda: os.path.exists(self._munge_socket), "munged did not start")
+            self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
+            for node in range(1, self.nodes + 1):
+                self._spawn(["slurmd", "-D", "-N", f"n{node}", "-f", self.conf])
+            self._wait_for(self._all_idle, "the nodes did not all come up idle")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, remove: bool = False) -> None:
+        """End the jobs, then every daemon (SIGTERM, then SIGKILL after a grace), then whatever a
+        job left behind; with ``remove``, the cluster's folder too (its logs with it)."""
+        path = os.path.join(self.root, PIDS)
+        try:
+            with open(path) as f:
+                pids = [int(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            if remove:
+                shutil.rmtree(self.root, ignore_errors=True)
+            return
+        try:
+            self.run("scancel", "--user", getpass.getuser(), timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the controller is gone already
+        for signum, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            for pid in pids:
+                try:
+                    os.killpg(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + grace
+            while any(_group_alive(pid) for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        for process in self._daemons:
+            process.wait(timeout=5)
+        self._daemons.clear()
+        _kill_left_behind(self.conf)
+        os.remove(path)
+        if remove:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def run(self, *argv: str, **kwargs) -> subprocess.CompletedProcess:
+        """A Slurm command against this cluster (sinfo, sbatch, squeue, scancel, scontrol)."""
+        env = {**os.environ, **self.environ, **kwargs.pop("env", {})}
+        return subprocess.run(list(argv), env=env, capture_output=True, text=True, **{"timeout": 60, **kwargs})
+
+    def __enter__(self) -> SlurmCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what start does -------------------------------------------------------------------
+
+    @property
+    def _munge_socket(self) -> str:
+        return self._path("munge.socket")
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def _write_key(self) -> None:
+        key = self._path("munge.key")
+        if not os.path.exists(key):
+            with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), "wb") as f:
+                f.write(os.urandom(1024))
+
+    def _write_conf(self) -> None:
+        user = getpass.getuser()
+        root = self.root
+        nodes = "\n".join(f"NodeName=n{n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()} "
+                          f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" for n in range(1, self.nodes + 1))
+        with open(self.conf, "w") as f:
+            f.write(f"""\
+ClusterName=mpimagic
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={procs.free_port()}
+AuthType=auth/munge
+AuthInfo=socket={self._munge_socket}
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+ReturnToService=2
+SlurmUser={user}
+SlurmdUser={user}
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd-%n.pid
+SlurmdSpoolDir={root}/spool-%n
+StateSaveLocation={root}/state
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+{nodes}
+PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def _spawn(self, argv: list[str]) -> None:
+        """A daemon in the foreground of a process group of its own, recorded before it runs on."""
+        log = open(self._path(f"{argv[0]}.out"), "ab")
+        try:
+            process = subprocess.Popen(argv, env={**os.environ, **self.environ, "PATH": _path()}, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self._daemons.append(process)
+        with open(self._path(PIDS), "a") as f:
+            f.write(f"{process.pid}\n")
+
+    def _all_idle(self) -> bool:
+        shown = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+        states = [line.split()[1] for line in shown.stdout.splitlines() if line.strip()]
+        return shown.returncode == 0 and len(states) == self.nodes and all(state == "idle" for state in states)
+
+    def _wait_for(self, check, failure: str) -> None:
+        deadline = time.monotonic() + UP_LIMIT
+        while not check():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{failure} within {UP_LIMIT:g}s (logs under {self.root})")
+            time.sleep(0.2)
+
+
+def _kill_left_behind(conf: str) -> None:
+    """SIGKILL to what this cluster's jobs left: a step daemon, or a process of a job (which
+    carries its SLURM_JOB_ID and this cluster's SLURM_CONF); never a shell that merely set SLURM_CONF."""
+    import psutil
+
+    for process in psutil.process_iter(["name", "environ"]):
+        try:
+            environ = process.info["environ"] or {}
+            if environ.get("SLURM_CONF") == conf and ("SLURM_JOB_ID" in environ or process.info["name"] == "slurmstepd"):
+                process.kill()
+        except psutil.Error:
+            continue
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_root() -> str:
+    return os.path.join(tempfile.gettempdir(), f"mpi_magic_slurm_{os.getuid()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpi_magic.testing.slurm_cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("--nodes", type=int, default=4, help="nodes of the cluster (start; default 4)")
+    parser.add_argument("--root", default=default_root(), help="its folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+    cluster = SlurmCluster(args.root, args.nodes)
+    if args.action == "stop":
+        cluster.stop(remove=True)
+        return 0
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        print(f"slurm_cluster: {exc}", file=sys.stderr)
+        return 1
+    for name, value in cluster.environ.items():
+        print(f"export {name}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""A real Slurm cluster on this machine (Debian's slurmctld, slurmd and munge): it runs a job of
+mpirun over two nodes, and stopping it leaves no daemon and no job's process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from mpi_magic.testing import slurm_cluster
+from mpi_magic.testing.slurm_cluster import PACKAGES, SlurmCluster
+
+pytestmark = pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
+                                reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+
+
+def _root() -> str:
+    """Short, as munge's Unix socket path must be (pytest's tmp_path can be too long)."""
+    return tempfile.mkdtemp(prefix="mpi_magic_slurm_")
+
+
+def _cluster_processes(root: str) -> list[psutil.Process]:
+    conf = os.path.join(root, "slurm.conf")
+    found = []
+    for process in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if conf in " ".join(process.info["cmdline"] or []) or (process.info["environ"] or {}).get("SLURM_CONF") == conf:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return [p for p in found if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _wait_gone(cluster: SlurmCluster, job: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while cluster.run("squeue", "-h", "-j", job).stdout.strip():
+        assert time.monotonic() < deadline, cluster.run("squeue").stdout
+        time.sleep(0.2)
+
+
+def test_a_four_node_cluster_runs_mpirun_over_two_nodes_and_stops_without_a_trace():
+    root = _root()
+    cluster = SlurmCluster(root, nodes=4)
+    try:
+        cluster.start()
+        shown = cluster.run("sinfo", "-h", "-N", "-o", "%N %t %P").stdout.split("\n")
+        assert [line for line in shown if line] == [f"n{n} idle debug*" for n in range(1, 5)]
+        script = os.path.join(root, "allreduce.sh")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f"""\
+                #!/bin/sh
+                #SBATCH --nodes=2 --ntasks-per-node=2 --output={root}/allreduce-%j.out
+                export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+                echo "nodes $SLURM_JOB_NODELIST tasks $SLURM_NTASKS"
+                {os.path.dirname(sys.executable)}/mpirun --oversubscribe {sys.executable} -c \\
+                    "from mpi4py import MPI; print('sum', MPI.COMM_WORLD.allreduce(1), flush=True)"
+                """))
+        job = cluster.run("sbatch", "--parsable", script).stdout.strip()
+        assert job.isdigit()
+        _wait_gone(cluster, job)
+        with open(os.path.join(root, f"allreduce-{job}.out")) as f:
+            out = f.read()
+        assert out.startswith("nodes n[1-2] tasks 4\n") and out.count("sum 4\n") == 4, out
+        long = cluster.run("sbatch", "--parsable", "--nodes=3", f"--output={root}/long-%j.out", "--wrap",
+                           "sleep 300").stdout.strip()
+        deadline = time.monotonic() + 30
+        while cluster.run("squeue", "-h", "-j", long, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        cluster.stop(remove=True)
+    assert _cluster_processes(root) == [], "no daemon, step or job process is left"
+    assert not os.path.exists(root)
+
+
+def test_the_command_line_starts_a_cluster_prints_its_variable_and_stops_it():
+    root = _root()
+    command = [sys.executable, "-m", "mpi_magic.testing.slurm_cluster"]
+    try:
+        started = subprocess.run([*command, "start", "--nodes", "2", "--root", root], capture_output=True, text=True,
+                                 timeout=120)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout == f"export SLURM_CONF={root}/slurm.conf\n"
+        again = subprocess.run([*command, "start", "--nodes", "2", "--root", root], capture_output=True, text=True,
+                               timeout=120)
+        assert again.returncode == 1 and f"a cluster runs under {root} already: stop it first" in again.stderr
+        assert len(_cluster_processes(root)) >= 4  # munged, slurmctld and a slurmd per node
+    finally:
+        stopped = subprocess.run([*command, "stop", "--root", root], capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _cluster_processes(root) == [] and not os.path.exists(root)
