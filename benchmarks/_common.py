@@ -90,3 +90,13 @@ def bare_launch(world_size: int, code: str, tuned: bool) -> Callable[[], None]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+class NoDisplay:
+    """Where a benchmark's widget view "displays" itself: nowhere, as fast as can be."""
+
+    def __call__(self, obj, display_id=False):
+        return self
+
+    def update(self, obj):
+        pass

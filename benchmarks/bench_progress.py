@@ -14,6 +14,8 @@ import argparse
 import io
 import time
 
+from _common import NoDisplay
+
 from mpi_magic.shared import reporting
 from mpi_magic.backends.local import READ_CHUNK
 from mpi_magic.shared.events import Progress, RankStarted, StreamDecoder, encode
@@ -55,14 +57,6 @@ def rank_side(calls: int) -> None:
     print(f"  mpi_magic.progress.update   {a:8.0f} ns/call  ({len(sink)} events sent)")
     print(f"  tqdm.update                 {b:8.0f} ns/call")
     print(f"  ratio mpi_magic / tqdm = {a / b:.2f}")
-
-
-class NoDisplay:
-    def __call__(self, obj, display_id=False):
-        return self
-
-    def update(self, obj):
-        pass
 
 
 def reads_of(lines: list[str], size: int = READ_CHUNK) -> list[list[str]]:

@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from _common import interleaved, median, shell
+from _common import NoDisplay, interleaved, median, shell
 
 from mpi_magic.runtime.resources import Sampler
 from mpi_magic.shared import envvars, wire
@@ -78,14 +78,6 @@ def launch(ip, rounds: int) -> None:
     print(f"  sampling on                        {1000 * median(on):8.1f} ms")
     print(f"  sampling off                       {1000 * median(off):8.1f} ms")
     print(f"  ratio on / off = {median(on) / median(off):.2f}")
-
-
-class NoDisplay:
-    def __call__(self, obj, display_id=False):
-        return self
-
-    def update(self, obj):
-        pass
 
 
 def frame_1024(repeats: int = 21) -> None:

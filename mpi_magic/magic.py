@@ -35,9 +35,13 @@ class MpiMagics(Magics):
         super().__init__(shell)
         self.defaults = config or Config()
         self.session: Session | None = None  # the session cells run on, while one is up
-        self.latest_job: Job | None = None  # the newest cell's job, which %mpirun_stacks asks by default
         self.recent_jobs: deque[Job] = deque(maxlen=RECENT_JOBS)  # newest last: %mpirun_debug looks for a failed one
         shell.events.register("pre_run_cell", self._notebook_cell)
+
+    @property
+    def latest_job(self) -> Job | None:
+        """The newest cell's job, which %mpirun_stacks asks by default."""
+        return self.recent_jobs[-1] if self.recent_jobs else None
 
     def _notebook_cell(self, info) -> None:
         """Code other than a session cell may change the values a session's ranks were sent."""
@@ -60,7 +64,6 @@ class MpiMagics(Magics):
         user_ns = self.shell.user_ns
 
         def keep_handle(job):
-            self.latest_job = job
             self.recent_jobs.append(job)
             if options.out:
                 user_ns[options.out] = job

@@ -153,7 +153,6 @@ def ip(shell, cache_dir, monkeypatch):
     shell.reset(new_session=False)
     magics = shell.magics_manager.registry["MpiMagics"]
     magics.defaults = Config()
-    magics.latest_job = None
     magics.recent_jobs.clear()
     return shell
 

@@ -13,9 +13,9 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import JobError
-from ..shared import cell, events, jobdir
+from ..shared import cell, events, jobdir, procs
 from ..shared import stacks as dumps
-from ..view.model import JobModel, RankState
+from ..view.model import ACTIVE, JobModel, RankState
 
 if TYPE_CHECKING:
     from ..view import View
@@ -47,7 +47,7 @@ class Job:
         self.follower: threading.Thread | None = None  # the thread following it, with --async
         self._cancel: Callable[[], None] | None = None
         self._stacks_dir: str | None = None
-        self._request_stacks: Callable[[], bool] = lambda: False
+        self._request_stacks: Callable[[], bool] = lambda: False  # (a job not started: asked nothing)
         self._cell_lines: list[str] = []
         self._clock = clock
         self._pending: dict[str, list[str]] = {}
@@ -62,8 +62,7 @@ class Job:
         through the job's own channel) are known now; ``source`` is the cell's code."""
         self.job_dir, self._cancel = job_dir, cancel
         self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
-        if request_stacks is not None:
-            self._request_stacks = request_stacks
+        self._request_stacks = request_stacks or self._request_stacks
 
     # -- what the model knows ---------------------------------------------------------------
 
@@ -195,14 +194,14 @@ class Job:
         while True:  # the answers come with the job's other events, which a thread follows (--async)
             reported = dict(self.model.reported_stacks)  # a copy: that thread adds to it meanwhile
             fresh = {rank: frames for rank, (frames, arrived) in reported.items() if arrived >= asked_at}
-            waiting = [s.rank for s in self.ranks if s.status in ("starting", "running") and s.rank not in fresh]
+            waiting = [s.rank for s in self.ranks if s.status in ACTIVE and s.rank not in fresh]
             if not waiting or self._clock() - asked_at > limit:
                 break
             time.sleep(0.1)
         found = {rank: in_cell_words(frames) for rank, frames in fresh.items()}
         missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
         missing.update({s.rank: f"it has {s.status}" for s in self.ranks
-                        if s.status not in ("starting", "running") and s.rank not in found})
+                        if s.status not in ACTIVE and s.rank not in found})
         return found, missing
 
     def take_reported_roll_call(self) -> None:
@@ -219,7 +218,7 @@ class Job:
         newest = max((arrived for _, arrived in reported.values()), default=0.0)
         found = {rank: in_cell_words(frames) for rank, (frames, arrived) in reported.items()
                  if newest - arrived <= ROUND_SECONDS}
-        missing = {state.rank: "no answer yet" if state.status in ("starting", "running") else f"it has {state.status}"
+        missing = {state.rank: "no answer yet" if state.status in ACTIVE else f"it has {state.status}"
                    for state in self.ranks if state.rank not in found}
         return dumps.Snapshot(found, missing, CELL, self._cell_lines)
 
@@ -240,23 +239,13 @@ class Job:
 def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
     """The stacks of the ranks still running ({rank: frames}, the cell's named ``<cell>``), and
     why each other rank gave none."""
-    active = [s for s in ranks if s.status in ("starting", "running")]
-    found, missing = dumps.request(stacks_dir, {s.rank: s.pid for s in active if s.pid}, limit, alive=_alive)
+    active = [s for s in ranks if s.status in ACTIVE]
+    found, missing = dumps.request(stacks_dir, {s.rank: s.pid for s in active if s.pid}, limit, alive=procs.alive)
     missing.update({s.rank: "it has not reported its process yet" for s in active if not s.pid})
-    missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ("starting", "running")})
+    missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ACTIVE})
     return {rank: in_cell_words(frames) for rank, frames in found.items()}, missing
 
 
 def in_cell_words(frames) -> list[dumps.Frame]:
     """A rank's frames with the cell's named ``<cell>``, as job.stacks() gives them."""
     return [(CELL if filename == cell.FILENAME else filename, line, function) for filename, line, function in frames]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True

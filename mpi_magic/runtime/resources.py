@@ -27,7 +27,7 @@ import os
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
-from ..shared import envvars, wire
+from ..shared import envvars, procs, wire
 
 EVERY = 1.0  # seconds between samples, at the least
 BUDGET = 0.005  # of one core: a sample that costs more than this share of its interval stretches the interval
@@ -257,18 +257,6 @@ def open_gpu(local_rank: int, environ: Mapping[str, str] = os.environ, dev: str 
         return None
 
 
-def _pid_exists(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: it exists
-        return True
-    return True
-
-
 class GpuReader:
     """This process's GPU figures through NVML (``nvml``: the ``pynvml`` module, initialised).
 
@@ -281,7 +269,7 @@ class GpuReader:
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID``)."""
 
     def __init__(self, nvml, pid: int, local_rank: int, visible: str | None,
-                 pid_exists: Callable[[int], bool] = _pid_exists):
+                 pid_exists: Callable[[int], bool] = procs.alive):
         self.nvml, self.pid, self._pid_exists = nvml, pid, pid_exists
         self.devices = [nvml.nvmlDeviceGetHandleByIndex(device) if isinstance(device, int)
                         else nvml.nvmlDeviceGetHandleByUUID(device.encode())

@@ -85,6 +85,20 @@ def _unix_session_of(pid: int) -> int | None:
         return None
 
 
+def alive(pid: int, group: bool = False) -> bool:
+    """True while process ``pid`` (with ``group``, any process of process group ``pid``) exists,
+    another user's included."""
+    if pid <= 0:
+        return False
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it exists
+        return True
+    return True
+
+
 def die_with_parent(signum: signal.Signals) -> None:
     """Have the kernel send ``signum`` to this process when its parent dies (Linux; elsewhere
     nothing happens). Called in mpirun before it runs, and in each rank."""

@@ -107,7 +107,7 @@ class SlurmCluster:
                 except (ProcessLookupError, PermissionError):
                     pass
             deadline = time.monotonic() + grace
-            while any(_group_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            while any(procs.alive(pid, group=True) for pid in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for process in self._daemons:
             process.wait(timeout=5)
@@ -216,16 +216,6 @@ def _kill_left_behind(conf: str) -> None:
                 process.kill()
         except psutil.Error:
             continue
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def default_root() -> str:

@@ -146,9 +146,8 @@ class Summary:
             lines.append(f"  progress: {shares(self.model)}")
         if self.model.roll_call:
             lines.append(f"  where the ranks were: {self.model.roll_call}")
-        lines += [f"  {line}" for line in last_metrics(self.model)]
-        if peaks_phrase(self.model):
-            lines.append(f"  {peaks_phrase(self.model)}")
+        peaks = peaks_phrase(self.model)
+        lines += [f"  {line}" for line in last_metrics(self.model)] + ([f"  {peaks}"] if peaks else [])
         if self.model.phase == "completed":
             return "\n".join(lines)
         for state in self.model.ranks:
@@ -160,6 +159,7 @@ class Summary:
 
     def _repr_html_(self) -> str:
         model = self.model
+        peak_words = peaks_phrase(model)
         with_errors = any(state.failure is not None for state in model.ranks)
         peaks = [name for name, attribute in (("peak memory", "peak_rss"), ("peak GPU memory", "peak_gpu_memory"))
                  if any(getattr(state, attribute) is not None for state in model.ranks)]
@@ -183,7 +183,7 @@ class Summary:
             + (f"<div class='mpi-magic-roll-call'>where the ranks were: {html.escape(model.roll_call)}</div>"
                if model.roll_call else "")
             + charts(model.metrics.by_name())
-            + (f"<div class='mpi-magic-peaks'>{html.escape(peaks_phrase(model))}</div>" if peaks_phrase(model) else "")
+            + (f"<div class='mpi-magic-peaks'>{html.escape(peak_words)}</div>" if peak_words else "")
             + table + self._failed_html() + "</div>"
         )
 

@@ -70,8 +70,9 @@ class TextView:
         elif slowest and model.world_size > 1:
             s = slowest[0]
             line += f"; slowest rank {s.rank} {percent(s.fraction)} at {rate(s.rate)}"
-        if largest_phrase(model):
-            line += "; " + largest_phrase(model)
+        largest = largest_phrase(model)
+        if largest:
+            line += "; " + largest
         self._write(line)
 
     def _write(self, line: str) -> None:
