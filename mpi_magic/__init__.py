@@ -9,7 +9,8 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it.
 _HOMES = {
     **dict.fromkeys(["CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound", "MpiMagicError", "PayloadError",
-                     "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError"], "errors"),
+                     "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError",
+                     "SlurmSetupError"], "errors"),
     **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
     "progress": "shared.reporting",
     "log": "shared.metrics",
@@ -19,7 +20,8 @@ __all__ = sorted([*_HOMES, "load_ipython_extension"])
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .errors import (CaptureError, JobError, JobTimeoutError, LauncherNotFound, MpiMagicError, PayloadError,
-                         RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError)
+                         RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError,
+                         SlurmSetupError)
     from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .shared.reporting import progress
     from .shared.metrics import log

@@ -5,6 +5,7 @@
     ├── LauncherNotFound (+FileNotFoundError)   no usable mpirun
     ├── PayloadError (+ValueError)     a payload or result file is damaged or incompatible
     ├── SageMakerSetupError            a cloud setting is missing or wrong; nothing was uploaded
+    ├── SlurmSetupError                Slurm cannot take the job as asked; nothing was submitted
     └── JobError                       the job ran and did not succeed
         ├── RemoteRankError            one or more ranks raised; shows their tracebacks
         ├── RankExitError              ranks died without reporting (signal, os._exit)
@@ -40,6 +41,10 @@ class PayloadError(MpiMagicError, ValueError):
 
 class SageMakerSetupError(MpiMagicError):
     """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
+
+
+class SlurmSetupError(MpiMagicError):
+    """Slurm cannot take the job as asked (no client, an unknown partition, a limit); nothing was submitted."""
 
 
 class JobError(MpiMagicError):

@@ -20,13 +20,14 @@ from IPython.core.magic_arguments import argument
 
 from .shared import envvars
 
-BACKENDS = ("local", "sagemaker")
+BACKENDS = ("local", "sagemaker", "slurm")
 
 # The most ranks one job may have, and the reason a refusal gives. SageMaker's API sets no maximum
 # InstanceCount (the account's quotas do); its bound is the notebook's, about 1 KiB of state per rank.
-MAX_RANKS = {"local": 1024, "sagemaker": 65536}
+MAX_RANKS = {"local": 1024, "sagemaker": 65536, "slurm": 65536}
 _WHY_MAX = {"local": "each rank is a Python process on this machine, about 32 MiB each",
-            "sagemaker": "the notebook keeps live state for every rank"}
+            "sagemaker": "the notebook keeps live state for every rank",
+            "slurm": "the notebook keeps live state for every rank"}
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -108,7 +109,7 @@ def default_cache_dir() -> str:
 
 
 SETTINGS = {s.name: s for s in [
-    Setting("backend", "local", _backend, "where ranks run: local (this machine) or sagemaker"),
+    Setting("backend", "local", _backend, "where ranks run: local (this machine), sagemaker or slurm"),
     Setting("instances", 1, _positive_int, "instances per job"),
     Setting("gpus", None, _positive_int, "processes per instance (default: the instance's GPU count, else 1)"),
     Setting("timeout", None, _positive_float, "seconds before a job's ranks are stopped"),
@@ -138,6 +139,11 @@ SETTINGS = {s.name: s for s in [
     Setting("role", None, _text, "sagemaker: execution role ARN"),
     Setting("s3_root", None, _text, "sagemaker: s3://bucket/prefix for the jobs' files"),
     Setting("region", None, _text, "sagemaker: AWS region (default: the AWS configuration's)"),
+    Setting("partition", None, _text, "slurm: partition (default: the cluster's default partition)"),
+    Setting("account", None, _text, "slurm: account the jobs are charged to"),
+    Setting("qos", None, _text, "slurm: quality of service"),
+    Setting("time", None, _text, "slurm: time limit of each job, as sbatch --time takes it (e.g. 30, 1:00:00)"),
+    Setting("slurm_args", "", _split_args, "slurm: extra sbatch arguments for every job"),
 ]}
 
 
@@ -197,7 +203,7 @@ class Config:
 
 # Where an option applies, declared with it: CELL, a cell's own (refused on %mpirun_session start);
 # LINE, any line (a cell's, or the session's start); JOB, what shapes the job, so a session's are
-# fixed when it starts. ``sagemaker`` options apply to --backend sagemaker alone.
+# fixed when it starts. ``only``: the one backend an option applies to (sagemaker, slurm), if any.
 CELL, LINE, JOB = "cell", "line", "job"
 
 
@@ -208,7 +214,7 @@ class Option:
     scope: str
     flags: tuple[str, ...]
     declaration: dict
-    sagemaker: bool = False
+    only: str | None = None
 
     @property
     def dest(self) -> str:
@@ -219,13 +225,18 @@ class Option:
         return self.flags[-1]
 
 
-def _option(scope: str, *flags: str, sagemaker: bool = False, **declaration) -> Option:
-    return Option(scope, flags, declaration, sagemaker)
+def _option(scope: str, *flags: str, **declaration) -> Option:
+    return Option(scope, flags, declaration)
 
 
 def _sagemaker(*flags: str, **declaration) -> Option:
     """An option of the SageMaker training job: the job's shape, fixed for a session."""
-    return Option(JOB, flags, declaration, sagemaker=True)
+    return Option(JOB, flags, declaration, only="sagemaker")
+
+
+def _slurm(*flags: str, **declaration) -> Option:
+    """An option of the Slurm batch job: the allocation's shape, fixed for a session."""
+    return Option(JOB, flags, declaration, only="slurm")
 
 
 OPTIONS = [
@@ -235,8 +246,8 @@ OPTIONS = [
             help="Processes per instance. Default: the instance's GPU count (NeuronCores on "
                  "Trainium), 1 where it has none. "
                  f"World size is instances x gpus: at most {MAX_RANKS['local']} ranks locally, "
-                 f"{MAX_RANKS['sagemaker']} on SageMaker."),
-    _option(JOB, "--backend", default=None, help="Where the ranks run: local (default) or sagemaker."),
+                 f"{MAX_RANKS['sagemaker']} on SageMaker or Slurm."),
+    _option(JOB, "--backend", default=None, help="Where the ranks run: local (default), sagemaker or slurm."),
     _option(CELL, "--gather", action="store_true",
             help="Bring back every assigned variable as a list ordered by rank, not rank 0's value."),
     _option(LINE, "--out", default=None, metavar="NAME", help="Store the job handle in the notebook under NAME."),
@@ -271,6 +282,17 @@ OPTIONS = [
     _sagemaker("--requirements", default=None, metavar="FILE",
             help="sagemaker: a requirements.txt installed on every instance before the ranks start."),
     _sagemaker("--job-name", default=None, metavar="NAME", help="sagemaker: the training job's name."),
+    _slurm("--partition", default=None, help="slurm: partition (queue) to run in."),
+    _slurm("--time", default=None, metavar="LIMIT",
+           help="slurm: the job's time limit, as sbatch takes it: minutes, or [days-]hours:minutes:seconds."),
+    _slurm("--account", default=None, help="slurm: account the job is charged to."),
+    _slurm("--qos", default=None, help="slurm: quality of service."),
+    _slurm("--constraint", default=None, metavar="FEATURES", help="slurm: node features the job needs."),
+    _slurm("--reservation", default=None, metavar="NAME", help="slurm: reservation to run in."),
+    _slurm("--slurm-args", default=None, metavar="ARGS",
+           help='slurm: extra sbatch arguments, quoted: --slurm-args "--exclusive --mem=0".'),
+    _slurm("--srun", action="store_true",
+           help="slurm: start the ranks with srun --mpi=pmix instead of mpirun inside the allocation."),
     _option(CELL, "--no-session", action="store_true",
             help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
     _option(CELL, "--async", dest="run_async", action="store_true",
@@ -279,7 +301,8 @@ OPTIONS = [
 ]
 CELL_ONLY = frozenset(o.dest for o in OPTIONS if o.scope == CELL)
 JOB_SHAPING = frozenset(o.dest for o in OPTIONS if o.scope == JOB)
-SAGEMAKER_ONLY = frozenset(o.dest for o in OPTIONS if o.sagemaker)
+BACKEND_ONLY = {o.dest: o.only for o in OPTIONS if o.only}
+SAGEMAKER_ONLY = frozenset(dest for dest, only in BACKEND_ONLY.items() if only == "sagemaker")
 _FLAGS = {o.dest: o.flag for o in OPTIONS}
 
 
@@ -308,6 +331,7 @@ class LaunchOptions:
     quiet: bool = False
     dry_run: bool = False
     cloud: dict = field(default_factory=dict)  # sagemaker settings, checked by that backend
+    slurm: dict = field(default_factory=dict)  # slurm settings (partition, time, ...), checked by that backend
     requirements: str | None = None
     job_name: str | None = None
     run_async: bool = False
@@ -353,16 +377,18 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
         return SETTINGS[name].parse(given, "--" + name.replace("_", "-")) if given is not None else config.get(name)
 
     backend = pick("backend", args.backend)
+    for dest, value in vars(args).items():
+        only = BACKEND_ONLY.get(dest)
+        if only and only != backend and value not in (None, False):
+            raise UsageError(f"{flag_of(dest)} applies to --backend {only} only; add --backend {only} or drop it")
     cloud = _cloud_values(args, pick)
-    given = [flag_of(k) for k, v in vars(args).items() if k in SAGEMAKER_ONLY and v not in (None, False)]
-    if backend != "sagemaker" and given:
-        raise UsageError(f"{given[0]} applies to --backend sagemaker only; add --backend sagemaker or drop it")
+    slurm = _slurm_values(args, pick)
     if args.requirements and not os.path.isfile(args.requirements):
         raise UsageError(f"--requirements {args.requirements!r} is not a file; give the path of a requirements.txt")
     if args.job_name and not _JOB_NAME.match(args.job_name):
         raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
                          "hyphens, starting with a letter or digit")
-    gpus = pick("gpus", args.gpus) or default_gpus(backend, cloud) or 1
+    gpus = pick("gpus", args.gpus) or default_gpus(backend, slurm if backend == "slurm" else cloud) or 1
     instances = pick("instances", args.instances)
     if instances * gpus > MAX_RANKS[backend]:
         raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "
@@ -371,7 +397,7 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
     return LaunchOptions(
         instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
-        quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, requirements=args.requirements, job_name=args.job_name,
+        quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, slurm=slurm, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async, no_session=args.no_session,
         idle_timeout=pick("idle_timeout", getattr(args, "idle_timeout", None)),
         detach=getattr(args, "detach", False),
@@ -380,11 +406,11 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
 
 
 def _attach_launcher_args(argv: list[str]) -> list[str]:
-    """``--mpirun-args --report-bindings`` -> ``--mpirun-args=--report-bindings``: argparse would
-    take a lone value that starts with '-' for an option and refuse it."""
+    """``--mpirun-args --report-bindings`` -> ``--mpirun-args=--report-bindings`` (and the same for
+    ``--slurm-args``): argparse would take a lone value that starts with '-' for an option and refuse it."""
     attached, words = [], iter(argv)
     for word in words:
-        value = next(words, None) if word == "--mpirun-args" else None
+        value = next(words, None) if word in ("--mpirun-args", "--slurm-args") else None
         attached.append(word if value is None else f"{word}={value}")
     return attached
 
@@ -418,6 +444,22 @@ def _cloud_values(args, pick) -> dict:
         "keep_alive": positive_int_or_none(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
         "security_groups": ids(args.security_groups), "kms_key": args.kms_key, "tags": tags,
     }
+
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$|^INFINITE$", re.IGNORECASE)
+
+
+def _slurm_values(args, pick) -> dict:
+    """The slurm backend's settings from the cell (and %mpirun_config), checked for form only:
+    the cluster says whether a partition or account exists."""
+    time_limit = pick("time", args.time)
+    if time_limit is not None and not _SLURM_TIME.match(time_limit):
+        raise UsageError(f"--time {time_limit!r} is not a Slurm time limit; write minutes (30), hours:minutes:seconds "
+                         "(1:00:00) or days-hours (2-12)")
+    extra = " ".join(a for a in (pick("slurm_args", None), args.slurm_args and pick("slurm_args", args.slurm_args)) if a)
+    return {"partition": pick("partition", args.partition), "account": pick("account", args.account),
+            "qos": pick("qos", args.qos), "time": time_limit, "constraint": args.constraint,
+            "reservation": args.reservation, "sbatch_args": shlex.split(extra), "srun": args.srun}
 
 
 def _with_suggestion(message: str, parser) -> str:

@@ -21,7 +21,11 @@ def get_backend(name: str, config, options) -> Backend:
 
         settings, aws = resolve(options.cloud)
         return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"), config.get("stall_after"))
-    raise BackendNotAvailable(f"there is no {name!r} backend; use local or sagemaker")
+    if name == "slurm":
+        from .slurm.backend import SlurmBackend
+
+        return SlurmBackend(config, options)
+    raise BackendNotAvailable(f"there is no {name!r} backend; use local, sagemaker or slurm")
 
 
 def get_attachable(name: str, config) -> AttachableBackend:
@@ -34,13 +38,18 @@ def get_attachable(name: str, config) -> AttachableBackend:
                               "only sagemaker jobs can be attached")
 
 
-def default_gpus(name: str, cloud: dict) -> int:
+def default_gpus(name: str, settings: dict) -> int:
     """Processes per instance when --gpus is not given: the instance type's accelerators
-    (SageMaker; an unknown count is an error), else this machine's GPUs."""
+    (SageMaker; an unknown count is an error), the partition's GPUs per node (Slurm; 1 on a
+    partition without them), else this machine's GPUs."""
     if name == "sagemaker":
         from .sagemaker.settings import default_processes
 
-        return default_processes(cloud.get("instance_type"))
+        return default_processes(settings.get("instance_type"))
+    if name == "slurm":
+        from .slurm.cluster import default_gpus as partition_gpus
+
+        return partition_gpus(settings.get("partition"))
     return local_gpu_count()
 
 

@@ -131,8 +131,10 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
 
 
 def announce(emitter: wire.Emitter, place: Placement) -> None:
+    # under Slurm, the node's name in the cluster (what squeue and scontrol show), else the host's
+    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     emitter.emit(wire.STARTED, instance=place.instance, local_rank=place.local_rank,
-                 world_size=place.world_size, host=os.uname().nodename, pid=os.getpid())
+                 world_size=place.world_size, host=host, pid=os.getpid())
 
 
 def event_writer(fd: int, stream_name: str = "stdout"):

@@ -172,6 +172,18 @@ STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "Pre
 
 
 @dataclass
+class Allocation:
+    """A batch scheduler's word on the job (Slurm's ``squeue``): ``state`` (PENDING, RUNNING, ...),
+    ``reason`` it waits (Priority, Resources), its estimated ``starts`` (epoch seconds) and the
+    ``time_left`` of its time limit in seconds when read (None: unknown, or no limit). Client-side."""
+
+    state: str
+    reason: str = ""
+    starts: float | None = None
+    time_left: float | None = None
+
+
+@dataclass
 class Restarted:
     """The job started again from the beginning: every rank's state so far belongs to the
     attempt that ended. ``attempt``: 2 for the first restart; ``cause``: "spot interruption";
@@ -232,7 +244,7 @@ class CellEnded(LauncherExited):
 
 
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks | Metrics | Resources
-Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Restarted | RankGone | StopRequested
+Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Allocation | Restarted | RankGone | StopRequested
          | RollCall | CellSent | LauncherExited)
 
 _KINDS: dict[str, type] = {wire.STARTED: RankStarted, wire.FINISHED: RankFinished, wire.PROGRESS: Progress,
@@ -372,12 +384,13 @@ def decode_payload(text: str) -> WireEvent:
         raise BadEvent(type(exc).__name__) from None
 
 
-# Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text" (its tag
-# names no stream: the pipe the line came from says it).
+# Open MPI 5: "[1,3]<stdout>: text"; Open MPI 4: "[1,3]<stdout>:text"; MPICH -l: "[3] text"; Slurm's
+# srun --label: " 3: text" (these two name no stream: the pipe or file the line came from says it).
 _TAG_PREFIXES = {
     "openmpi5": r"\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>: ?",
     "openmpi4": r"\[\d+,(?P<rank>\d+)\]<(?P<stream>stdout|stderr)>:",
     "mpich": r"\[(?P<rank>\d+)\] (?P<stream>)",
+    "srun": r" *(?P<rank>\d+): (?P<stream>)",
 }
 _TAGS = {style: re.compile(rf"^{prefix}(?P<text>.*)$", re.DOTALL) for style, prefix in _TAG_PREFIXES.items()}
 

@@ -78,6 +78,8 @@ class SlurmCluster:
             self._wait_for(lambda: os.path.exists(self._munge_socket), "munged did not start")
             self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
             for node in range(1, self.nodes + 1):
+                for folder in ("spool", "tmp"):  # each node's own, so that two nodes' steps never meet
+                    os.makedirs(self._path(f"{folder}-n{node}"), mode=0o700, exist_ok=True)
                 self._spawn(["slurmd", "-D", "-N", f"n{node}", "-f", self.conf])
             self._wait_for(self._all_idle, "the nodes did not all come up idle")
         except BaseException:
@@ -165,6 +167,7 @@ SlurmdUser={user}
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd-%n.pid
 SlurmdSpoolDir={root}/spool-%n
+TmpFS={root}/tmp-%n
 StateSaveLocation={root}/state
 SchedulerType=sched/backfill
 SelectType=select/cons_tres

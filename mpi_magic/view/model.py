@@ -20,7 +20,7 @@ from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
-BEFORE_RANKS = frozenset({"packaging", "submitting", "starting", "restarting"}) | events.STARTING_PHASES
+BEFORE_RANKS = frozenset({"packaging", "submitting", "queued", "starting", "restarting"}) | events.STARTING_PHASES
 OUTPUT_TAIL = 200
 LIVE_LINE = 4000  # characters of one output line kept for the live view (the log keeps it whole)
 WAITING_AFTER = 30.0  # seconds without progress or output from any rank before the view says who waits (a stall)
@@ -144,6 +144,8 @@ class JobModel:
         self.notes: list[str] = []  # what the backend reports at the end (FailureReason)
         self.billing: events.Billing | None = None  # the latest, and when it came (by our clock)
         self.billing_at = 0.0
+        self.allocation: events.Allocation | None = None  # the scheduler's latest word, and when it came
+        self.allocation_at = 0.0
         self.stop_reason: str | None = None
         self.exit: events.LauncherExited | None = None
         self.result_digests: dict[int, str] = {}  # as each rank reported them
@@ -248,6 +250,12 @@ class JobModel:
             if event.name in ENDED:
                 self.ended_at = self.ended_at or self.clock()
                 self._stop_active()
+        elif isinstance(event, events.Allocation):
+            self.allocation, self.allocation_at = event, self.clock()
+            if event.state == "PENDING" and self.phase in BEFORE_RANKS:
+                self.phase = "queued"
+            elif event.state == "RUNNING" and self.phase == "queued":
+                self.phase = "starting"
         elif isinstance(event, events.Restarted):
             self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
             self.restart_cause = event.cause
@@ -365,6 +373,14 @@ class JobModel:
 
     def elapsed(self) -> float:
         return (self.ended_at or self.clock()) - self.started_at
+
+    def time_left(self) -> float | None:
+        """Seconds left of the allocation's time limit, counted down by our clock since the scheduler
+        said; None without a limit, before it runs, and after the job ended."""
+        allocation = self.allocation
+        if allocation is None or allocation.state != "RUNNING" or allocation.time_left is None or self.exit is not None:
+            return None
+        return max(0.0, allocation.time_left - (self.clock() - self.allocation_at))
 
     def billable_seconds(self) -> float | None:
         """Instance-seconds billed so far: the backend's latest figure, moved on by our clock while

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import html
 import os
+import time
 
 from ..shared.payload import size_text
-from .model import JobModel, RankState
+from ..shared.slurmtime import clock
+from .model import BEFORE_RANKS, JobModel, RankState
 from .plot import charts, metric_lines
 
 
@@ -99,6 +101,9 @@ def headline(model: JobModel) -> str:
     billing = billing_phrase(model)
     if billing:
         parts.append(billing)
+    allocation = allocation_phrase(model)
+    if allocation:
+        parts.append(allocation)
     phase = model.phase if model.attempt == 1 else f"{model.phase} (attempt {model.attempt})"
     return f"job {model.name} ({model.backend}, {model.num_instances} x {model.procs_per_instance}) " \
            f"{phase} {duration(model.elapsed())}: " + ", ".join(parts)
@@ -112,6 +117,25 @@ def shares(model: JobModel) -> str:
     if model.world_size > EACH_RANK_UP_TO or not any(s.bar for s in model.ranks):
         return ""
     return "ranks " + " ".join(f"{s.rank}:{percent(s.fraction)}" for s in model.ranks)
+
+
+def allocation_phrase(model: JobModel) -> str:
+    """While queued, 'Slurm: Priority, starts about 18:42:10 (in 3m5s)'; while running, 'time left
+    59:02'; '' for a backend without a scheduler, and once the job has ended."""
+    allocation = model.allocation
+    if allocation is None or model.exit is not None:
+        return ""
+    if allocation.state == "PENDING" and model.phase in BEFORE_RANKS:
+        words = [allocation.reason] if allocation.reason and allocation.reason != "None" else []
+        if allocation.starts:
+            wait = allocation.starts - time.time()
+            words.append(f"starts about {time.strftime('%H:%M:%S', time.localtime(allocation.starts))}"
+                         + (f" (in {duration(wait)})" if wait > 0 else ""))
+        return "Slurm: " + (", ".join(words) or "pending")
+    if allocation.state == "PENDING":
+        return ""  # its ranks started since squeue said so
+    left = model.time_left()
+    return f"time left {clock(left)}" if left is not None else ""
 
 
 def billing_phrase(model: JobModel) -> str:

@@ -1,0 +1,344 @@
+"""Ranks as one Slurm batch job (``sbatch --parsable``) of ``--instances`` nodes with ``--gpus``
+tasks each. The launcher runs inside the allocation (``mpirun``, which reads it, or ``srun
+--mpi=pmix``); its output goes to files in the job folder, on a filesystem the nodes share, which
+the notebook reads as they grow; one batched ``squeue`` says where the job is in the queue and
+how much of its time is left. A process beside the notebook cancels the job if the kernel dies.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from ...errors import SlurmSetupError
+from ...shared import envvars, jobdir, procs, wire
+from ...shared.events import Allocation, Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
+from ...shared.layout import RESULTS
+from .. import launcher as launchers
+from . import cluster, commands
+from .queue import WATCHER, JobState, QueueWatcher
+from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch_argv, shape
+
+if TYPE_CHECKING:
+    from ...options import Config, LaunchOptions
+    from ..base import Backend, BackendJob
+
+READ_SOON, READ_LATER = 0.02, 0.25  # seconds between looks at the launcher's files: after output, and when quiet
+EXIT_WAIT = 5.0  # seconds the exit file gets to show after Slurm says the job ended (a shared filesystem's caches)
+INTERRUPT_GRACE = 5.0  # seconds between SIGINT to every process of the job and cancelling it
+READ_CHUNK = 1 << 16
+# Why Slurm ended a job whose launcher never wrote its exit status, in the user's words.
+ENDED_BY_SLURM = {
+    "TIMEOUT": "the job reached its Slurm time limit (--time)",
+    "CANCELLED": "the job was cancelled in Slurm (scancel) from outside this notebook",
+    "NODE_FAIL": "a node of the job failed (NODE_FAIL)",
+    "OUT_OF_MEMORY": "a node ran out of memory (OUT_OF_MEMORY); ask for more with --slurm-args --mem=...",
+    "PREEMPTED": "Slurm preempted the job for another",
+    "BOOT_FAIL": "a node failed to boot (BOOT_FAIL)",
+    "DEADLINE": "the job passed its deadline",
+}
+
+
+class SlurmBackend:
+    """The payload stays in the user's private job folder (0700) on the shared filesystem, so ranks
+    skip the digest check, as local ranks do."""
+
+    name = "slurm"
+    pins_digest = False
+    stop_description = "scancel: SIGINT to every rank, then the job"
+
+    def __init__(self, config: Config, options: LaunchOptions):
+        self.sbatch = commands.client("sbatch")
+        for name in ("squeue", "scancel", "sinfo"):
+            commands.client(name)
+        self.partition = cluster.chosen(options, cluster.partitions())
+        # what sinfo cannot tell (an account, a QOS, a reservation, a feature): Slurm's own reason
+        tested = commands.run("sbatch", "--test-only", *shape(options, self.partition.gpus_per_node), "--wrap=true")
+        if tested.returncode != 0:
+            raise SlurmSetupError(f"Slurm would refuse the job: {commands.said(tested)} (sbatch --test-only); "
+                                  "nothing was submitted")
+        self.expected_start = (tested.stderr or tested.stdout).strip().removeprefix("sbatch: ")
+        self.srun = bool(options.slurm.get("srun"))
+        if self.srun:
+            offered = commands.run("srun", "--mpi=list")
+            if "pmix" not in offered.stdout + offered.stderr:
+                raise SlurmSetupError("--srun starts the ranks through Slurm's PMIx plugin, which srun --mpi=list "
+                                      "does not offer here; drop --srun to start them with mpirun")
+            self.tag_style = "srun"
+        else:
+            self.launcher = launchers.find_launcher(config.get("mpirun"))
+            self.tag_style = self.launcher.tag_style
+
+    def check(self, options: LaunchOptions) -> list[str]:
+        """A warning where the partition's nodes have GPUs, but fewer than the ranks per node."""
+        gpus = self.partition.gpus_per_node
+        if gpus and options.procs_per_instance > gpus:
+            return [f"partition {self.partition.name} has {gpus} GPUs per node but --gpus asks for "
+                    f"{options.procs_per_instance} processes per node; they will share"]
+        return []
+
+    def launch(self, job_dir: str, digest: str | None, options: LaunchOptions) -> list[str]:
+        """The command the batch script runs: the launcher, then every rank's runtime."""
+        command = [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
+        if self.srun:
+            return [commands.client("srun"), "--mpi=pmix", "--label", "--kill-on-bad-exit=1", *command]
+        # the allocation has a slot for each rank: never --oversubscribe
+        return launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args,
+                                     options.world_size)
+
+    def environment(self, job_name: str, token: str, options: LaunchOptions) -> dict[str, str]:
+        return {
+            envvars.INSTANCES: str(options.instances),
+            envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
+            envvars.MASTER_PORT: str(procs.free_port()),
+            envvars.JOB: job_name,
+            envvars.EVENT_TOKEN: token,
+            envvars.STACKS_EVENTS: "1",  # a rank asked for its stack sends it as an event: its pid is on another node
+            **options.env,
+        }
+
+    def _write(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions,
+               token: str) -> list[str]:
+        """The batch script, written into the job folder; returns the sbatch line that submits it."""
+        script = batch_script(job_name, job_dir, self.launch(job_dir, digest, options),
+                              self.environment(job_name, token, options))
+        with jobdir.open_private(os.path.join(job_dir, SCRIPT_FILE), "w") as f:
+            f.write(script)
+        return sbatch_argv(self.sbatch, job_dir, job_name, options, self.partition.gpus_per_node)
+
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
+        """What --dry-run prints: the batch script, the sbatch line, and what ``sbatch --test-only`` said."""
+        argv = self._write(job_dir, job_name, digest, options, "<event token>")
+        with open(os.path.join(job_dir, SCRIPT_FILE)) as f:
+            script = f.read()
+        return (f"batch script {os.path.join(job_dir, SCRIPT_FILE)}:\n{script}\nsbatch line:\n"
+                + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
+
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
+        token = wire.new_token()
+        argv = self._write(job_dir, job_name, digest, options, token)
+        submitted = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=commands.CALL_LIMIT)
+        if submitted.returncode != 0:
+            raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
+        job_id = submitted.stdout.strip().split(";")[0]
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
+
+
+class SlurmJob:
+    """A submitted batch job, followed through its files in the job folder and ``squeue``."""
+
+    abort_grace = 3.0  # after a rank's failure the launcher ends the job; if it has not, it is cancelled
+    linger = 10.0  # after every rank succeeded the batch script ends within this, else it is cancelled
+    launcher = None  # the launcher runs on a node of the cluster
+    stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
+
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder,
+                 watcher: QueueWatcher = WATCHER):
+        self.job_id, self.name, self.job_dir = job_id, name, job_dir
+        self._decoder, self._watcher = decoder, watcher
+        self._queue: queue.Queue[list[Event]] = queue.Queue()
+        self._held: list[Event] = []
+        self._finished = self._cancelled = False
+        self._state: JobState | None = None  # squeue's latest
+        self._ended: JobState | None = None  # Slurm says it ended (a state, or "gone from squeue")
+        self._started: set[int] = set()
+        self._reported: set[int] = set()
+        self._failure_seen = False
+        self._launcher_log = launchers.LauncherLog()
+        self._watchdog = _watchdog(job_id)
+        threading.Thread(target=self._follow, name=f"mpi_magic {name} files", daemon=True).start()
+        watcher.watch(job_id, self._on_state)
+
+    # -- what Slurm says -------------------------------------------------------------------
+
+    def _on_state(self, state: JobState | None) -> None:
+        if state is None:  # no longer listed: ended long ago, or purged
+            self._ended = self._ended or JobState("GONE")
+            return
+        if state != self._state:
+            self._state = state
+            self._queue.put([Allocation(state.state, state.reason, state.starts, state.time_left)])
+        if state.ended:
+            self._ended = state
+
+    # -- what the launcher says --------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Read the launcher's files as they grow until its exit status is written (or Slurm ended
+        the job without it), then deliver the end."""
+        tails = [_Tail(os.path.join(self.job_dir, OUTPUT), "stdout"), _Tail(os.path.join(self.job_dir, ERRORS), "stderr")]
+        exit_path = os.path.join(self.job_dir, EXIT_FILE)
+        nap, ended_at = READ_SOON, None
+        while True:
+            done = os.path.exists(exit_path)
+            read = False
+            for tail in tails:
+                lines = tail.read(final=done)
+                if lines:
+                    self._deliver(lines, tail.stream)
+                    read = True
+            if done:
+                break
+            if self._ended is not None:
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > EXIT_WAIT:
+                    for tail in tails:
+                        self._deliver(tail.read(final=True), tail.stream)
+                    break
+            nap = READ_SOON if read else min(nap * 2, READ_LATER)
+            time.sleep(nap)
+        self._watcher.forget(self.job_id)
+        _release(self._watchdog)
+        self._queue.put([*self._decoder.rejections(), self._end(exit_path)])
+
+    def _deliver(self, lines: list[str], stream: str) -> None:
+        if not lines:
+            return
+        decoded = self._decoder.feed_lines(lines, stream)
+        for event in decoded:
+            if isinstance(event, RankStarted):
+                self._started.add(event.rank)
+            elif isinstance(event, RankFinished):
+                self._reported.add(event.rank)
+                self._failure_seen = self._failure_seen or not event.ok
+            elif isinstance(event, LauncherOutput):
+                self._launcher_log.add(event.text)
+        if decoded:
+            self._queue.put(decoded)
+
+    def _end(self, exit_path: str) -> LauncherExited:
+        try:
+            with open(exit_path) as f:
+                returncode: int | None = int(f.read().strip() or "0")
+        except (OSError, ValueError):
+            returncode = None
+        if returncode is not None:
+            gone = set() if self._failure_seen else self._started - self._reported
+            return self._launcher_log.ended(returncode, bool(self._started), gone)
+        state = self._ended.state if self._ended else "GONE"
+        if self._cancelled:
+            return LauncherExited(None)
+        if state in ENDED_BY_SLURM:
+            reason = ENDED_BY_SLURM[state]
+        elif not self._started:
+            reason = (f"the job ended ({state}) before its launcher started: is the job folder {self.job_dir} on a "
+                      "filesystem every node shares? (%mpirun_config cache_dir=...)")
+        else:
+            reason = f"the job ended ({state}) without its launcher's exit status"
+        return LauncherExited(None, reason=reason)
+
+    # -- BackendJob ------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        batch, self._held = self._held, []
+        try:
+            if not batch:
+                batch = self._queue.get(timeout=timeout)
+            while True:
+                batch += self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
+        return batch
+
+    def cancel(self) -> None:
+        """A pending job is cancelled at once; a running one gets SIGINT on every process (the
+        ranks raise KeyboardInterrupt, the launcher ends them), then is cancelled after a grace."""
+        if self._finished:
+            return
+        self._cancelled = True
+        pending = not self._started and (self._state is None or self._state.state == "PENDING")
+        if pending:
+            commands.run("scancel", self.job_id)
+        else:
+            commands.run("scancel", "--full", "--signal=INT", self.job_id)
+            threading.Timer(INTERRUPT_GRACE, self._cancel_if_running).start()
+        self._watcher.hurry()
+
+    def _cancel_if_running(self) -> None:
+        if not self._finished and self._ended is None:
+            commands.run("scancel", self.job_id)
+            self._watcher.hurry()
+
+    def request_stacks(self) -> bool:
+        """SIGURG to every process of the job (``scancel --signal``): each rank sends its stack as an event."""
+        if self._finished or not self._started:
+            return False
+        return commands.run("scancel", "--full", "--signal=URG", self.job_id).returncode == 0
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """The ranks wrote their results into the job folder, on the shared filesystem."""
+
+
+class _Tail:
+    """One of the launcher's files as it grows, cut into whole lines."""
+
+    def __init__(self, path: str, stream: str):
+        self.path, self.stream = path, stream
+        self._file = None
+        self._rest = b""
+
+    def read(self, final: bool = False) -> list[str]:
+        """The lines written since the last read; ``final``: the last one too, unterminated."""
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+        chunks = [self._rest]
+        for chunk in iter(lambda: self._file.read(READ_CHUNK), b""):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        if final:
+            if self._rest:
+                lines.append(self._rest)
+            self._rest = b""
+            self._file.close()
+            self._file = None
+        return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
+
+
+def _watchdog(job_id: str) -> subprocess.Popen:
+    """A process of its own session that cancels the job when the notebook's end of its pipe
+    closes without saying "ended": the kernel exited or was killed."""
+    return subprocess.Popen(["/bin/sh", "-c", 'read word; [ "$word" = ended ] || exec "$0" "$1"',
+                             commands.client("scancel"), job_id],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _release(watchdog: subprocess.Popen) -> None:
+    """The job has ended: its watchdog leaves without cancelling anything."""
+    try:
+        assert watchdog.stdin is not None
+        watchdog.stdin.write(b"ended\n")
+        watchdog.stdin.close()
+    except OSError:
+        pass
+    watchdog.wait()
+
+
+def _quoted(argv: list[str]) -> list[str]:
+    import shlex
+
+    return [shlex.quote(word) for word in argv]
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_backend(backend: SlurmBackend) -> Backend:
+        return backend
+
+    def _is_backend_job(job: SlurmJob) -> BackendJob:
+        return job

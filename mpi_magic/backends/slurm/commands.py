@@ -1,0 +1,43 @@
+"""Slurm's own client commands (``sbatch``, ``squeue``, ``scancel``, ``sinfo``, ``scontrol``), run
+unchanged from PATH, and what they say when they refuse."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from ...errors import SlurmSetupError
+
+CALL_LIMIT = 30.0  # seconds one client call may take: a busy slurmctld answers within seconds
+NO_CLIENT = ("no Slurm client on PATH ({name} not found): run the notebook where Slurm's commands work "
+             "(a login node, or a HyperPod cluster's head node), or add their folder to PATH")
+
+
+def client(name: str) -> str:
+    """The path of Slurm's ``name`` command; ``SlurmSetupError`` where it is missing."""
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmSetupError(NO_CLIENT.format(name=name))
+    return path
+
+
+def run(name: str, *args: str, timeout: float = CALL_LIMIT) -> subprocess.CompletedProcess:
+    """``name args...``, its output as text. Its exit status is the caller's to read."""
+    try:
+        return subprocess.run([client(name), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SlurmSetupError(f"{name} did not answer within {timeout:g}s: is slurmctld up? "
+                              "(scontrol ping says)") from None
+
+
+def said(completed: subprocess.CompletedProcess) -> str:
+    """Slurm's reason, without its prefix: "sbatch: error: Batch job submission failed: Invalid
+    account" -> "Batch job submission failed: Invalid account"."""
+    lines = [line.strip() for line in (completed.stderr or completed.stdout or "").splitlines() if line.strip()]
+    errors = [line for line in lines if ": error: " in line] or lines
+    reason = errors[-1] if errors else f"exit status {completed.returncode}"
+    for prefix in ("error: ", "sbatch: ", "squeue: ", "scancel: ", "sinfo: ", "scontrol: "):
+        while reason.startswith(prefix) or f" {prefix}" in reason[:40]:
+            reason = reason.split(prefix, 1)[1]
+    return reason.strip()

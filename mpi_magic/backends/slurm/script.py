@@ -1,0 +1,60 @@
+"""The batch script and the ``sbatch`` line of a job: what ``--dry-run`` prints, and what runs.
+
+The script starts the launcher in the background and waits for it, so that a signal Slurm sends
+the batch shell (``scancel --signal``, the time limit's SIGTERM) reaches the launcher and the ranks
+instead of ending the shell alone; it then writes the launcher's exit status into the job
+folder, which is how the notebook learns at once that the job is over.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from ...options import LaunchOptions
+from ...shared import envvars
+
+OUTPUT, ERRORS = "launcher.out", "launcher.err"  # in the job folder: the launcher's stdout and stderr
+EXIT_FILE = "launcher.exit"  # in the job folder: the launcher's exit status, once it has ended
+SCRIPT_FILE = "batch.sh"
+
+
+def sbatch_argv(sbatch: str, job_dir: str, job_name: str, options: LaunchOptions, gpus_per_node: int) -> list[str]:
+    """``sbatch --parsable`` of the job's script, its output going into the job folder."""
+    return [sbatch, "--parsable", f"--job-name={job_name}", f"--chdir={os.getcwd()}",
+            f"--output={os.path.join(job_dir, OUTPUT)}", f"--error={os.path.join(job_dir, ERRORS)}",
+            *shape(options, gpus_per_node), os.path.join(job_dir, SCRIPT_FILE)]
+
+
+def shape(options: LaunchOptions, gpus_per_node: int) -> list[str]:
+    """What the job asks of Slurm: ``--instances`` nodes of ``--gpus`` tasks each, GPUs where the
+    partition has them, the user's settings, then ``--slurm-args``."""
+    settings = options.slurm
+    argv = [f"--nodes={options.instances}", f"--ntasks-per-node={options.procs_per_instance}"]
+    if gpus_per_node:
+        argv.append(f"--gres=gpu:{min(gpus_per_node, options.procs_per_instance)}")
+    for name in ("partition", "time", "account", "qos", "constraint", "reservation"):
+        if settings.get(name):
+            argv.append(f"--{name}={settings[name]}")
+    return [*argv, *settings.get("sbatch_args", [])]
+
+
+def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, str]) -> str:
+    """The script: the job's variables, then ``launch`` (mpirun or srun and the rank runtime)."""
+    exports = "\n".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
+    exit_file = shlex.quote(os.path.join(job_dir, EXIT_FILE))
+    return f"""#!/bin/bash
+# mpi_magic job {job_name}: the ranks of one cell (written by mpi_magic, run by sbatch)
+{exports}
+export {envvars.MASTER_ADDR}="$(hostname)"  # the first node of the allocation, where rank 0 runs
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs from Slurm
+{" ".join(shlex.quote(word) for word in launch)} &
+launcher=$!
+while :; do
+  wait "$launcher"; status=$?
+  kill -0 "$launcher" 2>/dev/null || break  # wait returned for a signal: the launcher runs on
+done
+echo "$status" > {exit_file}
+exit "$status"
+"""
