@@ -45,10 +45,11 @@ PY
     test)
         # the tests' Slurm cluster (mpi_magic.testing.slurm_cluster) runs Debian's daemons: installed
         # here where they are missing and this is a root shell with apt; elsewhere their tests are skipped
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmctld >/dev/null \
-                && [ ! -x /usr/sbin/slurmctld ]; then
+        # (libpmix-dev: Slurm's srun --mpi=pmix loads its unversioned libpmix.so)
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+                && { [ ! -x /usr/sbin/slurmctld ] || ! ls /usr/lib/*/libpmix.so >/dev/null 2>&1; }; then
             apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client \
-                munge >/dev/null || echo "Slurm could not be installed; its tests will be skipped"
+                munge libpmix-dev >/dev/null || echo "Slurm could not be installed; its tests will be skipped"
         fi
         # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
         # most of a test is waiting on kernels, mpirun and the emulated cloud (see docs/development.md);

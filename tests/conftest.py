@@ -187,6 +187,34 @@ def local_aws_env(tmp_path_factory):
             _MODULE_ROOTS.discard(root)
 
 
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A Slurm cluster of four nodes n1..n4 on this machine (partitions debug, and short with a
+    10-minute limit), for one module's tests; SLURM_CONF points Slurm's commands at it meanwhile."""
+    import tempfile
+
+    from mpi_magic.testing.slurm_cluster import SlurmCluster
+
+    root = tempfile.mkdtemp(prefix="mpi_magic_slurm_")  # short: munge's socket path must be
+    before = _children()
+    cluster = SlurmCluster(root, nodes=4).start()
+    servers = _children() - before
+    _MODULE_SERVERS.update(servers)
+    _MODULE_ROOTS.add(root)
+    conf = os.environ.get("SLURM_CONF")
+    os.environ.update(cluster.environ)
+    try:
+        yield cluster
+    finally:
+        if conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = conf
+        cluster.stop(remove=True)
+        _MODULE_SERVERS.difference_update(servers)
+        _MODULE_ROOTS.discard(root)
+
+
 @pytest.fixture
 def aws(local_aws_env, monkeypatch):
     """boto3, pointed at the module's moto server and SageMaker emulator on loopback, with the tests' bucket."""
@@ -261,6 +289,30 @@ def old_objects_frozen():
     gc.freeze()
 
 
+def _command(process: psutil.Process) -> list[str] | int:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return process.pid
+
+
+def _served() -> set[int]:
+    """A module's shared servers and what they run (a Slurm node's job steps: their ranks are
+    found by their job folder instead)."""
+    served = set(_MODULE_SERVERS)
+    for pid in _MODULE_SERVERS:
+        with contextlib.suppress(psutil.Error):
+            served.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+    return served
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 @pytest.fixture(autouse=True)
 def nothing_leaks(request, tmp_path):
     """Fail a test that leaves a child process, a rank, or a thread of ours running, or a temporary
@@ -270,7 +322,7 @@ def nothing_leaks(request, tmp_path):
     deadline = time.monotonic() + 5
     while True:
         children = [p for p in psutil.Process().children(recursive=True)
-                    if p.pid not in _MODULE_SERVERS and p.status() != psutil.STATUS_ZOMBIE]
+                    if p.pid not in _served() and _alive(p)]
         ranks = _job_processes([str(tmp_path), *_MODULE_ROOTS])
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         folders = held_folders() - folders_before
@@ -280,7 +332,7 @@ def nothing_leaks(request, tmp_path):
     for proc in children + ranks:
         with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
             proc.kill()
-    assert not children, f"left running: {[p.cmdline() for p in children]}"
+    assert not children, f"left running: {[_command(p) for p in children]}"
     assert not ranks, f"ranks left running: {[p.pid for p in ranks]}"
     assert not threads, f"threads left running: {threads}"
     assert not folders, f"temporary folders left: {folders}"

@@ -27,7 +27,7 @@ import time
 from ..shared import procs
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-PACKAGES = "slurmctld slurmd slurm-client munge"
+PACKAGES = "slurmctld slurmd slurm-client munge libpmix-dev"  # libpmix-dev: for srun --mpi=pmix
 PIDS = "daemons.pids"  # in the root: one pid per line, each its process group's leader
 UP_LIMIT = 60.0  # seconds the daemons get to come up and report every node idle
 
@@ -148,6 +148,7 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         user = getpass.getuser()
         root = self.root
+        # partition short has a time limit of 10 minutes
         nodes = "\n".join(f"NodeName=n{n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()} "
                           f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" for n in range(1, self.nodes + 1))
         with open(self.conf, "w") as f:
@@ -170,6 +171,7 @@ SlurmdSpoolDir={root}/spool-%n
 TmpFS={root}/tmp-%n
 StateSaveLocation={root}/state
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none
@@ -180,6 +182,7 @@ SlurmctldDebug=info
 SlurmdDebug=info
 {nodes}
 PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES MaxTime=INFINITE State=UP
+PartitionName=short Nodes=n[1-{self.nodes}] MaxTime=10 State=UP
 """)
 
     def _spawn(self, argv: list[str]) -> None:
@@ -196,7 +199,7 @@ PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES MaxTime=INFINITE State=U
 
     def _all_idle(self) -> bool:
         shown = self.run("sinfo", "-h", "-N", "-o", "%N %t")
-        states = [line.split()[1] for line in shown.stdout.splitlines() if line.strip()]
+        states = dict(line.split()[:2] for line in shown.stdout.splitlines() if line.strip()).values()  # (one row per partition)
         return shown.returncode == 0 and len(states) == self.nodes and all(state == "idle" for state in states)
 
     def _wait_for(self, check, failure: str) -> None:

@@ -442,6 +442,8 @@ class JobModel:
         ("ranks 0, 1, 3 have been waiting 40s; rank 2 finished"): a hint that the job may be
         deadlocked, for the user to interrupt. None while output flows."""
         quiet = self.clock() - self.last_activity
+        if self.phase == "queued":  # the scheduler has not started it: nobody waits for another
+            return None
         if self.exit is not None or quiet < (self.stall_after if threshold is None else threshold):  # the usual case, asked at every redraw
             return None
         active = [s.rank for s in self.ranks if s.status in ACTIVE and not s.gone]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Iterable
 
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, procs, wire
-from ...shared.events import Allocation, Event, LauncherExited, LauncherOutput, RankFinished, RankStarted, StreamDecoder
+from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
+                              RankStarted, StreamDecoder)
 from ...shared.layout import RESULTS
 from .. import launcher as launchers
 from . import cluster, commands
@@ -63,6 +64,7 @@ class SlurmBackend:
             raise SlurmSetupError(f"Slurm would refuse the job: {commands.said(tested)} (sbatch --test-only); "
                                   "nothing was submitted")
         self.expected_start = (tested.stderr or tested.stdout).strip().removeprefix("sbatch: ")
+        self.stall_after = config.get("stall_after")  # seconds of quiet before the ranks are asked for their stacks
         self.srun = bool(options.slurm.get("srun"))
         if self.srun:
             offered = commands.run("srun", "--mpi=list")
@@ -127,7 +129,7 @@ class SlurmBackend:
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
         job_id = submitted.stdout.strip().split(";")[0]
-        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), self.stall_after)
 
 
 class SlurmJob:
@@ -138,9 +140,9 @@ class SlurmJob:
     launcher = None  # the launcher runs on a node of the cluster
     stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
 
-    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder,
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float = 30.0,
                  watcher: QueueWatcher = WATCHER):
-        self.job_id, self.name, self.job_dir = job_id, name, job_dir
+        self.job_id, self.name, self.job_dir, self.stall_after = job_id, name, job_dir, stall_after
         self._decoder, self._watcher = decoder, watcher
         self._queue: queue.Queue[list[Event]] = queue.Queue()
         self._held: list[Event] = []
@@ -150,6 +152,8 @@ class SlurmJob:
         self._started: set[int] = set()
         self._reported: set[int] = set()
         self._failure_seen = False
+        self._active_at = time.monotonic()  # when a rank last printed or made progress
+        self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._launcher_log = launchers.LauncherLog()
         self._watchdog = _watchdog(job_id)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} files", daemon=True).start()
@@ -185,17 +189,27 @@ class SlurmJob:
                     read = True
             if done:
                 break
-            if self._ended is not None:
+            if self._ended is not None:  # (the exit status is waited for only where a launcher ran)
                 ended_at = ended_at or time.monotonic()
-                if time.monotonic() - ended_at > EXIT_WAIT:
+                if not self._started or time.monotonic() - ended_at > EXIT_WAIT:
                     for tail in tails:
                         self._deliver(tail.read(final=True), tail.stream)
                     break
+            self._ask_if_stalled()
             nap = READ_SOON if read else min(nap * 2, READ_LATER)
             time.sleep(nap)
         self._watcher.forget(self.job_id)
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), self._end(exit_path)])
+
+    def _ask_if_stalled(self) -> None:
+        """Once running ranks have been quiet for ``stall_after`` seconds, ask each for its stack (once
+        per quiet spell): the answers come as events, and the notebook makes the roll-call of them."""
+        quiet_since = self._active_at
+        if (self._asked_at != quiet_since and self._started - self._reported and self._ended is None
+                and time.monotonic() - quiet_since > self.stall_after):
+            self._asked_at = quiet_since
+            self.request_stacks()
 
     def _deliver(self, lines: list[str], stream: str) -> None:
         if not lines:
@@ -209,6 +223,9 @@ class SlurmJob:
                 self._failure_seen = self._failure_seen or not event.ok
             elif isinstance(event, LauncherOutput):
                 self._launcher_log.add(event.text)
+                continue
+            if isinstance(event, (Output, Progress, Metrics, RankStarted, RankFinished)):
+                self._active_at = time.monotonic()
         if decoded:
             self._queue.put(decoded)
 

@@ -13,7 +13,7 @@ from ...shared.slurmtime import seconds
 from . import commands
 
 FIRST, LONGEST, GROWTH = 2.0, 30.0, 1.5  # seconds between polls: the first, the longest, and the step
-FORMAT = "%i|%T|%r|%S|%L"  # job id, state, reason, (estimated) start, time left
+FORMAT = "%i|%T|%r|%S|%l|%L"  # job id, state, reason, (estimated) start, time limit, time left
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT"})
 
@@ -35,10 +35,11 @@ def parse(text: str) -> dict[str, JobState]:
     found = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 5:
+        if len(fields) != 6:
             continue
-        job_id, state, reason, start, left = fields
-        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), seconds(left))
+        job_id, state, reason, start, limit, left = fields
+        time_left = seconds(left) if seconds(limit) is not None else None  # (without a limit, %L shows a year)
+        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), time_left)
     return found
 
 
