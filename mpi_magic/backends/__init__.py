@@ -22,7 +22,7 @@ def get_backend(name: str, config, options) -> Backend:
         settings, aws = resolve(options.cloud)
         return SageMakerBackend(settings, aws, options.requirements, config.get("live_tail"), config.get("stall_after"))
     if name == "slurm":
-        from .slurm.backend import SlurmBackend
+        from .slurm.batch_job import SlurmBackend
 
         return SlurmBackend(config, options)
     raise BackendNotAvailable(f"there is no {name!r} backend; use local, sagemaker or slurm")

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, procs, wire
@@ -302,7 +302,7 @@ class _Tail:
 
     def __init__(self, path: str, stream: str):
         self.path, self.stream = path, stream
-        self._file = None
+        self._file: BinaryIO | None = None
         self._rest = b""
 
     def read(self, final: bool = False) -> list[str]:
@@ -313,7 +313,8 @@ class _Tail:
             except FileNotFoundError:
                 return []
         chunks = [self._rest]
-        for chunk in iter(lambda: self._file.read(READ_CHUNK), b""):
+        file = self._file
+        for chunk in iter(lambda: file.read(READ_CHUNK), b""):
             chunks.append(chunk)
         data = b"".join(chunks)
         lines = data.split(b"\n")
@@ -322,7 +323,7 @@ class _Tail:
             if self._rest:
                 lines.append(self._rest)
             self._rest = b""
-            self._file.close()
+            file.close()
             self._file = None
         return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
 
