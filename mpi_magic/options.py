@@ -120,7 +120,7 @@ SETTINGS = {s.name: s for s in [
     Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
     Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
     Setting("idle_timeout", None, _positive_float,
-            "seconds a session may sit idle before its ranks stop (a SageMaker session's default: 1800)"),
+            "seconds a session may sit idle before its ranks stop (a SageMaker or Slurm session's default: 1800)"),
     Setting("heartbeat", 60.0, _positive_float, "sagemaker sessions: seconds between the notebook's heartbeats"),
     Setting("heartbeat_limit", 600.0, _positive_float,
             "sagemaker sessions: the job ends itself when the notebook's heartbeat is older than this"),
@@ -144,6 +144,8 @@ SETTINGS = {s.name: s for s in [
     Setting("qos", None, _text, "slurm: quality of service"),
     Setting("time", None, _text, "slurm: time limit of each job, as sbatch --time takes it (e.g. 30, 1:00:00)"),
     Setting("slurm_args", "", _split_args, "slurm: extra sbatch arguments for every job"),
+    Setting("notebook_host", None, _text,
+            "slurm sessions: the name or address the ranks reach this notebook at (default: this machine's name)"),
 ]}
 
 

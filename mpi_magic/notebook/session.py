@@ -27,6 +27,7 @@ from ..errors import JobError, SessionStartError
 from .holdings import Holdings
 from .job import CELL, ask_ranks
 from ..options import JOB_SHAPING, SAGEMAKER_ONLY, LaunchOptions
+from ..shared.slurmtime import clock
 from ..view.model import JobModel, ranks_phrase
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
@@ -34,7 +35,7 @@ QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
 # what a session's model folds during a cell too (the cell's own model gets every event)
 SESSION_FACTS = (events.RankStarted, events.RankReady, events.SessionClosing, events.LauncherExited, events.Billing,
-                 events.Resources)
+                 events.Resources, events.Allocation)
 
 
 @dataclass
@@ -365,6 +366,9 @@ class Session:
                     billed = billing.instance_seconds + billing.instances * (self.clock() - self.model.billing_at)
                     billing = dataclasses.replace(billing, instance_seconds=billed)
                 cell.queue.put(billing)
+            allocation = self.model.allocation
+            if allocation is not None and allocation.time_left is not None:  # the time left shows from the start
+                cell.queue.put(dataclasses.replace(allocation, time_left=self.model.time_left()))
         try:
             ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
         except OSError as exc:
@@ -549,6 +553,9 @@ def describe(session: Session) -> str:
     idle = session.idle_for()
     if idle is not None:
         facts.append(f"idle for: {idle:.0f}s")
+    left = session.model.time_left()
+    if left is not None:
+        facts.append(f"time left: {clock(left)}")
     memory = session.memory()
     if memory:
         from ..shared.payload import size_text

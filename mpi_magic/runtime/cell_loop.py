@@ -8,7 +8,10 @@ cell's code) and is ignored between cells. Rank 0 ends the session when told to,
 notebook is gone, or after ``--idle-timeout`` seconds without a cell.
 
 Where cells come from is one swappable piece (``LocalCells``: a Unix socket and the notebook's
-job folders; ``S3Cells``: signed messages and payloads in S3, for a SageMaker session).
+job folders; ``ClusterCells``: a TCP channel and the job folders on the cluster's shared
+filesystem, for a Slurm session; ``S3Cells``: signed messages and payloads in S3, for a SageMaker
+session). Where the notebook cannot signal the ranks (Slurm, SageMaker), an interrupt comes to
+rank 0 on the channel and goes on to the others over MPI (``RelayedInterrupts``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from . import rank as one_off
 from ..shared import envvars
 
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
-CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (S3 sessions)
+CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (Slurm and SageMaker sessions)
 CONTROL_NAP = 0.05  # seconds between the other ranks' looks for such an interrupt
 BACK_CHECK = 0.25  # seconds between rank 0's checks that every rank is back from the cell
 
 
 def main(argv: list[str]) -> int:
-    """``--session SOCKET`` (local) or ``--s3`` (a SageMaker session: the rest is in the environment)."""
+    """``--session ADDRESS`` (a Unix socket locally, ``tcp:HOST:PORT`` on a cluster) or ``--s3`` (a SageMaker
+    session: the rest is in the environment)."""
     idle_option = one_off._option(argv, "--idle-timeout")
     idle_timeout = float(idle_option) if idle_option else None
     secret = os.environ.pop(envvars.SESSION_SECRET, "")
@@ -39,7 +43,7 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI  # a session's ranks talk to each other between cells
 
     comm = MPI.COMM_WORLD
-    cells: LocalCells | S3Cells
+    cells: LocalCells | ClusterCells | S3Cells
     if "--s3" in argv:
         try:
             cells = S3Cells(place, comm)
@@ -47,7 +51,11 @@ def main(argv: list[str]) -> int:
             one_off._fail(emitter, reporter, exc)
         idle_timeout = cells.idle_timeout
     else:
-        cells = LocalCells(argv[argv.index("--session") + 1], secret, place)
+        address = argv[argv.index("--session") + 1]
+        if address.startswith(channel.TCP):
+            cells = ClusterCells(address, secret, place, comm)
+        else:
+            cells = LocalCells(address, secret, place)
     interrupts = CellInterrupts()
     namespace = one_off.new_namespace()
     emitter.emit_via(ready_writer, wire.READY, cell=0)
@@ -91,27 +99,16 @@ class LocalCells:
             self.source.close()
 
 
-class S3Cells:
-    """A SageMaker session's cells: rank 0 reads signed messages from S3 (``s3channel``); the
-    first rank of each instance downloads the payload and checks it against the signed digest
-    before any rank of the instance reads it; each rank uploads its own results. An interrupt
-    reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each)."""
+class RelayedInterrupts:
+    """Where the notebook cannot signal every rank: while a cell runs, rank 0 looks for an
+    interrupt of it on its channel (``self.end.interrupted``) from a thread, and passes it on over
+    MPI to the other ranks, each of which listens on a thread of its own."""
+
+    end: s3channel.S3RankEnd | channel.SocketRankEnd
+    poll_every = s3channel.INTERRUPT_POLL  # seconds between rank 0's looks for an interrupt
 
     def __init__(self, place: one_off.Placement, comm):
-        env = os.environ
         self.place, self.comm = place, comm
-        self.idle_timeout = float(env.get(envvars.IDLE_TIMEOUT) or 0) or None
-        limit = float(env.get(envvars.HEARTBEAT_LIMIT) or 0) or None
-        self.base = os.path.join(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "mpi_magic_session")
-        if place.rank == 0:
-            s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
-        # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
-        self.end = s3channel.S3RankEnd(env[envvars.SESSION_URI], env.get(envvars.SESSION_KEY, ""), limit,
-                                     env.get(envvars.JOB, ""), say=_say)
-        self.source = self.end if place.rank == 0 else None
-        if self.source is not None:
-            self.source.skip_cells_sent()
-        self.instance = comm.Split(place.instance, place.local_rank)
         self.control = comm.Dup()
         self._cell = 0  # the cell running on this rank (0: none)
         self._watch: tuple[threading.Event, threading.Thread] | None = None  # rank 0: interrupts of the last cell
@@ -122,6 +119,9 @@ class S3Cells:
 
     def running(self, message: dict):
         return _Running(self, message["cell"])
+
+    def cell_ended(self) -> None:
+        """Rank 0 left the cell (what the channel needs to know of it)."""
 
     def watch(self, cell: int) -> None:
         """Rank 0: look for an interrupt of ``cell`` from now until every rank is back from it."""
@@ -138,6 +138,85 @@ class S3Cells:
             stop.set()
             watcher.join()
             self._watch = None
+
+    def _listen(self) -> None:
+        """Ranks other than 0: an interrupt from rank 0 for the cell this rank runs raises in it."""
+        while True:
+            request = self.control.irecv(source=0, tag=CONTROL_TAG)
+            while True:
+                done, cell = request.test()
+                if done:
+                    break
+                time.sleep(CONTROL_NAP)
+            if cell < 0:
+                return
+            if cell == self._cell:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def _watch_for(self, cell: int, stop: threading.Event) -> None:
+        """Rank 0, while ``cell`` runs: an interrupt from the notebook goes to every rank."""
+        while not stop.wait(self.poll_every):
+            try:
+                asked = self.end.interrupted(cell)
+            except Exception as exc:  # noqa: BLE001 - the channel unreachable for a moment: look again
+                _say(f"mpi_magic session: could not look for an interrupt ({type(exc).__name__}: {exc})")
+                continue
+            if asked:
+                for other in range(1, self.comm.Get_size()):
+                    self.control.send(cell, dest=other, tag=CONTROL_TAG)
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    def close(self) -> None:
+        self.all_back()
+        if self.place.rank == 0:
+            for other in range(1, self.comm.Get_size()):
+                self.control.send(-1, dest=other, tag=CONTROL_TAG)
+        elif self._listener is not None:
+            self._listener.join()
+
+
+class ClusterCells(RelayedInterrupts, LocalCells):
+    """A Slurm session's cells: rank 0 reads them from the notebook's TCP channel; payloads and
+    results are in the notebook's job folders, on the filesystem the cluster's nodes share."""
+
+    poll_every = 0.1  # a look is a read of a socket rank 0 holds: cheap
+
+    def __init__(self, address: str, secret: str, place: one_off.Placement, comm):
+        LocalCells.__init__(self, address, secret, place)
+        RelayedInterrupts.__init__(self, place, comm)
+        if self.source is not None:
+            self.end = self.source
+
+    def close(self) -> None:
+        RelayedInterrupts.close(self)
+        LocalCells.close(self)
+
+
+class S3Cells(RelayedInterrupts):
+    """A SageMaker session's cells: rank 0 reads signed messages from S3 (``s3channel``); the
+    first rank of each instance downloads the payload and checks it against the signed digest
+    before any rank of the instance reads it; each rank uploads its own results. An interrupt
+    reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each)."""
+
+    def __init__(self, place: one_off.Placement, comm):
+        env = os.environ
+        self.idle_timeout = float(env.get(envvars.IDLE_TIMEOUT) or 0) or None
+        limit = float(env.get(envvars.HEARTBEAT_LIMIT) or 0) or None
+        self.base = os.path.join(env.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "mpi_magic_session")
+        if place.rank == 0:
+            s3channel.ensure_verifier()  # before any message is read: nothing runs unchecked
+        # every rank may upload results (with --gather), so every rank has an S3 end; only rank 0 receives
+        self.end = s3channel.S3RankEnd(env[envvars.SESSION_URI], env.get(envvars.SESSION_KEY, ""), limit,
+                                     env.get(envvars.JOB, ""), say=_say)
+        self.source = self.end if place.rank == 0 else None
+        if self.source is not None:
+            self.source.skip_cells_sent()
+        self.instance = comm.Split(place.instance, place.local_rank)
+        super().__init__(place, comm)
+
+    def cell_ended(self) -> None:
+        self.end.cell_ended()
 
     def payload(self, message: dict) -> tuple[str, str | None]:
         folder = os.path.join(self.base, f"cell-{message['cell']}")
@@ -175,47 +254,11 @@ class S3Cells:
 
             shutil.rmtree(os.path.dirname(os.path.dirname(path)), ignore_errors=True)  # the scratch folder
 
-    def _listen(self) -> None:
-        """Ranks other than 0: an interrupt from rank 0 for the cell this rank runs raises in it."""
-        while True:
-            request = self.control.irecv(source=0, tag=CONTROL_TAG)
-            while True:
-                done, cell = request.test()
-                if done:
-                    break
-                time.sleep(CONTROL_NAP)
-            if cell < 0:
-                return
-            if cell == self._cell:
-                os.kill(os.getpid(), signal.SIGINT)
-
-    def _watch_for(self, cell: int, stop: threading.Event) -> None:
-        """Rank 0, while ``cell`` runs: an interrupt from the notebook goes to every rank."""
-        while not stop.wait(s3channel.INTERRUPT_POLL):
-            try:
-                asked = self.end.interrupted(cell)
-            except Exception as exc:  # noqa: BLE001 - S3 unreachable for a moment: look again
-                _say(f"mpi_magic session: could not look for an interrupt ({type(exc).__name__}: {exc})")
-                continue
-            if asked:
-                for other in range(1, self.comm.Get_size()):
-                    self.control.send(cell, dest=other, tag=CONTROL_TAG)
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-
-    def close(self) -> None:
-        self.all_back()
-        if self.place.rank == 0:
-            for other in range(1, self.comm.Get_size()):
-                self.control.send(-1, dest=other, tag=CONTROL_TAG)
-        elif self._listener is not None:
-            self._listener.join()
-
 
 class _Running:
     """While a cell runs, the rank knows which one (for interrupts); rank 0 starts watching for them."""
 
-    def __init__(self, cells: S3Cells, cell: int):
+    def __init__(self, cells: RelayedInterrupts, cell: int):
         self.cells, self.cell = cells, cell
 
     def __enter__(self) -> None:
@@ -226,7 +269,7 @@ class _Running:
     def __exit__(self, *exc_info) -> None:
         self.cells._cell = 0
         if self.cells.place.rank == 0:
-            self.cells.end.cell_ended()
+            self.cells.cell_ended()
 
 
 class _Nothing:
@@ -245,7 +288,7 @@ def _say(text: str) -> None:
 
 
 def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | None, idle_timeout: float | None,
-                  emitter: wire.Emitter, cells: LocalCells | S3Cells) -> dict:
+                  emitter: wire.Emitter, cells: LocalCells | ClusterCells | S3Cells) -> dict:
     """Rank 0: the notebook's next message (a stop of its own making when the notebook is gone
     or the session has idled too long); every rank: that message, broadcast.
 
@@ -294,7 +337,7 @@ def _wait_without_spinning(request) -> None:
 
 
 def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: dict,
-             interrupts: CellInterrupts, cells: LocalCells | S3Cells) -> None:
+             interrupts: CellInterrupts, cells: LocalCells | ClusterCells | S3Cells) -> None:
     """One cell in the session's globals: load what the notebook sent, run, report, write results."""
     one_off.announce(emitter, place)
     try:

@@ -241,3 +241,58 @@ def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(cluster, mon
     assert len(polls) <= 8, len(polls)
     assert all(seen[job_id][-1].state == "RUNNING" for job_id in ids)
     assert wait_until(lambda: _queue(cluster) == [], 30)
+
+
+def test_a_session_is_one_allocation_whose_ranks_keep_state_between_cells(slurm, sessions, cluster, capsys):
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --time 30 --out s")
+    session = slurm.user_ns["s"]
+    assert [line.split()[2] for line in _queue(cluster)] == ["RUNNING"]  # one job holds the allocation
+    slurm.user_ns["x"] = 3
+    run(slurm, "--quiet", "import os\nfrom mpi4py import MPI\ncount = MPI.COMM_WORLD.allreduce(1)\n"
+                          "nodes = MPI.COMM_WORLD.allgather(os.environ['SLURMD_NODENAME'])")
+    assert slurm.user_ns["count"] == 4 and slurm.user_ns["nodes"] == ["n1", "n1", "n2", "n2"]
+    took = []
+    for _ in range(5):
+        started = time.monotonic()
+        run(slurm, "--quiet", "count += x")
+        took.append(time.monotonic() - started)
+    assert slurm.user_ns["count"] == 4 + 5 * 3, "the ranks kept count between cells"
+    assert sorted(took)[2] < 1.0, took  # (milliseconds here: benchmarks/bench_slurm.py measures them)
+    slurm.run_line_magic("mpirun_session", "status")
+    status = capsys.readouterr().out
+    assert f"Slurm job {session.job_name}: running" in status and "time left: 29:" in status, status
+    with once(lambda: session.status == "running", _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
+        run(slurm, "", "import time\ntime.sleep(300)")
+    run(slurm, "--quiet", "after = count")  # the interrupt reached every rank, and the session is kept
+    assert slurm.user_ns["after"] == 19 and session.status == "idle"
+    slurm.run_line_magic("mpirun_session", "stop")
+    assert wait_until(lambda: _queue(cluster) == [], GONE_WITHIN), _queue(cluster)
+
+
+def test_a_session_ends_after_its_idle_timeout(slurm, sessions, cluster):
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --idle-timeout 2 --out s")
+    session = slurm.user_ns["s"]
+    assert wait_until(lambda: session.status == "stopped", 30)
+    assert "idle for 2s" in session.ended_reason
+    assert wait_until(lambda: _queue(cluster) == [], GONE_WITHIN), _queue(cluster)
+
+
+def test_a_killed_kernel_ends_its_session(cluster, tmp_path):
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import os, sys, time
+        from IPython.core.interactiveshell import InteractiveShell
+        os.environ["MPI_MAGIC_CACHE_DIR"] = {str(tmp_path)!r}
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpi_magic")
+        ip.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --quiet --out s")
+        print(ip.user_ns["s"].name, flush=True)
+        time.sleep(300)
+        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **cluster.environ})
+    try:
+        name = kernel.stdout.readline().strip()
+        assert name and _listed(cluster, name), _queue(cluster)
+    finally:
+        kernel.kill()
+        kernel.wait()
+        kernel.stdout.close()
+    assert wait_until(lambda: not _listed(cluster, name), GONE_WITHIN), _queue(cluster)

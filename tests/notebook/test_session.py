@@ -319,9 +319,10 @@ def test_the_channel_accepts_only_the_secret_and_then_nobody(tmp_path):
         assert stat.S_IMODE(os.stat(channel.path).st_mode) == 0o600
         intruder = socket.socket(socket.AF_UNIX)
         intruder.connect(channel.path)
-        intruder.sendall(b"guess\n")
+        intruder.sendall(b"guess\n")  # (the secret itself, sent as before, would be no proof either)
         assert not channel.try_accept() and not channel.connected
-        assert intruder.recv(16) == b"", "dropped without an answer"
+        challenge = intruder.makefile("rb").readline()
+        assert len(challenge) == 33 and intruder.recv(16) == b"", "a challenge, then dropped without an answer"
         intruder.close()
         result = {}
         thread = threading.Thread(target=lambda: result.setdefault("end", SocketRankEnd(channel.path, "s3cret")))

@@ -10,13 +10,12 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 from notebook_runs import NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
-from mpi_magic.testing import slurm_cluster
+from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
 
 
 @pytest.mark.parametrize("name", execute.NOTEBOOKS)
@@ -160,30 +159,20 @@ def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_and_follows_the_
             assert errors[0] == errors[1], "the stored error is what execution shows"
 
 
-@pytest.fixture
-def own_slurm_cluster():
-    """A 4-node Slurm cluster of this test's own, under /tmp (munge's socket path has a length limit)."""
-    cluster = slurm_cluster.SlurmCluster(tempfile.mkdtemp(prefix="mpi_magic_slurm_nb_"), nodes=4).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop(remove=True)
-
-
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
-                    reason=f"Slurm is not installed here (apt-get install {slurm_cluster.PACKAGES}; .ci/run does)")
+@pytest.mark.skipif(bool(missing_programs()),
+                    reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
 def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_failing_ranks_node(
-        tmp_path, own_slurm_cluster):
-    cluster = own_slurm_cluster
-    nb = executed("slurm.ipynb", tmp_path, cloud=cluster.environ)  # SLURM_CONF set: the notebook starts no cluster
+        tmp_path, slurm_cluster):
+    nb = executed("slurm.ipynb", tmp_path, cloud=slurm_cluster.environ)  # SLURM_CONF set: the notebook starts none
     shown = text_of(code_cell(nb, "print(total, nodes)").outputs).splitlines()
     assert shown[0] == "100.0 ['n1', 'n1', 'n2', 'n2']", "2 tasks on each of 2 nodes, summed with mpi4py"
     assert "slurm completed: 4 ranks (4 completed)" in shown[1]
     assert shown[2] == "[(0, 0, 'n1'), (1, 0, 'n1'), (2, 1, 'n2'), (3, 1, 'n2')]", "each rank's host is its node"
     assert text_of(code_cell(nb, "where").outputs) == "[(0, 0, 'n1'), (1, 0, 'n1'), (2, 1, 'n2'), (3, 1, 'n2')]"
     planned = text_of(code_cell(nb, "%%mpirun_remote --backend slurm --instances 2 --gpus 2 --dry-run").outputs)
-    assert re.search(r"^\S*sbatch --parsable .* --nodes=2 --ntasks-per-node=2 \S+/batch\.sh$", planned, re.MULTILINE), planned
+    assert re.search(r"^\S*sbatch --parsable .* --nodes=2 --ntasks-per-node=2 \S+/batch\.sh$", planned,
+                     re.MULTILINE), planned
     assert re.search(r"^\S*mpirun -np 4 .* -m mpi_magic\.runtime ", planned, re.MULTILINE), planned
     assert re.search(r"^sbatch --test-only: Job \d+ to start at .* on nodes n\S+ in partition debug$", planned,
                      re.MULTILINE), planned
@@ -206,6 +195,6 @@ def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_fai
             errors = [_comparable([o for o in cell.outputs if o.output_type == "error"]) for cell in (ran, kept)]
             assert errors[0] == errors[1], "the stored error is what execution shows"
     deadline = time.monotonic() + 30
-    while (queued := cluster.run("squeue", "-h", "-o", "%i %T").stdout.strip()) and time.monotonic() < deadline:
+    while (queued := slurm_cluster.run("squeue", "-h", "-o", "%i %T").stdout.strip()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not queued, f"the notebook left jobs in the queue: {queued}"

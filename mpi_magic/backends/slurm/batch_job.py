@@ -27,7 +27,8 @@ from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
-    from ..base import Backend, BackendJob
+    from ..base import BackendJob, SessionBackend
+    from .allocation import SlurmSessionRanks
 
 READ_SOON, READ_LATER = 0.02, 0.25  # seconds between looks at the launcher's files: after output, and when quiet
 EXIT_WAIT = 5.0  # seconds the exit file gets to show after Slurm says the job ended (a shared filesystem's caches)
@@ -84,9 +85,8 @@ class SlurmBackend:
                     f"{options.procs_per_instance} processes per node; they will share"]
         return []
 
-    def launch(self, job_dir: str, digest: str | None, options: LaunchOptions) -> list[str]:
-        """The command the batch script runs: the launcher, then every rank's runtime."""
-        command = [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
+    def launch(self, command: list[str], options: LaunchOptions) -> list[str]:
+        """The command the batch script runs: the launcher, then ``command`` (every rank's runtime)."""
         if self.srun:
             return [commands.client("srun"), "--mpi=pmix", "--label", "--kill-on-bad-exit=1", *command]
         # the allocation has a slot for each rank: never --oversubscribe
@@ -104,32 +104,43 @@ class SlurmBackend:
             **options.env,
         }
 
-    def _write(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions,
-               token: str) -> list[str]:
+    def _write(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
+               env: dict[str, str]) -> list[str]:
         """The batch script, written into the job folder; returns the sbatch line that submits it."""
-        script = batch_script(job_name, job_dir, self.launch(job_dir, digest, options),
-                              self.environment(job_name, token, options))
+        script = batch_script(job_name, job_dir, self.launch(command, options), env)
         with jobdir.open_private(os.path.join(job_dir, SCRIPT_FILE), "w") as f:
             f.write(script)
         return sbatch_argv(self.sbatch, job_dir, job_name, options, self.partition.gpus_per_node)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the batch script, the sbatch line, and what ``sbatch --test-only`` said."""
-        argv = self._write(job_dir, job_name, digest, options, "<event token>")
+        argv = self._write(job_dir, job_name, _runtime(job_dir, digest), options,
+                           self.environment(job_name, "<event token>", options))
         with open(os.path.join(job_dir, SCRIPT_FILE)) as f:
             script = f.read()
         return (f"batch script {os.path.join(job_dir, SCRIPT_FILE)}:\n{script}\nsbatch line:\n"
                 + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
+        return self._submit(job_dir, job_name, _runtime(job_dir, digest), options, {}, self.stall_after)
+
+    def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
+        """One allocation whose ranks wait for cells from this notebook's channel (``allocation.py``)."""
+        from .allocation import start
+
+        return start(self, name, options, config)
+
+    def _submit(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
+                extra_env: dict[str, str], stall_after: float | None) -> SlurmJob:
         token = wire.new_token()
-        argv = self._write(job_dir, job_name, digest, options, token)
+        env = {**self.environment(job_name, token, options), **extra_env}
+        argv = self._write(job_dir, job_name, command, options, env)
         submitted = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                    timeout=commands.CALL_LIMIT)
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
         job_id = submitted.stdout.strip().split(";")[0]
-        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), self.stall_after)
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), stall_after)
 
 
 class SlurmJob:
@@ -140,7 +151,7 @@ class SlurmJob:
     launcher = None  # the launcher runs on a node of the cluster
     stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
 
-    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float = 30.0,
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float | None = 30.0,
                  watcher: QueueWatcher = WATCHER):
         self.job_id, self.name, self.job_dir, self.stall_after = job_id, name, job_dir, stall_after
         self._decoder, self._watcher = decoder, watcher
@@ -155,6 +166,7 @@ class SlurmJob:
         self._active_at = time.monotonic()  # when a rank last printed or made progress
         self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._launcher_log = launchers.LauncherLog()
+        self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._watchdog = _watchdog(job_id)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} files", daemon=True).start()
         watcher.watch(job_id, self._on_state)
@@ -201,11 +213,14 @@ class SlurmJob:
         self._watcher.forget(self.job_id)
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), self._end(exit_path)])
+        self.over.set()
 
     def _ask_if_stalled(self) -> None:
         """Once running ranks have been quiet for ``stall_after`` seconds, ask each for its stack (once
         per quiet spell): the answers come as events, and the notebook makes the roll-call of them."""
         quiet_since = self._active_at
+        if self.stall_after is None:  # a session's ranks are quiet between cells
+            return
         if (self._asked_at != quiet_since and self._started - self._reported and self._ended is None
                 and time.monotonic() - quiet_since > self.stall_after):
             self._asked_at = quiet_since
@@ -251,6 +266,16 @@ class SlurmJob:
         return LauncherExited(None, reason=reason)
 
     # -- BackendJob ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> JobState | None:
+        """What squeue said last (None before it answered)."""
+        return self._state
+
+    @property
+    def started(self) -> bool:
+        """Whether a rank has started (the launcher runs)."""
+        return bool(self._started)
 
     @property
     def finished(self) -> bool:
@@ -328,6 +353,11 @@ class _Tail:
         return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
 
 
+def _runtime(job_dir: str, digest: str | None) -> list[str]:
+    """Every rank's runtime, for the cell whose payload is in ``job_dir``."""
+    return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
+
+
 def _watchdog(job_id: str) -> subprocess.Popen:
     """A process of its own session that cancels the job when the notebook's end of its pipe
     closes without saying "ended": the kernel exited or was killed."""
@@ -355,7 +385,7 @@ def _quoted(argv: list[str]) -> list[str]:
 
 
 if TYPE_CHECKING:  # read by the type checker only
-    def _is_backend(backend: SlurmBackend) -> Backend:
+    def _is_backend(backend: SlurmBackend) -> SessionBackend:
         return backend
 
     def _is_backend_job(job: SlurmJob) -> BackendJob:

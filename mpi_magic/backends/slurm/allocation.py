@@ -1,0 +1,118 @@
+"""A session on Slurm: one allocation (one batch job) whose ranks wait for cells.
+
+Rank 0 connects to a TCP port this notebook listens on (``shared/channel.py``: it proves the
+session's secret, and every message is signed), so a cell reaches the ranks in milliseconds over
+the cluster's network; payloads and results stay in the job folders on the shared filesystem,
+and the ranks' events come through the launcher's files there, as for a one-off job. An
+interrupt is a message to rank 0, which passes it on to every rank over MPI. The session ends
+after ``--idle-timeout`` without a cell, at the allocation's time limit, when the notebook closes
+the channel, and, if the kernel is killed, by the job's watchdog (``scancel``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from typing import TYPE_CHECKING, Iterable
+
+from ...shared import envvars, jobdir
+from ...shared.channel import SocketChannel
+from ...shared.events import Event
+from ...shared.layout import RESULTS
+
+if TYPE_CHECKING:
+    from ...options import Config, LaunchOptions
+    from ..base import SessionRanks
+    from .batch_job import SlurmBackend, SlurmJob
+
+IDLE_TIMEOUT = 1800.0  # seconds an allocation may sit without a cell, unless --idle-timeout says
+START_LIMIT = 1800.0  # seconds from submitting until every rank is up: the queue wait included
+LEAVE_WAIT = 5.0  # seconds the ranks get to leave by themselves once the channel is closed
+STOP_WAIT = 30.0  # seconds a stop waits for Slurm to end the job
+
+
+def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
+    """Submit the allocation; returns once it is submitted (its ranks connect when Slurm starts them)."""
+    folder = os.path.join(config.get("cache_dir"), "slurm", name)  # its batch script and launcher's files
+    jobdir.make_private_dirs(folder)
+    secret = secrets.token_hex(32)
+    cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or socket.getfqdn())
+    idle = options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT
+    command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
+    try:
+        job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, None)
+    except BaseException:
+        cells.close()
+        raise
+    return SlurmSessionRanks(job, cells)
+
+
+class SlurmSessionRanks:
+    """A session's batch job, and the channel to its rank 0."""
+
+    stop_description = "an interrupt to rank 0, which passes it on to every rank"
+    latency = 0.0
+    released = None  # the allocation ends with the notebook: no other notebook takes it over
+    start_limit = START_LIMIT
+    launcher = None  # the launcher runs on a node of the cluster
+    stacks_dir = None
+
+    def __init__(self, job: SlurmJob, cells: SocketChannel):
+        self.job, self.cells = job, cells
+        self.name = job.name
+        self._cell = 0  # the cell sent last, which an interrupt is for
+
+    @property
+    def job_name(self) -> str:
+        return self.job.job_id
+
+    @property
+    def finished(self) -> bool:
+        return self.job.finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        return self.job.poll(timeout)
+
+    def connect(self) -> bool:
+        return self.cells.try_accept()
+
+    def send(self, message: dict) -> None:
+        if message.get("kind") == "cell":
+            self._cell = message["cell"]
+        self.cells.send(message)
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """The ranks wrote their results into the cell's folder, on the shared filesystem."""
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
+        if self._cell:
+            self.cells.send({"kind": "interrupt", "cell": self._cell})
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        return {}  # each rank's memory comes with its events (the resources it reports)
+
+    def facts(self) -> list[str]:
+        state = "ended" if self.job.over.is_set() else self.job.state.state.lower() if self.job.state else "submitted"
+        return [f"Slurm job {self.job.job_id}: {state}"]
+
+    def let_go(self, reason: str) -> None:
+        """An allocation cannot outlive the notebook's hold on it: it is stopped."""
+        self.stop(wait=False)
+
+    def stop(self, wait: bool = True) -> None:
+        """Close the channel (rank 0 then ends the session and the job with it); cancel the job
+        if it does not end by itself (``scancel``; at once while it waits in the queue)."""
+        self.cells.close()
+        if self.job.over.wait(LEAVE_WAIT if wait and self.job.started else 0):
+            return
+        self.job.cancel()
+        if wait:
+            self.job.over.wait(STOP_WAIT)
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_session_ranks(ranks: SlurmSessionRanks) -> SessionRanks:
+        return ranks
