@@ -438,7 +438,11 @@ class Follower:
             self.tick()
             now = clock()
             if deadline is not None and now > deadline and not backend_job.finished:
+                queued = job.model.phase == "queued"
                 self._stop("timeout")
+                if queued:
+                    return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s still waiting in the "
+                                           "scheduler's queue, and was cancelled (--timeout counts the wait too)")
                 stopped = (self.settings.stopped_message(job.name) if self.settings.stopped_message
                            else f"all {job.world_size} ranks were stopped")
                 return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s; {stopped} "

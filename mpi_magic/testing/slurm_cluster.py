@@ -172,6 +172,7 @@ TmpFS={root}/tmp-%n
 StateSaveLocation={root}/state
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1
+KillWait=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none

@@ -15,7 +15,7 @@ import time
 import pytest
 from helpers import once, once_running, run, wait_until
 
-from mpi_magic.errors import JobTimeoutError, RemoteRankError, SlurmSetupError
+from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
 from mpi_magic.testing import slurm_cluster
 from mpi_magic.testing.slurm_cluster import PACKAGES, SlurmCluster
 
@@ -296,3 +296,21 @@ def test_a_killed_kernel_ends_its_session(cluster, tmp_path):
         kernel.wait()
         kernel.stdout.close()
     assert wait_until(lambda: not _listed(cluster, name), GONE_WITHIN), _queue(cluster)
+
+
+def test_a_timeout_while_queued_says_the_job_never_left_the_queue(slurm, cluster):
+    blocker = cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null", "--wrap=sleep 300")
+    try:
+        with pytest.raises(JobTimeoutError) as raised:
+            run(slurm, "--backend slurm -i 2 -g 1 --timeout 4", "x = 1")
+        assert "still waiting in the scheduler's queue, and was cancelled (--timeout counts the wait too)" in \
+            str(raised.value)
+    finally:
+        cluster.run("scancel", blocker.stdout.strip())
+
+
+def test_more_tasks_per_node_than_cpus_is_one_sentence(slurm, cluster):
+    with pytest.raises(SlurmSetupError) as raised:
+        run(slurm, "--backend slurm --gpus 3", "x = 1")
+    assert str(raised.value) == ("--gpus 3 asks for more tasks per node than partition debug's nodes have CPUs (2); "
+                                 "lower --gpus, or let tasks share CPUs with --slurm-args --overcommit")

@@ -82,6 +82,7 @@ class SlurmSessionRanks:
         if message.get("kind") == "cell":
             self._cell = message["cell"]
         self.cells.send(message)
+        self.job.expect_output()
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote their results into the cell's folder, on the shared filesystem."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
-from ...shared import envvars, jobdir, procs, wire
+from ...shared import envvars, jobdir, wire
 from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
                               RankStarted, StreamDecoder)
 from ...shared.layout import RESULTS
@@ -30,11 +31,14 @@ if TYPE_CHECKING:
     from ..base import BackendJob, SessionBackend
     from .allocation import SlurmSessionRanks
 
-READ_SOON, READ_LATER = 0.02, 0.25  # seconds between looks at the launcher's files: after output, and when quiet
+# seconds between looks at the launcher's files: just after a session's cell was sent, after output, and
+# when quiet (each look is a read of two open files: cheap)
+READ_AT_ONCE, READ_SOON, READ_LATER = 0.002, 0.02, 0.25
 EXIT_WAIT = 5.0  # seconds the exit file gets to show after Slurm says the job ended (a shared filesystem's caches)
 INTERRUPT_GRACE = 5.0  # seconds between SIGINT to every process of the job and cancelling it
 READ_CHUNK = 1 << 16
-# Why Slurm ended a job whose launcher never wrote its exit status, in the user's words.
+# Why Slurm ended a job, in the user's words: by its state in squeue, or by what slurmstepd wrote into the
+# job's error file ("*** JOB 40 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***").
 ENDED_BY_SLURM = {
     "TIMEOUT": "the job reached its Slurm time limit (--time)",
     "CANCELLED": "the job was cancelled in Slurm (scancel) from outside this notebook",
@@ -44,6 +48,8 @@ ENDED_BY_SLURM = {
     "BOOT_FAIL": "a node failed to boot (BOOT_FAIL)",
     "DEADLINE": "the job passed its deadline",
 }
+_STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_DUE_TO = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 
 
 class SlurmBackend:
@@ -97,7 +103,6 @@ class SlurmBackend:
         return {
             envvars.INSTANCES: str(options.instances),
             envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
-            envvars.MASTER_PORT: str(procs.free_port()),
             envvars.JOB: job_name,
             envvars.EVENT_TOKEN: token,
             envvars.STACKS_EVENTS: "1",  # a rank asked for its stack sends it as an event: its pid is on another node
@@ -167,6 +172,7 @@ class SlurmJob:
         self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._launcher_log = launchers.LauncherLog()
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
+        self._wake = threading.Event()  # set when output is due (a session's cell was sent)
         self._watchdog = _watchdog(job_id)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} files", daemon=True).start()
         watcher.watch(job_id, self._on_state)
@@ -209,7 +215,9 @@ class SlurmJob:
                     break
             self._ask_if_stalled()
             nap = READ_SOON if read else min(nap * 2, READ_LATER)
-            time.sleep(nap)
+            if self._wake.wait(nap):
+                self._wake.clear()
+                nap = READ_AT_ONCE
         self._watcher.forget(self.job_id)
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), self._end(exit_path)])
@@ -250,12 +258,13 @@ class SlurmJob:
                 returncode: int | None = int(f.read().strip() or "0")
         except (OSError, ValueError):
             returncode = None
-        if returncode is not None:
+        said = self._slurm_said()
+        if returncode is not None and said is None:
             gone = set() if self._failure_seen else self._started - self._reported
             return self._launcher_log.ended(returncode, bool(self._started), gone)
-        state = self._ended.state if self._ended else "GONE"
+        state = said or (self._ended.state if self._ended else "GONE")
         if self._cancelled:
-            return LauncherExited(None)
+            return LauncherExited(returncode)
         if state in ENDED_BY_SLURM:
             reason = ENDED_BY_SLURM[state]
         elif not self._started:
@@ -264,6 +273,21 @@ class SlurmJob:
         else:
             reason = f"the job ended ({state}) without its launcher's exit status"
         return LauncherExited(None, reason=reason)
+
+    def expect_output(self) -> None:
+        """Output is due (a session's cell was just sent): look at the files again at once, and often."""
+        self._wake.set()
+
+    def _slurm_said(self) -> str | None:
+        """The state Slurm ended the job in, as slurmstepd wrote it into the error file (at once,
+        where squeue may say it seconds later), else as squeue said it; None where Slurm did not end it."""
+        for line in reversed(self._launcher_log.lines):
+            found = _STEPD_SAYS.search(line)
+            if found:
+                return _DUE_TO.get(found[1] or "", "CANCELLED")
+        if self._ended is not None and self._ended.state in ENDED_BY_SLURM:
+            return self._ended.state
+        return None
 
     # -- BackendJob ------------------------------------------------------------------------
 

@@ -18,27 +18,28 @@ class Partition:
     nodes: int
     max_time: float | None  # seconds; None: no limit
     gpus_per_node: int  # the fewest GPUs (gres gpu) any of its nodes has; 0: none
+    cpus_per_node: int  # the fewest CPUs any of its nodes has
 
 
 def partitions() -> dict[str, Partition]:
     """Every partition this user may see, by name."""
-    shown = commands.run("sinfo", "-h", "-o", "%P|%D|%l|%G")
+    shown = commands.run("sinfo", "-h", "-o", "%P|%D|%l|%G|%c")
     if shown.returncode != 0:
         raise SlurmSetupError(f"sinfo failed: {commands.said(shown)}; is this machine a client of the cluster "
                               "(SLURM_CONF, munge)?")
-    rows: dict[str, list[tuple[int, str, int]]] = {}
+    rows: dict[str, list[tuple[int, str, int, int]]] = {}
     defaults = set()
     for line in shown.stdout.splitlines():
         parts = line.strip().split("|")
-        if len(parts) != 4:
+        if len(parts) != 5:
             continue
-        name, nodes, limit, gres = parts
+        name, nodes, limit, gres, cpus = parts
         if name.endswith("*"):
             name = name[:-1]
             defaults.add(name)
-        rows.setdefault(name, []).append((int(nodes or 0), limit, gpu_count(gres)))
+        rows.setdefault(name, []).append((int(nodes or 0), limit, gpu_count(gres), int(cpus.rstrip("+") or 0)))
     return {name: Partition(name, name in defaults, sum(r[0] for r in found), seconds(found[0][1]),
-                            min(r[2] for r in found))
+                            min(r[2] for r in found), min(r[3] for r in found))
             for name, found in rows.items()}
 
 
@@ -79,6 +80,11 @@ def chosen(options: LaunchOptions, known: dict[str, Partition]) -> Partition:
     if options.instances > partition.nodes:
         raise SlurmSetupError(f"--instances {options.instances} asks for more nodes than partition {partition.name} "
                               f"has ({partition.nodes}); lower --instances or choose another --partition")
+    overcommit = {"-O", "--overcommit"} & set(settings.get("sbatch_args", []))
+    if options.procs_per_instance > partition.cpus_per_node and not overcommit:
+        raise SlurmSetupError(f"--gpus {options.procs_per_instance} asks for more tasks per node than partition "
+                              f"{partition.name}'s nodes have CPUs ({partition.cpus_per_node}); lower --gpus, or let "
+                              "tasks share CPUs with --slurm-args --overcommit")
     asked = seconds(settings["time"]) if settings.get("time") else None
     if asked is not None and partition.max_time is not None and asked > partition.max_time:
         raise SlurmSetupError(f"--time {settings['time']} is over partition {partition.name}'s limit of "

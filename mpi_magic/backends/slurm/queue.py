@@ -73,6 +73,8 @@ class QueueWatcher:
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
+            if not self._jobs:
+                self._wake.set()  # the thread ends now instead of after its wait
 
     def hurry(self) -> None:
         """Poll now, and pace up again from the first interval (a job was added or stopped)."""
@@ -91,8 +93,9 @@ class QueueWatcher:
             if states is not None:
                 for job_id, callback in jobs.items():
                     callback(states.get(job_id))
-            self._wake.wait(self.interval)
-            self.interval = min(self.interval * GROWTH, LONGEST)
+            wait = self.interval
+            self.interval = min(wait * GROWTH, LONGEST)  # (unless a hurry sets it back meanwhile)
+            self._wake.wait(wait)
 
     def _poll(self, job_ids: list[str]) -> dict[str, JobState] | None:
         """The jobs' states; None when squeue could not answer (slurmctld busy: asked again later)."""

@@ -47,6 +47,7 @@ def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, 
 # mpi_magic job {job_name}: the ranks of one cell (written by mpi_magic, run by sbatch)
 {exports}
 export {envvars.MASTER_ADDR}="$(hostname)"  # the first node of the allocation, where rank 0 runs
+export {envvars.MASTER_PORT}=$((20000 + SLURM_JOB_ID % 40000))  # one job's own, on that node
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs from Slurm
 {" ".join(shlex.quote(word) for word in launch)} &

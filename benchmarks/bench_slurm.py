@@ -1,0 +1,102 @@
+"""Slurm: a trivial 4-rank cell (2 nodes x 2) through %%mpirun_remote --backend slurm, against Slurm
+run by hand on the same code, and a session's warm cell against a local session's.
+
+Baselines, measured in the same run, taking turns with the magic: ``srun --mpi=pmix`` of the code
+(the quickest way to run it on an allocation), and ``sbatch --wait`` of a script running ``mpirun``
+(what the backend submits, waited for by Slurm's own client). Uses the cluster SLURM_CONF points
+at, else starts one on this machine (``mpi_magic.testing.slurm_cluster``) and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+from _common import interleaved, median, shell
+
+from mpi_magic.backends import launcher
+
+CODE = "from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1)"
+CELL = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[None]:
+    if os.environ.get("SLURM_CONF"):
+        yield
+        return
+    from mpi_magic.testing.slurm_cluster import SlurmCluster
+
+    started = SlurmCluster(tempfile.mkdtemp(prefix="mpi_magic_bench_slurm_"), nodes=4).start()
+    os.environ.update(started.environ)
+    try:
+        yield
+    finally:
+        started.stop(remove=True)
+
+
+def bare_srun() -> None:
+    subprocess.run(["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-c", CODE],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def bare_sbatch(folder: str):
+    mpirun = launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")).path
+    script = os.path.join(folder, "bare.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/bash\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n"
+                f"exec {mpirun} -np 4 {sys.executable} -c '{CODE}'\n")
+
+    def run() -> None:
+        subprocess.run(["sbatch", "--wait", "-N", "2", "--ntasks-per-node=2", f"--output={folder}/bare-%j.out", script],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    return run
+
+
+def warm_cells(ip, line: str, repeats: int) -> list[float]:
+    ip.run_line_magic("mpirun_session", f"start {line} --quiet")
+    try:
+        ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
+            times.append(time.perf_counter() - started)
+        return times
+    finally:
+        ip.run_line_magic("mpirun_session", "stop")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cells", type=int, default=20, help="warm cells timed on each session")
+    args = parser.parse_args()
+    with cluster(), tempfile.TemporaryDirectory(prefix="mpi_magic_bench_sbatch_") as folder:
+        ip = shell()
+        magic = lambda: ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 2 --quiet", CELL)  # noqa: E731
+        magic()  # warm the page cache
+        cell, srun, sbatch = interleaved([magic, bare_srun, bare_sbatch(folder)], args.repeats)
+        print(f"one-off cell, 2 nodes x 2 ranks, median of {args.repeats} rounds, each taking the three in turn:")
+        print(f"  %%mpirun_remote --backend slurm -i 2 -g 2   {median(cell):6.3f} s")
+        print(f"  bare srun --mpi=pmix                         {median(srun):6.3f} s")
+        print(f"  bare sbatch --wait of mpirun                 {median(sbatch):6.3f} s")
+        print(f"  ratio magic / srun = {median(cell) / median(srun):.2f}, magic / sbatch --wait = "
+              f"{median(cell) / median(sbatch):.2f}")
+        slurm = warm_cells(ip, "--backend slurm -i 2 -g 2", args.cells)
+        local = warm_cells(ip, "-i 2 -g 2", args.cells)
+        print(f"session, warm cell, median of {args.cells}:")
+        print(f"  slurm session (2 nodes x 2)   {median(slurm) * 1000:7.1f} ms")
+        print(f"  local session (2 x 2)         {median(local) * 1000:7.1f} ms")
+        print(f"  ratio slurm / local = {median(slurm) / median(local):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Slurm's time limit, on a cluster of this test's own (it takes a minute): the job ends, and the
+cell says it was Slurm's limit that stopped the ranks."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run, wait_until
+
+from mpi_magic.errors import RankExitError
+from mpi_magic.testing import slurm_cluster
+from mpi_magic.testing.slurm_cluster import PACKAGES
+
+pytestmark = pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
+                                reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+
+
+def test_slurms_time_limit_is_named_as_the_reason_the_ranks_stopped(ip, slurm_cluster):
+    """--time 1 ends the job after a minute (plus the cluster's KillWait): Slurm's reason is said."""
+    ip.run_line_magic("mpirun_config", "view=text")
+    with pytest.raises(RankExitError) as raised:
+        run(ip, "--backend slurm -i 2 -g 1 --partition short --time 1 --out job", "import time\ntime.sleep(300)")
+    assert str(raised.value).endswith("stopped before the cell finished: the job reached its Slurm time limit (--time)")
+    assert wait_until(lambda: not slurm_cluster.run("squeue", "-h").stdout.strip(), 10)
