@@ -189,8 +189,9 @@ def local_aws_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slurm_cluster():
-    """A Slurm cluster of four nodes n1..n4 on this machine (partitions debug, and short with a
-    10-minute limit), for one module's tests; SLURM_CONF points Slurm's commands at it meanwhile."""
+    """A Slurm cluster of four nodes n1..n4 on this machine (partitions debug; short, with a 10-minute
+    limit; gpu, n3 and n4 counting 2 GPUs each), for one module's tests; SLURM_CONF points Slurm's
+    commands at it meanwhile."""
     import tempfile
 
     from mpi_magic.testing.slurm_cluster import SlurmCluster

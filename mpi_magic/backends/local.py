@@ -75,7 +75,7 @@ class LocalBackend:
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
         cells = SocketChannel(folder.path, secret)
-        command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.path]
+        command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address]
         if options.idle_timeout:
             command += ["--idle-timeout", repr(options.idle_timeout)]
         try:

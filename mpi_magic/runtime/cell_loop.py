@@ -199,6 +199,8 @@ class S3Cells(RelayedInterrupts):
     before any rank of the instance reads it; each rank uploads its own results. An interrupt
     reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each)."""
 
+    end: s3channel.S3RankEnd
+
     def __init__(self, place: one_off.Placement, comm):
         env = os.environ
         self.idle_timeout = float(env.get(envvars.IDLE_TIMEOUT) or 0) or None

@@ -30,5 +30,6 @@ def clock(seconds_left: float) -> str:
     days, s = divmod(s, 86400)
     hours, s = divmod(s, 3600)
     minutes, s = divmod(s, 60)
-    text = f"{hours}:{minutes:02d}:{s:02d}" if hours or days else f"{minutes}:{s:02d}"
-    return f"{days}-{text}" if days else text
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{s:02d}"
+    return f"{hours}:{minutes:02d}:{s:02d}" if hours else f"{minutes}:{s:02d}"

@@ -45,7 +45,7 @@ def _path() -> str:
 
 
 class SlurmCluster:
-    """A cluster of ``nodes`` nodes (``n1``..``nN``, partition ``debug``) under ``root``."""
+    """A cluster of ``nodes`` nodes (``n1``..``nN``; partitions ``debug``, ``short`` and ``gpu``) under ``root``."""
 
     def __init__(self, root: str, nodes: int = 4, cpus: int | None = None):
         self.root, self.nodes = os.path.abspath(root), nodes
@@ -148,9 +148,14 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         user = getpass.getuser()
         root = self.root
-        # partition short has a time limit of 10 minutes
+        # partition short has a time limit of 10 minutes; partition gpu, the last two nodes, counts 2 GPUs on
+        # each (two device files that are no GPUs: Slurm schedules --gres=gpu:N there, and binds nothing)
+        gpu_nodes = [f"n{n}" for n in range(max(1, self.nodes - 1), self.nodes + 1)]
         nodes = "\n".join(f"NodeName=n{n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()} "
-                          f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" for n in range(1, self.nodes + 1))
+                          f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" + (" Gres=gpu:2" if f"n{n}" in gpu_nodes else "")
+                          for n in range(1, self.nodes + 1))
+        with open(self._path("gres.conf"), "w") as f:
+            f.write("".join(f"NodeName={node} Name=gpu File=/dev/null,/dev/zero\n" for node in gpu_nodes))
         with open(self.conf, "w") as f:
             f.write(f"""\
 ClusterName=mpimagic
@@ -160,6 +165,7 @@ AuthType=auth/munge
 AuthInfo=socket={self._munge_socket}
 CredType=cred/munge
 MpiDefault=none
+GresTypes=gpu
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 ReturnToService=2
@@ -184,6 +190,7 @@ SlurmdDebug=info
 {nodes}
 PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES MaxTime=INFINITE State=UP
 PartitionName=short Nodes=n[1-{self.nodes}] MaxTime=10 State=UP
+PartitionName=gpu Nodes={",".join(gpu_nodes)} MaxTime=INFINITE State=UP
 """)
 
     def _spawn(self, argv: list[str]) -> None:

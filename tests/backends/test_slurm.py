@@ -172,7 +172,7 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(cluster, tmp_path):
 
 
 @pytest.mark.parametrize("line, sentence", [
-    ("--partition gpu", "there is no partition 'gpu' on this cluster; its partitions: debug (default), short"),
+    ("--partition gpus", "there is no partition 'gpus' on this cluster; its partitions: debug (default), short, gpu"),
     ("-i 5", "--instances 5 asks for more nodes than partition debug has (4); lower --instances or choose "
              "another --partition"),
     ("--partition short --time 1:00:00", "--time 1:00:00 is over partition short's limit of 10:00; lower --time "
@@ -243,61 +243,6 @@ def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(cluster, mon
     assert wait_until(lambda: _queue(cluster) == [], 30)
 
 
-def test_a_session_is_one_allocation_whose_ranks_keep_state_between_cells(slurm, sessions, cluster, capsys):
-    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --time 30 --out s")
-    session = slurm.user_ns["s"]
-    assert [line.split()[2] for line in _queue(cluster)] == ["RUNNING"]  # one job holds the allocation
-    slurm.user_ns["x"] = 3
-    run(slurm, "--quiet", "import os\nfrom mpi4py import MPI\ncount = MPI.COMM_WORLD.allreduce(1)\n"
-                          "nodes = MPI.COMM_WORLD.allgather(os.environ['SLURMD_NODENAME'])")
-    assert slurm.user_ns["count"] == 4 and slurm.user_ns["nodes"] == ["n1", "n1", "n2", "n2"]
-    took = []
-    for _ in range(5):
-        started = time.monotonic()
-        run(slurm, "--quiet", "count += x")
-        took.append(time.monotonic() - started)
-    assert slurm.user_ns["count"] == 4 + 5 * 3, "the ranks kept count between cells"
-    assert sorted(took)[2] < 1.0, took  # (milliseconds here: benchmarks/bench_slurm.py measures them)
-    slurm.run_line_magic("mpirun_session", "status")
-    status = capsys.readouterr().out
-    assert f"Slurm job {session.job_name}: running" in status and "time left: 29:" in status, status
-    with once(lambda: session.status == "running", _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
-        run(slurm, "", "import time\ntime.sleep(300)")
-    run(slurm, "--quiet", "after = count")  # the interrupt reached every rank, and the session is kept
-    assert slurm.user_ns["after"] == 19 and session.status == "idle"
-    slurm.run_line_magic("mpirun_session", "stop")
-    assert wait_until(lambda: _queue(cluster) == [], GONE_WITHIN), _queue(cluster)
-
-
-def test_a_session_ends_after_its_idle_timeout(slurm, sessions, cluster):
-    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --idle-timeout 2 --out s")
-    session = slurm.user_ns["s"]
-    assert wait_until(lambda: session.status == "stopped", 30)
-    assert "idle for 2s" in session.ended_reason
-    assert wait_until(lambda: _queue(cluster) == [], GONE_WITHIN), _queue(cluster)
-
-
-def test_a_killed_kernel_ends_its_session(cluster, tmp_path):
-    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
-        import os, sys, time
-        from IPython.core.interactiveshell import InteractiveShell
-        os.environ["MPI_MAGIC_CACHE_DIR"] = {str(tmp_path)!r}
-        ip = InteractiveShell.instance()
-        ip.run_line_magic("load_ext", "mpi_magic")
-        ip.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --quiet --out s")
-        print(ip.user_ns["s"].name, flush=True)
-        time.sleep(300)
-        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **cluster.environ})
-    try:
-        name = kernel.stdout.readline().strip()
-        assert name and _listed(cluster, name), _queue(cluster)
-    finally:
-        kernel.kill()
-        kernel.wait()
-        kernel.stdout.close()
-    assert wait_until(lambda: not _listed(cluster, name), GONE_WITHIN), _queue(cluster)
-
-
 def test_a_timeout_while_queued_says_the_job_never_left_the_queue(slurm, cluster):
     blocker = cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null", "--wrap=sleep 300")
     try:
@@ -314,3 +259,31 @@ def test_more_tasks_per_node_than_cpus_is_one_sentence(slurm, cluster):
         run(slurm, "--backend slurm --gpus 3", "x = 1")
     assert str(raised.value) == ("--gpus 3 asks for more tasks per node than partition debug's nodes have CPUs (2); "
                                  "lower --gpus, or let tasks share CPUs with --slurm-args --overcommit")
+
+
+def test_on_a_gpu_partition_gpus_defaults_to_its_gpus_per_node_and_the_job_asks_for_them(slurm, cluster, capsys):
+    """Partition gpu (n3, n4) counts 2 GPUs a node: --gpus defaults to 2 and sbatch gets --gres=gpu:2,
+    so Slurm gives each node's ranks its GPUs (CUDA_VISIBLE_DEVICES; no device is real here)."""
+    run(slurm, "--backend slurm -i 2 --partition gpu --dry-run", "x = 1")
+    assert " --ntasks-per-node=2 --gres=gpu:2 --partition=gpu " in capsys.readouterr().out
+    run(slurm, "--backend slurm -i 2 --partition gpu --gather --out job",
+        "import os\ngpus = (os.environ['SLURMD_NODENAME'], os.environ.get('CUDA_VISIBLE_DEVICES'))")
+    assert slurm.user_ns["job"].world_size == 4
+    assert slurm.user_ns["gpus"] == [("n3", "0,1"), ("n3", "0,1"), ("n4", "0,1"), ("n4", "0,1")]
+
+
+def test_the_clusters_words_read_as_they_are_written():
+    from mpi_magic.backends.slurm.cluster import gpu_count
+    from mpi_magic.backends.slurm.queue import parse
+    from mpi_magic.shared.slurmtime import clock, seconds
+
+    assert [gpu_count(g) for g in ("gpu:8", "gpu:a100:4(S:0-1)", "(null)", "mps:100,gpu:2")] == [8, 4, 0, 2]
+    assert [seconds(t) for t in ("30", "30:00", "1:00:00", "2-12", "1-00:00:01", "UNLIMITED", "N/A")] == [
+        1800, 1800, 3600, 216000, 86401, None, None]
+    assert [clock(s) for s in (65, 3725, 90000)] == ["1:05", "1:02:05", "1-01:00:00"]
+    pending, running, unlimited = parse("7|PENDING|Priority|N/A|1:00:00|1:00:00\n"
+                                        "8|RUNNING|None|2026-12-05T18:40:00|30:00|29:58\n"
+                                        "9|RUNNING|None|2026-12-05T18:40:00|UNLIMITED|365-00:00:00\n").values()
+    assert (pending.state, pending.reason, pending.starts, pending.time_left) == ("PENDING", "Priority", None, 3600)
+    assert running.time_left == 1798 and running.starts == time.mktime((2026, 12, 5, 18, 40, 0, 0, 0, -1))
+    assert unlimited.time_left is None  # without a limit, squeue's time left is a year
