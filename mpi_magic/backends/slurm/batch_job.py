@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from ..base import BackendJob, SessionBackend
     from .allocation import SlurmSessionRanks
 
-# seconds between looks at the launcher's files: just after a session's cell was sent, after output, and
-# when quiet (each look is a read of two open files: cheap)
-READ_AT_ONCE, READ_SOON, READ_LATER = 0.002, 0.02, 0.25
+# seconds between looks at the launcher's files: while output flows (or is due: a session's cell was just
+# sent), and at most while they are quiet, the wait doubling in between (each look reads two open files)
+READ_AT_ONCE, READ_LATER = 0.002, 0.25
 EXIT_WAIT = 5.0  # seconds the exit file gets to show after Slurm says the job ended (a shared filesystem's caches)
 INTERRUPT_GRACE = 5.0  # seconds between SIGINT to every process of the job and cancelling it
 READ_CHUNK = 1 << 16
@@ -196,7 +196,7 @@ class SlurmJob:
         the job without it), then deliver the end."""
         tails = [_Tail(os.path.join(self.job_dir, OUTPUT), "stdout"), _Tail(os.path.join(self.job_dir, ERRORS), "stderr")]
         exit_path = os.path.join(self.job_dir, EXIT_FILE)
-        nap, ended_at = READ_SOON, None
+        nap, ended_at = READ_AT_ONCE, None
         while True:
             done = os.path.exists(exit_path)
             read = False
@@ -214,7 +214,7 @@ class SlurmJob:
                         self._deliver(tail.read(final=True), tail.stream)
                     break
             self._ask_if_stalled()
-            nap = READ_SOON if read else min(nap * 2, READ_LATER)
+            nap = READ_AT_ONCE if read else min(nap * 2, READ_LATER)
             if self._wake.wait(nap):
                 self._wake.clear()
                 nap = READ_AT_ONCE
