@@ -217,6 +217,18 @@ def slurm_cluster():
 
 
 @pytest.fixture
+def slurm(ip, slurm_cluster):
+    """The shell, its cells on the module's Slurm cluster shown as text; the test fails if it leaves
+    a job in the queue for 10 s."""
+    from helpers import slurm_queue, wait_until
+
+    ip.run_line_magic("mpirun_config", "view=text")
+    yield ip
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 10), \
+        f"a test left a job in the queue: {slurm_queue(slurm_cluster)}"
+
+
+@pytest.fixture
 def aws(local_aws_env, monkeypatch):
     """boto3, pointed at the module's moto server and SageMaker emulator on loopback, with the tests' bucket."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):

@@ -7,6 +7,8 @@ import os
 import threading
 import time
 
+import pytest
+
 BUCKET = "mpi-magic-tests"  # on each test module's own moto server (the ``aws`` fixture)
 ROLE = "arn:aws:iam::123456789012:role/mpi-magic-test"
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -110,6 +112,24 @@ def job_story(aws, job_name: str) -> str:
         reply = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=False)
         lines += [f"{stream['logStreamName']}:"] + [f"  {e['message'].rstrip()}" for e in reply["events"][-30:]]
     return "\n".join(lines)
+
+
+def needs_slurm():
+    """The mark of a test that runs a Slurm cluster on this machine: skipped, saying how to install
+    Slurm, where it is not installed (.ci/run and ./dev.sh test install it)."""
+    from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
+
+    return pytest.mark.skipif(bool(missing_programs()),
+                              reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+
+
+def slurm_queue(cluster) -> list[str]:
+    """The jobs squeue lists on ``cluster`` (pending, running, completing), as 'id name state reason'."""
+    return [line for line in cluster.run("squeue", "-h", "-o", "%i %j %T %r").stdout.splitlines() if line.strip()]
+
+
+def slurm_listed(cluster, job_name: str) -> bool:
+    return any(line.split()[1] == job_name for line in slurm_queue(cluster))
 
 
 def wait_until(check, limit: float) -> bool:

@@ -21,6 +21,7 @@ from ..shared import envvars, jobdir, procs, wire
 from ..shared.layout import RESULTS
 from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ..options import Config, LaunchOptions
+from .channel_ranks import ChannelRanks
 from .scratch import ScratchFolder
 
 if TYPE_CHECKING:
@@ -354,7 +355,7 @@ class LocalJob:
         return procs.job_processes(self.pid, self.name, self.started)
 
 
-class LocalSessionRanks:
+class LocalSessionRanks(ChannelRanks):
     """A session's mpirun, and the channel to its rank 0."""
 
     stop_description = "SIGINT to every rank"
@@ -363,8 +364,11 @@ class LocalSessionRanks:
     released = None  # local ranks end with the notebook: no other notebook takes them over
     start_limit = 300.0
 
+    job: LocalJob
+
     def __init__(self, job: LocalJob, cells, folder: ScratchFolder):
-        self.job, self.cells, self.folder = job, cells, folder
+        super().__init__(job, cells)
+        self.folder = folder
         self.name, self.pid, self.started = job.name, job.pid, job.started
         self.stacks_dir = job.stacks_dir
 
@@ -372,22 +376,9 @@ class LocalSessionRanks:
     def launcher(self) -> tuple[int, float]:
         return self.job.launcher
 
-    @property
-    def finished(self) -> bool:
-        return self.job.finished
-
-    def poll(self, timeout: float) -> list[Event]:
-        return self.job.poll(timeout)
-
-    def connect(self) -> bool:
-        return self.cells.try_accept()
-
     def send(self, message: dict) -> None:
         self.job.new_round()
         self.cells.send(message)
-
-    def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
-        """The ranks wrote their results into the cell's folder already."""
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """SIGINT to the given ranks ({rank: pid}): a ``KeyboardInterrupt`` in the cell's code."""

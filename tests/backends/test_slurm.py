@@ -13,40 +13,16 @@ import textwrap
 import time
 
 import pytest
-from helpers import once, once_running, run, wait_until
+from helpers import needs_slurm, once, once_running, run, slurm_listed, slurm_queue, wait_until
 
 from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
-from mpi_magic.testing import slurm_cluster
-from mpi_magic.testing.slurm_cluster import PACKAGES, SlurmCluster
 
-pytestmark = pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
-                                reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+pytestmark = needs_slurm()
 
 GONE_WITHIN = 10.0  # seconds after a stop by which squeue must show nothing of the job
 
 
-@pytest.fixture
-def cluster(slurm_cluster):
-    return slurm_cluster
-
-
-@pytest.fixture
-def slurm(ip, cluster):
-    ip.run_line_magic("mpirun_config", "view=text")
-    yield ip
-    assert wait_until(lambda: _queue(cluster) == [], GONE_WITHIN), f"a test left a job in the queue: {_queue(cluster)}"
-
-
-def _queue(cluster: SlurmCluster) -> list[str]:
-    """The jobs squeue lists (pending, running, completing), as 'id name state reason'."""
-    return [line for line in cluster.run("squeue", "-h", "-o", "%i %j %T %r").stdout.splitlines() if line.strip()]
-
-
-def _listed(cluster: SlurmCluster, job_name: str) -> bool:
-    return any(line.split()[1] == job_name for line in _queue(cluster))
-
-
-def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, cluster):
+def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluster):
     slurm.user_ns["base"] = 10
     run(slurm, "--backend slurm -i 2 -g 2 --gather --out job", textwrap.dedent("""\
         import os
@@ -62,10 +38,11 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, cluster):
     assert slurm.user_ns["total"] == [16] * 4
     job = slurm.user_ns["job"]
     assert job.status == "completed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
-    assert wait_until(lambda: not _listed(cluster, job.name), GONE_WITHIN), _queue(cluster)  # (its batch shell ends)
+    # (its batch shell ends at once)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_srun_starts_the_ranks_through_slurms_pmix(slurm, cluster):
+def test_srun_starts_the_ranks_through_slurms_pmix(slurm, slurm_cluster):
     run(slurm, "--backend slurm -i 2 -g 2 --srun --gather", textwrap.dedent("""\
         import os
         from mpi4py import MPI
@@ -75,7 +52,7 @@ def test_srun_starts_the_ranks_through_slurms_pmix(slurm, cluster):
     assert {(step, size) for _, step, size in slurm.user_ns["step"]} == {("0", 4)}  # one job step of 4 tasks
 
 
-def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, cluster):
+def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, slurm_cluster):
     with pytest.raises(RemoteRankError) as raised:
         run(slurm, "--backend slurm -i 2 -g 2 --out job", textwrap.dedent("""\
             import time, mpi_magic
@@ -85,11 +62,12 @@ def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, cluster):
             """))
     assert "rank 3 (instance 1, n2) raised ValueError: bad shard" in str(raised.value)
     job = slurm.user_ns["job"]
-    assert wait_until(lambda: not _listed(cluster, job.name), GONE_WITHIN), _queue(cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm, cluster):
-    blocker = cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null", "--wrap=sleep 300")
+def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm, slurm_cluster):
+    blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null",
+                                "--wrap=sleep 300")
     assert blocker.returncode == 0, blocker.stderr
     try:
         run(slurm, "--backend slurm -i 2 -g 1 --async --out job", "x = 1")
@@ -107,13 +85,13 @@ def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm
         job.cancel()
         assert wait_until(lambda: job.status == "stopped", 5) and job.model.stop_reason == "cancel"
         assert time.monotonic() - started < 5
-        assert wait_until(lambda: not _listed(cluster, job.name), GONE_WITHIN), _queue(cluster)
+        assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
     finally:
-        cluster.run("scancel", blocker.stdout.strip())
-    assert wait_until(lambda: _queue(cluster) == [], 30)
+        slurm_cluster.run("scancel", blocker.stdout.strip())
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 30)
 
 
-def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_line(slurm, cluster):
+def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_line(slurm, slurm_cluster):
     slurm.run_line_magic("mpirun_config", "stall_after=2")
     with pytest.raises(JobTimeoutError):
         run(slurm, "--backend slurm -i 2 -g 2 --timeout 10 --out job", textwrap.dedent("""\
@@ -128,18 +106,18 @@ def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_li
     assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in barrier; rank 2 at cell line 5 in sleep"
     assert job.model.time_left() is None  # partition debug has no time limit
     assert job.status == "stopped"
-    assert wait_until(lambda: not _listed(cluster, job.name), GONE_WITHIN), _queue(cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_ctrl_c_stops_the_running_job(slurm, cluster):
+def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
     with once_running(slurm, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(slurm, "--backend slurm -i 2 -g 1 --out job", "import time\ntime.sleep(300)")
     job = slurm.user_ns["job"]
     assert job.status == "stopped"
-    assert wait_until(lambda: not _listed(cluster, job.name), GONE_WITHIN), _queue(cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, cluster):
+def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster):
     from mpi_magic.view.summary import headline
 
     shown = []
@@ -149,7 +127,7 @@ def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, cluster):
     assert shown and "time left 4:" in shown[0], shown
 
 
-def test_a_killed_kernel_leaves_no_job_in_the_queue(cluster, tmp_path):
+def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm_cluster, tmp_path):
     kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         import os, sys, time
         from IPython.core.interactiveshell import InteractiveShell
@@ -157,22 +135,25 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(cluster, tmp_path):
         ip = InteractiveShell.instance()
         ip.run_line_magic("load_ext", "mpi_magic")
         ip.run_line_magic("mpirun_config", "view=text")
-        ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 1 --async --out job", "import time\\ntime.sleep(300)")
+        ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 1 --async --out job",
+                          "import time\\ntime.sleep(300)")
         print(ip.user_ns["job"].name, flush=True)
         time.sleep(300)
-        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **cluster.environ})
+        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, **slurm_cluster.environ})
     try:
         name = kernel.stdout.readline().strip()
-        assert name and wait_until(lambda: _listed(cluster, name), 30), _queue(cluster)
+        assert name and wait_until(lambda: slurm_listed(slurm_cluster, name), 30), slurm_queue(slurm_cluster)
     finally:
         kernel.kill()
         kernel.wait()
         kernel.stdout.close()
-    assert wait_until(lambda: not _listed(cluster, name), GONE_WITHIN), _queue(cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 @pytest.mark.parametrize("line, sentence", [
-    ("--partition gpus", "there is no partition 'gpus' on this cluster; its partitions: debug (default), short, gpu"),
+    ("--partition gpus", "there is no partition 'gpus' on this cluster; its partitions: debug (default), short, "
+                         "gpu"),
     ("-i 5", "--instances 5 asks for more nodes than partition debug has (4); lower --instances or choose "
              "another --partition"),
     ("--partition short --time 1:00:00", "--time 1:00:00 is over partition short's limit of 10:00; lower --time "
@@ -182,11 +163,12 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(cluster, tmp_path):
     ("--constraint a100", "Slurm would refuse the job: allocation failure: Invalid feature specification "
                           "(sbatch --test-only); nothing was submitted"),
 ])
-def test_what_slurm_can_tell_is_one_sentence_before_anything_is_submitted(slurm, cluster, cache_dir, line, sentence):
+def test_what_slurm_can_tell_is_one_sentence_before_anything_is_submitted(slurm, slurm_cluster, cache_dir, line,
+                                                                          sentence):
     with pytest.raises(SlurmSetupError) as raised:
         run(slurm, f"--backend slurm {line}", "x = 1")
     assert str(raised.value) == sentence
-    assert _queue(cluster) == []
+    assert slurm_queue(slurm_cluster) == []
     assert not os.path.exists(os.path.join(cache_dir, "jobs")) or os.listdir(os.path.join(cache_dir, "jobs")) == []
 
 
@@ -201,18 +183,19 @@ def test_without_slurms_commands_the_cell_says_where_to_run(slurm, tmp_path):
     assert str(raised.value).startswith("no Slurm client on PATH (sbatch not found): run the notebook where")
 
 
-def test_dry_run_prints_the_batch_script_and_the_sbatch_line_and_submits_nothing(slurm, cluster, capsys):
+def test_dry_run_prints_the_batch_script_and_the_sbatch_line_and_submits_nothing(slurm, slurm_cluster, capsys):
     run(slurm, "--backend slurm -i 2 -g 2 --time 5 --account physics --slurm-args '--exclusive' --dry-run", "x = 1")
     printed = capsys.readouterr().out
     assert "#!/bin/bash" in printed and "mpirun -np 4 --tag-output" in printed and "-m mpi_magic.runtime" in printed
-    sbatch = next(line for line in printed.splitlines() if line.startswith(cluster.run("which", "sbatch").stdout.strip()))
+    sbatch_path = slurm_cluster.run("which", "sbatch").stdout.strip()
+    sbatch = next(line for line in printed.splitlines() if line.startswith(sbatch_path))
     for word in ("--parsable", "--nodes=2", "--ntasks-per-node=2", "--time=5", "--account=physics", "--exclusive"):
         assert f" {word} " in sbatch, sbatch
     assert "sbatch --test-only: Job " in printed and "to start at" in printed
-    assert _queue(cluster) == []
+    assert slurm_queue(slurm_cluster) == []
 
 
-def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(cluster, monkeypatch):
+def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(slurm_cluster, monkeypatch):
     from mpi_magic.backends.slurm import commands, queue
 
     calls = []
@@ -223,7 +206,8 @@ def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(cluster, mon
         return real_run(name, *args, **kwargs)
 
     monkeypatch.setattr(commands, "run", counted)
-    ids = [cluster.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=sleep 20").stdout.strip() for _ in range(3)]
+    ids = [slurm_cluster.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=sleep 20").stdout.strip()
+           for _ in range(3)]
     watcher, seen = queue.QueueWatcher(), {}
     try:
         for job_id in ids:
@@ -232,36 +216,37 @@ def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(cluster, mon
     finally:
         for job_id in ids:
             watcher.forget(job_id)
-            cluster.run("scancel", job_id)
+            slurm_cluster.run("scancel", job_id)
     polls = [args for _, name, args in calls if name == "squeue"]
     assert polls and all(args[args.index("-j") + 1] == ",".join(ids) for args in polls[1:])  # all jobs in each call
     times = [at for at, name, _ in calls if name == "squeue"]
     gaps = [b - a for a, b in zip(times[1:], times[2:])]  # (the first polls come as the jobs are added)
-    assert gaps and all(g >= 1.9 for g in gaps) and gaps == sorted(gaps), gaps  # never faster than 2 s, slower and slower
+    assert gaps and all(g >= 1.9 for g in gaps) and gaps == sorted(gaps), gaps  # never under 2 s, and slower and slower
     assert len(polls) <= 8, len(polls)
     assert all(seen[job_id][-1].state == "RUNNING" for job_id in ids)
-    assert wait_until(lambda: _queue(cluster) == [], 30)
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 30)
 
 
-def test_a_timeout_while_queued_says_the_job_never_left_the_queue(slurm, cluster):
-    blocker = cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null", "--wrap=sleep 300")
+def test_a_timeout_while_queued_says_the_job_never_left_the_queue(slurm, slurm_cluster):
+    blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null",
+                                "--wrap=sleep 300")
     try:
         with pytest.raises(JobTimeoutError) as raised:
             run(slurm, "--backend slurm -i 2 -g 1 --timeout 4", "x = 1")
         assert "still waiting in the scheduler's queue, and was cancelled (--timeout counts the wait too)" in \
             str(raised.value)
     finally:
-        cluster.run("scancel", blocker.stdout.strip())
+        slurm_cluster.run("scancel", blocker.stdout.strip())
 
 
-def test_more_tasks_per_node_than_cpus_is_one_sentence(slurm, cluster):
+def test_more_tasks_per_node_than_cpus_is_one_sentence(slurm, slurm_cluster):
     with pytest.raises(SlurmSetupError) as raised:
         run(slurm, "--backend slurm --gpus 3", "x = 1")
     assert str(raised.value) == ("--gpus 3 asks for more tasks per node than partition debug's nodes have CPUs (2); "
                                  "lower --gpus, or let tasks share CPUs with --slurm-args --overcommit")
 
 
-def test_on_a_gpu_partition_gpus_defaults_to_its_gpus_per_node_and_the_job_asks_for_them(slurm, cluster, capsys):
+def test_on_a_gpu_partition_gpus_defaults_to_its_gpus_per_node_and_the_job_asks_for_them(slurm, slurm_cluster, capsys):
     """Partition gpu (n3, n4) counts 2 GPUs a node: --gpus defaults to 2 and sbatch gets --gres=gpu:2,
     so Slurm gives each node's ranks its GPUs (CUDA_VISIBLE_DEVICES; no device is real here)."""
     run(slurm, "--backend slurm -i 2 --partition gpu --dry-run", "x = 1")

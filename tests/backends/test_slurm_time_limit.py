@@ -4,14 +4,11 @@ cell says it was Slurm's limit that stopped the ranks."""
 from __future__ import annotations
 
 import pytest
-from helpers import run, wait_until
+from helpers import needs_slurm, run, wait_until
 
 from mpi_magic.errors import RankExitError
-from mpi_magic.testing import slurm_cluster
-from mpi_magic.testing.slurm_cluster import PACKAGES
 
-pytestmark = pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
-                                reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+pytestmark = needs_slurm()
 
 
 def test_slurms_time_limit_is_named_as_the_reason_the_ranks_stopped(ip, slurm_cluster):

@@ -13,9 +13,8 @@ import sys
 import time
 
 import pytest
+from helpers import needs_slurm
 from notebook_runs import NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
-
-from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
 
 
 @pytest.mark.parametrize("name", execute.NOTEBOOKS)
@@ -160,8 +159,7 @@ def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_and_follows_the_
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(bool(missing_programs()),
-                    reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+@needs_slurm()
 def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_failing_ranks_node(
         tmp_path, slurm_cluster):
     nb = executed("slurm.ipynb", tmp_path, cloud=slurm_cluster.environ)  # SLURM_CONF set: the notebook starts none

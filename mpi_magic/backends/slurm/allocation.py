@@ -15,12 +15,11 @@ import os
 import secrets
 import socket
 import sys
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel
-from ...shared.events import Event
-from ...shared.layout import RESULTS
+from ..channel_ranks import ChannelRanks
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
@@ -49,7 +48,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     return SlurmSessionRanks(job, cells)
 
 
-class SlurmSessionRanks:
+class SlurmSessionRanks(ChannelRanks):
     """A session's batch job, and the channel to its rank 0."""
 
     stop_description = "an interrupt to rank 0, which passes it on to every rank"
@@ -59,8 +58,10 @@ class SlurmSessionRanks:
     launcher = None  # the launcher runs on a node of the cluster
     stacks_dir = None
 
+    job: SlurmJob
+
     def __init__(self, job: SlurmJob, cells: SocketChannel):
-        self.job, self.cells = job, cells
+        super().__init__(job, cells)
         self.name = job.name
         self._cell = 0  # the cell sent last, which an interrupt is for
 
@@ -68,24 +69,11 @@ class SlurmSessionRanks:
     def job_name(self) -> str:
         return self.job.job_id
 
-    @property
-    def finished(self) -> bool:
-        return self.job.finished
-
-    def poll(self, timeout: float) -> list[Event]:
-        return self.job.poll(timeout)
-
-    def connect(self) -> bool:
-        return self.cells.try_accept()
-
     def send(self, message: dict) -> None:
         if message.get("kind") == "cell":
             self._cell = message["cell"]
         self.cells.send(message)
         self.job.expect_output()
-
-    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
-        """The ranks wrote their results into the cell's folder, on the shared filesystem."""
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
