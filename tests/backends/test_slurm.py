@@ -272,3 +272,13 @@ def test_the_clusters_words_read_as_they_are_written():
     assert (pending.state, pending.reason, pending.starts, pending.time_left) == ("PENDING", "Priority", None, 3600)
     assert running.time_left == 1798 and running.starts == time.mktime((2026, 12, 5, 18, 40, 0, 0, 0, -1))
     assert unlimited.time_left is None  # without a limit, squeue's time left is a year
+
+
+def test_a_flood_of_output_arrives_whole_and_in_order_through_the_job_folder(slurm, slurm_cluster):
+    """Far more than one look reads (64 KiB x 64): the launcher's file is read on, line by line."""
+    run(slurm, "--backend slurm -i 1 -g 2 --quiet --out job",
+        "import mpi_magic\nfor i in range(300_000):\n    print(mpi_magic.rank(), i, 'x' * 40)")
+    for rank in (0, 1):
+        lines = slurm.user_ns["job"].logs(rank).splitlines()
+        assert [line.split()[:2] for line in lines[:2]] == [[str(rank), "0"], [str(rank), "1"]]
+        assert len(lines) == 300_000 and lines[-1].split()[:2] == [str(rank), "299999"]

@@ -37,6 +37,9 @@ READ_AT_ONCE, READ_LATER = 0.002, 0.25
 EXIT_WAIT = 5.0  # seconds the exit file gets to show after Slurm says the job ended (a shared filesystem's caches)
 INTERRUPT_GRACE = 5.0  # seconds between SIGINT to every process of the job and cancelling it
 READ_CHUNK = 1 << 16
+# At most READ_MOST bytes of a file are read at a look, and at most QUEUE_SIZE looks' events wait to be
+# polled: a rank flooding its output makes the file grow on the shared filesystem, not this process.
+READ_MOST, QUEUE_SIZE = 64 * READ_CHUNK, 16
 # Why Slurm ended a job, in the user's words: by its state in squeue, or by what slurmstepd wrote into the
 # job's error file ("*** JOB 40 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***").
 ENDED_BY_SLURM = {
@@ -160,8 +163,8 @@ class SlurmJob:
                  watcher: QueueWatcher = WATCHER):
         self.job_id, self.name, self.job_dir, self.stall_after = job_id, name, job_dir, stall_after
         self._decoder, self._watcher = decoder, watcher
-        self._queue: queue.Queue[list[Event]] = queue.Queue()
-        self._held: list[Event] = []
+        self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
         self._finished = self._cancelled = False
         self._state: JobState | None = None  # squeue's latest
         self._ended: JobState | None = None  # Slurm says it ended (a state, or "gone from squeue")
@@ -185,7 +188,7 @@ class SlurmJob:
             return
         if state != self._state:
             self._state = state
-            self._queue.put([Allocation(state.state, state.reason, state.starts, state.time_left)])
+            self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
         if state.ended:
             self._ended = state
 
@@ -201,18 +204,20 @@ class SlurmJob:
             done = os.path.exists(exit_path)
             read = False
             for tail in tails:
-                lines = tail.read(final=done)
+                lines = tail.read()
                 if lines:
                     self._deliver(lines, tail.stream)
                     read = True
-            if done:
-                break
             if self._ended is not None:  # (the exit status is waited for only where a launcher ran)
                 ended_at = ended_at or time.monotonic()
-                if not self._started or time.monotonic() - ended_at > EXIT_WAIT:
-                    for tail in tails:
+                done = done or not self._started or time.monotonic() - ended_at > EXIT_WAIT
+            if done:
+                for tail in tails:  # the rest of each file, its last line too
+                    while True:
                         self._deliver(tail.read(final=True), tail.stream)
-                    break
+                        if not tail.more:
+                            break
+                break
             self._ask_if_stalled()
             nap = READ_AT_ONCE if read else min(nap * 2, READ_LATER)
             if self._wake.wait(nap):
@@ -306,14 +311,16 @@ class SlurmJob:
         return self._finished
 
     def poll(self, timeout: float) -> list[Event]:
-        batch, self._held = self._held, []
+        batch: list[Event] = []
         try:
-            if not batch:
-                batch = self._queue.get(timeout=timeout)
+            batch = self._queue.get(timeout=timeout if self._allocation is None else 0.0)
             while True:
                 batch += self._queue.get_nowait()
         except queue.Empty:
             pass
+        allocation, self._allocation = self._allocation, None
+        if allocation is not None:
+            batch.insert(0, allocation)
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
@@ -328,7 +335,9 @@ class SlurmJob:
             commands.run("scancel", self.job_id)
         else:
             commands.run("scancel", "--full", "--signal=INT", self.job_id)
-            threading.Timer(INTERRUPT_GRACE, self._cancel_if_running).start()
+            timer = threading.Timer(INTERRUPT_GRACE, self._cancel_if_running)
+            timer.daemon = True
+            timer.start()
         self._watcher.hurry()
 
     def _cancel_if_running(self) -> None:
@@ -353,9 +362,11 @@ class _Tail:
         self.path, self.stream = path, stream
         self._file: BinaryIO | None = None
         self._rest = b""
+        self.more = False  # the last read stopped at READ_MOST: the file has more already
 
     def read(self, final: bool = False) -> list[str]:
-        """The lines written since the last read; ``final``: the last one too, unterminated."""
+        """The lines written since the last read (up to READ_MOST bytes); ``final``: the file is
+        complete, so once it is read to its end, its last line too, unterminated."""
         if self._file is None:
             try:
                 self._file = open(self.path, "rb")
@@ -363,12 +374,17 @@ class _Tail:
                 return []
         chunks = [self._rest]
         file = self._file
-        for chunk in iter(lambda: file.read(READ_CHUNK), b""):
+        self.more = True
+        for _ in range(READ_MOST // READ_CHUNK):
+            chunk = file.read(READ_CHUNK)
+            if not chunk:
+                self.more = False
+                break
             chunks.append(chunk)
         data = b"".join(chunks)
         lines = data.split(b"\n")
         self._rest = lines.pop()
-        if final:
+        if final and not self.more:
             if self._rest:
                 lines.append(self._rest)
             self._rest = b""
