@@ -146,6 +146,10 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
     if backend_job.launcher is not None:  # pruning spares the folder of a job whose launcher runs
         pid, started = backend_job.launcher
         jobdir.record(prepared.job_dir, launcher_pid=pid, launcher_started=started)
+    else:  # the ranks run elsewhere and fill the folder (Slurm), or this kernel will (SageMaker): it is spared
+        import psutil  # while the kernel that follows the job runs
+
+        jobdir.record(prepared.job_dir, follower_pid=os.getpid(), follower_started=psutil.Process().create_time())
     on_job(job)
     quiet_echo = None if options.quiet or options.run_async else echo
     follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock))

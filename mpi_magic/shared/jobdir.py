@@ -154,9 +154,12 @@ def _mtime(path: str) -> float:
 
 
 def _is_running(data: dict[str, Any]) -> bool:
+    """Whether the job's launcher runs (or, where it runs elsewhere, the kernel that follows it)."""
     if data.get("status") not in (None, "running"):
         return False
     pid, started = data.get("launcher_pid"), data.get("launcher_started")
+    if not pid:
+        pid, started = data.get("follower_pid"), data.get("follower_started")
     if not pid:
         return False
     import psutil  # the notebook's side alone prunes folders: ranks import this module without it

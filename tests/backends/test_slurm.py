@@ -282,3 +282,18 @@ def test_a_flood_of_output_arrives_whole_and_in_order_through_the_job_folder(slu
         lines = slurm.user_ns["job"].logs(rank).splitlines()
         assert [line.split()[:2] for line in lines[:2]] == [[str(rank), "0"], [str(rank), "1"]]
         assert len(lines) == 300_000 and lines[-1].split()[:2] == [str(rank), "299999"]
+
+
+def test_the_folder_of_a_job_still_followed_is_not_pruned(slurm, slurm_cluster, cache_dir):
+    """Its ranks write their results there: newer cells' pruning spares it while this kernel follows it."""
+    slurm.run_line_magic("mpirun_config", "keep_jobs=2")
+    run(slurm, "--backend slurm -i 2 -g 1 --async --out job", "import time\ntime.sleep(6)\nanswer = 42")
+    job = slurm.user_ns["job"]
+    for _ in range(3):
+        run(slurm, "--quiet", "pass")  # local cells, each pruning the oldest folders
+    assert os.path.isdir(job.job_dir)
+    job.wait()
+    assert slurm.user_ns["answer"] == 42
+    for _ in range(2):  # (its folder changed last: it is the newest of the old ones until then)
+        run(slurm, "--quiet", "pass")
+    assert not os.path.isdir(job.job_dir), "once it has ended, its folder is pruned like any other"
