@@ -37,7 +37,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     folder = os.path.join(config.get("cache_dir"), "slurm", name)  # its batch script and launcher's files
     jobdir.make_private_dirs(folder)
     secret = secrets.token_hex(32)
-    cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or socket.getfqdn())
+    cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
     idle = options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT
     command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
     try:
@@ -46,6 +46,18 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
         cells.close()
         raise
     return SlurmSessionRanks(job, cells)
+
+
+def this_host() -> str:
+    """This machine's name as the nodes would look it up: its fully qualified name where that
+    resolves, else its short name; where neither does, only nodes on this machine could reach it."""
+    for name in (socket.getfqdn(), socket.gethostname()):
+        try:
+            socket.getaddrinfo(name, None)
+            return name
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 class SlurmSessionRanks(ChannelRanks):
