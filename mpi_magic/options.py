@@ -277,6 +277,8 @@ OPTIONS = [
             help="sagemaker: s3://bucket/prefix kept in step with each instance's mpi_magic.checkpoint_dir(), "
                  "and copied back there when the job starts again (spot restarts)."),
     _sagemaker("--keep-alive", default=None, metavar="SECONDS", help="sagemaker: warm pool keep-alive period."),
+    _sagemaker("--training-plan", default=None, metavar="ARN",
+               help="sagemaker: run on a training plan's reserved capacity (paid for by the plan)."),
     _sagemaker("--subnets", default=None, metavar="IDS", help="sagemaker: comma-separated VPC subnet ids."),
     _sagemaker("--security-groups", default=None, metavar="IDS", help="sagemaker: comma-separated security groups."),
     _sagemaker("--kms-key", default=None, metavar="KEY", help="sagemaker: KMS key for output and volumes."),
@@ -417,6 +419,7 @@ def _attach_launcher_args(argv: list[str]) -> list[str]:
     return attached
 
 
+_TRAINING_PLAN = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+$")  # (the API's pattern)
 _JOB_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 
@@ -436,6 +439,11 @@ def _cloud_values(args, pick) -> dict:
         tags[key.strip()] = value.strip()
     if args.max_wait and not args.spot:
         raise UsageError("--max-wait applies to --spot training only; add --spot or drop it")
+    if args.training_plan and not _TRAINING_PLAN.match(args.training_plan):
+        raise UsageError(f"--training-plan {args.training_plan!r} is not a training plan's ARN, like "
+                         "arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan")
+    if args.training_plan and args.spot:
+        raise UsageError("--spot does not apply to a training plan, whose capacity is reserved; drop one of them")
     return {
         "instance_type": pick("instance_type", args.instance_type), "image_uri": pick("image_uri", args.image_uri),
         "role": pick("role", args.role), "s3_root": pick("s3_root", args.s3_root), "region": pick("region", args.region),
@@ -445,6 +453,7 @@ def _cloud_values(args, pick) -> dict:
         "checkpoint_s3": args.checkpoint_s3,
         "keep_alive": positive_int_or_none(args.keep_alive, "--keep-alive"), "subnets": ids(args.subnets),
         "security_groups": ids(args.security_groups), "kms_key": args.kms_key, "tags": tags,
+        "training_plan": args.training_plan,
     }
 
 

@@ -148,13 +148,15 @@ class Note:
 class Billing:
     """The job's billable instance time so far: ``instance_seconds``, growing by ``instances`` a
     second while ``running`` (until the next Billing), priced at ``hourly_price`` (on demand, per
-    instance; None where unknown); ``spot``: the price is an upper bound. Client-side."""
+    instance; None where unknown, and for a job on a ``training_plan``, which the plan paid for);
+    ``spot``: the price is an upper bound. Client-side."""
 
     instances: int
     instance_seconds: float
     running: bool
     hourly_price: float | None = None
     spot: bool = False
+    training_plan: str = ""  # the plan whose reserved capacity it runs on: paid for by the plan, not by the hour
 
 
 @dataclass

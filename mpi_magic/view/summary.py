@@ -144,6 +144,10 @@ def billing_phrase(model: JobModel) -> str:
     seconds = model.billable_seconds()
     if seconds is None:
         return ""
+    assert model.billing is not None
+    if model.billing.training_plan:
+        return (f"{duration(seconds)} of instance time on training plan "
+                f"{model.billing.training_plan.rpartition('/')[2]}, paid for by the plan")
     cost = model.cost()
     return f"billable {duration(seconds)} of instance time, " + (str(cost) if cost else "cost unknown")
 

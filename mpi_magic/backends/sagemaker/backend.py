@@ -59,8 +59,9 @@ class SageMakerBackend:
         instance type's list price."""
         objects = [uri for uri, _ in self._uploads(job_dir, job_name)]
         request = json.dumps(self.request(job_name, digest or "", options), indent=2)
-        price = pricing.price_line(self.settings.instance_type, self.settings.region, options.instances,
-                                   self.settings.spot)
+        price = (pricing.plan_line(self.settings.training_plan) if self.settings.training_plan else
+                 pricing.price_line(self.settings.instance_type, self.settings.region, options.instances,
+                                    self.settings.spot))
         return "CreateTrainingJob request:\n" + request + "\nS3 objects:\n" + "\n".join(objects) + "\n" + price
 
     def _uploads(self, job_dir: str | None, job_name: str) -> list[tuple[str, bytes | str]]:

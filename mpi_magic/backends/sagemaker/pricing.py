@@ -45,6 +45,12 @@ def cost(instance_type: str, region: str, instance_seconds: float, spot: bool = 
     return estimate(hourly_price(instance_type, region), instance_seconds, spot)
 
 
+def plan_line(training_plan: str) -> str:
+    """What --dry-run says about the price of a job on a training plan's reserved capacity."""
+    return (f"Price: the job runs on training plan {training_plan.rpartition('/')[2]}'s reserved capacity, paid for "
+            "when the plan was bought: no charge by the hour for its instances")
+
+
 def price_line(instance_type: str, region: str, instances: int, spot: bool = False) -> str:
     """What --dry-run says about the price before anything is paid for."""
     hourly = hourly_price(instance_type, region)

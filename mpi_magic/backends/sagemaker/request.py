@@ -76,6 +76,7 @@ class CloudSettings:
     security_groups: tuple[str, ...] = ()
     kms_key: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    training_plan: str | None = None  # the ARN of the training plan whose reserved capacity the job runs on
 
 
 def job_prefix(settings: CloudSettings, job_name: str) -> str:
@@ -152,6 +153,8 @@ def training_job_request(settings: CloudSettings, job_name: str, instances: int,
         request["CheckpointConfig"] = {"S3Uri": settings.checkpoint_s3, "LocalPath": CHECKPOINT_PATH}
     if settings.keep_alive:
         request["ResourceConfig"]["KeepAlivePeriodInSeconds"] = settings.keep_alive
+    if settings.training_plan:
+        request["ResourceConfig"]["TrainingPlanArn"] = settings.training_plan
     if settings.kms_key:
         request["OutputDataConfig"]["KmsKeyId"] = settings.kms_key
         request["ResourceConfig"]["VolumeKmsKeyId"] = settings.kms_key

@@ -219,7 +219,8 @@ class SageMakerSessionRanks:
         lines = [f"training job: {self.name}, {described['TrainingJobStatus']} ({described.get('SecondaryStatus', '')})"]
         billing = billing_of(described, self.job.region)
         if billing is not None:
-            spent = estimate(billing.hourly_price, billing.instance_seconds, billing.spot)
+            spent = ("paid for by the training plan" if billing.training_plan
+                     else estimate(billing.hourly_price, billing.instance_seconds, billing.spot))
             config = described["ResourceConfig"]
             lines.append(f"billable instance time: {billing.instance_seconds:.0f}s ({config['InstanceCount']} x "
                          f"{config['InstanceType']}), {spent or 'cost unknown (no list price in the shipped table)'}")

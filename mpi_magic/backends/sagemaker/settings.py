@@ -166,6 +166,6 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
         spot=bool(values.get("spot")), max_wait=values.get("max_wait"), checkpoint_s3=checkpoint_s3,
         keep_alive=values.get("keep_alive"),
         subnets=tuple(values.get("subnets") or ()), security_groups=tuple(values.get("security_groups") or ()),
-        kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}),
+        kms_key=values.get("kms_key"), tags=dict(values.get("tags") or {}), training_plan=values.get("training_plan"),
     )
     return settings, aws

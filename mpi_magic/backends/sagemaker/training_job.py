@@ -479,16 +479,17 @@ def billing_of(described: dict, region: str, now: float | None = None) -> Billin
         return None
     config = described["ResourceConfig"]
     instances = int(config["InstanceCount"])
-    price = hourly_price(config["InstanceType"], region)
+    plan = config.get("TrainingPlanArn") or ""
+    price = None if plan else hourly_price(config["InstanceType"], region)  # a plan's capacity is paid for by the plan
     spot = bool(described.get("EnableManagedSpotTraining"))
     if "BillableTimeInSeconds" in described and described.get("TrainingEndTime") is not None:
-        return Billing(instances, float(described["BillableTimeInSeconds"]) * instances, False, price, spot)
+        return Billing(instances, float(described["BillableTimeInSeconds"]) * instances, False, price, spot, plan)
     ended = described.get("TrainingEndTime")
     now = time.time() if now is None else now
     until = _epoch(ended) if ended is not None else now
     attempt = attempts(described.get("SecondaryStatusTransitions", ()), until)
     seconds = max(0.0, until - _epoch(started) - attempt.between)
-    return Billing(instances, seconds * instances, ended is None and not attempt.waiting, price, spot)
+    return Billing(instances, seconds * instances, ended is None and not attempt.waiting, price, spot, plan)
 
 
 def _epoch(value) -> float:

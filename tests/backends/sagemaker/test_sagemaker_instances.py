@@ -382,3 +382,38 @@ def test_dry_run_names_the_list_price_or_that_the_table_has_none(ip, cloud, caps
     run(ip, "-i 2 --spot --dry-run", "x = 1\n")
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"Price: mpi_magic's table has none for {unpriced} in {region}; see the SageMaker pricing page")
+
+
+PLAN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/p5-week"
+
+
+def test_a_training_plan_goes_into_the_request_and_its_capacity_is_billed_by_the_plan(ip, cloud, capsys):
+    run(ip, f"-i 2 -g 1 --training-plan {PLAN} --dry-run", "x = 1\n")
+    printed = capsys.readouterr().out
+    assert f'"TrainingPlanArn": "{PLAN}"' in printed
+    assert ("Price: the job runs on training plan p5-week's reserved capacity, paid for when the plan was bought: "
+            "no charge by the hour for its instances") in printed
+    run(ip, f"-i 2 -g 1 --training-plan {PLAN} --out job", "import time\ntime.sleep(1)\n")
+    job = ip.user_ns["job"]
+    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
+    assert described["ResourceConfig"]["TrainingPlanArn"] == PLAN  # what SageMaker was asked for
+    billed = described["BillableTimeInSeconds"] * 2
+    assert job.model.billable_seconds() == billed and job.model.cost() is None
+    from mpi_magic.view.summary import duration
+
+    assert f"{duration(billed)} of instance time on training plan p5-week, paid for by the plan" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--training-plan p5-week", "--training-plan 'p5-week' is not a training plan's ARN, like "
+                                "arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan"),
+    (f"--training-plan {PLAN} --spot", "--spot does not apply to a training plan, whose capacity is reserved; "
+                                       "drop one of them"),
+])
+def test_a_training_plan_that_cannot_be_is_one_sentence(ip, cloud, line, message):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        run(ip, line, "x = 1\n")
+    assert str(raised.value) == message
