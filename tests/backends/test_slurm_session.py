@@ -14,6 +14,8 @@ import time
 import pytest
 from helpers import needs_slurm, once, run, slurm_listed, slurm_queue, wait_until
 
+from mpi_magic.errors import JobTimeoutError
+
 
 pytestmark = needs_slurm()
 
@@ -74,3 +76,16 @@ def test_a_killed_kernel_ends_its_session(slurm_cluster, tmp_path):
         kernel.wait()
         kernel.stdout.close()
     assert wait_until(lambda: not slurm_listed(slurm_cluster, name), GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def test_a_session_cell_whose_ranks_go_quiet_gets_its_roll_call_and_the_session_is_kept(slurm, sessions):
+    slurm.run_line_magic("mpirun_config", "stall_after=2")
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --out s")
+    run(slurm, "--quiet", "x = 1")
+    with pytest.raises(JobTimeoutError):  # it interrupts every rank, and each comes back
+        run(slurm, "--timeout 8 --out job", "import time\ntime.sleep(300)")
+    # asked with scancel --signal=URG once they were quiet for stall_after seconds (lines as the cell shows them)
+    assert slurm.user_ns["job"].model.roll_call == "ranks 0, 1, 2, 3 at cell line 3 in sleep"
+    run(slurm, "--quiet", "y = x + 1")
+    assert slurm.user_ns["y"] == 2 and slurm.user_ns["s"].status == "idle"
+    slurm.run_line_magic("mpirun_session", "stop")

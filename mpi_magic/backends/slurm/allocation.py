@@ -41,7 +41,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     idle = options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT
     command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
     try:
-        job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, None)
+        job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, session=True)
     except BaseException:
         cells.close()
         raise
@@ -84,8 +84,8 @@ class SlurmSessionRanks(ChannelRanks):
     def send(self, message: dict) -> None:
         if message.get("kind") == "cell":
             self._cell = message["cell"]
+            self.job.new_cell()
         self.cells.send(message)
-        self.job.expect_output()
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""

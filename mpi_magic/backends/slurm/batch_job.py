@@ -130,7 +130,7 @@ class SlurmBackend:
                 + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
-        return self._submit(job_dir, job_name, _runtime(job_dir, digest), options, {}, self.stall_after)
+        return self._submit(job_dir, job_name, _runtime(job_dir, digest), options, {})
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
         """One allocation whose ranks wait for cells from this notebook's channel (``allocation.py``)."""
@@ -139,7 +139,7 @@ class SlurmBackend:
         return start(self, name, options, config)
 
     def _submit(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
-                extra_env: dict[str, str], stall_after: float | None) -> SlurmJob:
+                extra_env: dict[str, str], session: bool = False) -> SlurmJob:
         token = wire.new_token()
         env = {**self.environment(job_name, token, options), **extra_env}
         argv = self._write(job_dir, job_name, command, options, env)
@@ -148,7 +148,7 @@ class SlurmBackend:
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
         job_id = submitted.stdout.strip().split(";")[0]
-        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), stall_after)
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), self.stall_after, session)
 
 
 class SlurmJob:
@@ -159,8 +159,8 @@ class SlurmJob:
     launcher = None  # the launcher runs on a node of the cluster
     stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
 
-    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float | None = 30.0,
-                 watcher: QueueWatcher = WATCHER):
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float = 30.0,
+                 session: bool = False, watcher: QueueWatcher = WATCHER):
         self.job_id, self.name, self.job_dir, self.stall_after = job_id, name, job_dir, stall_after
         self._decoder, self._watcher = decoder, watcher
         self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
@@ -171,6 +171,7 @@ class SlurmJob:
         self._started: set[int] = set()
         self._reported: set[int] = set()
         self._failure_seen = False
+        self._in_cell = not session  # a session's ranks are in a cell only from new_cell() until all reported
         self._active_at = time.monotonic()  # when a rank last printed or made progress
         self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._launcher_log = launchers.LauncherLog()
@@ -232,9 +233,7 @@ class SlurmJob:
         """Once running ranks have been quiet for ``stall_after`` seconds, ask each for its stack (once
         per quiet spell): the answers come as events, and the notebook makes the roll-call of them."""
         quiet_since = self._active_at
-        if self.stall_after is None:  # a session's ranks are quiet between cells
-            return
-        if (self._asked_at != quiet_since and self._started - self._reported and self._ended is None
+        if (self._in_cell and self._asked_at != quiet_since and self._started - self._reported and self._ended is None
                 and time.monotonic() - quiet_since > self.stall_after):
             self._asked_at = quiet_since
             self.request_stacks()
@@ -249,6 +248,7 @@ class SlurmJob:
             elif isinstance(event, RankFinished):
                 self._reported.add(event.rank)
                 self._failure_seen = self._failure_seen or not event.ok
+                self._in_cell = self._in_cell and not self._started <= self._reported
             elif isinstance(event, LauncherOutput):
                 self._launcher_log.add(event.text)
                 continue
@@ -279,8 +279,12 @@ class SlurmJob:
             reason = f"the job ended ({state}) without its launcher's exit status"
         return LauncherExited(None, reason=reason)
 
-    def expect_output(self) -> None:
-        """Output is due (a session's cell was just sent): look at the files again at once, and often."""
+    def new_cell(self) -> None:
+        """A session's next cell was sent: its ranks report anew, and are asked for their stacks if
+        they go quiet in it (not between cells); its output is due, so the files are looked at at once."""
+        self._reported.clear()
+        self._failure_seen = False
+        self._active_at, self._asked_at, self._in_cell = time.monotonic(), None, True
         self._wake.set()
 
     def _slurm_said(self) -> str | None:
