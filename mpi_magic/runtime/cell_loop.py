@@ -158,6 +158,8 @@ class RelayedInterrupts:
         while not stop.wait(self.poll_every):
             try:
                 asked = self.end.interrupted(cell)
+            except channel.ChannelError:  # the notebook is gone: nobody will interrupt (rank 0 ends the session)
+                return
             except Exception as exc:  # noqa: BLE001 - the channel unreachable for a moment: look again
                 _say(f"mpi_magic session: could not look for an interrupt ({type(exc).__name__}: {exc})")
                 continue

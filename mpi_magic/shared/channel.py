@@ -149,12 +149,37 @@ class SocketRankEnd:
         self._buffer = b""
         self._received = 0
         self._held: list[dict] = []  # read while looking for an interrupt: handed out by receive()
+        self._interrupts: set[int] = set()  # the cells the notebook asked to interrupt
+        # rank 0's main loop receives while its interrupt watcher may still look (the other ranks not yet
+        # back from the cell): one reads at a time
+        self._lock = threading.Lock()
 
     def receive(self, timeout: float | None) -> dict | None:
-        """The next message; None when ``timeout`` seconds pass without one. ``ChannelError``
-        when the notebook has gone (its kernel stopped), or a message is not the notebook's."""
-        if self._held:
-            return self._held.pop(0)
+        """The next message other than an interrupt (those are kept for ``interrupted``); None when
+        ``timeout`` seconds pass without one. ``ChannelError`` when the notebook has gone (its kernel
+        stopped), or a message is not the notebook's."""
+        with self._lock:
+            while True:
+                message = self._held.pop(0) if self._held else self._read(timeout)
+                if message is None or message.get("kind") != "interrupt":
+                    return message
+                self._interrupts.add(message.get("cell", 0))
+
+    def interrupted(self, cell: int) -> bool:
+        """Whether the notebook asked to interrupt ``cell`` (looked for without waiting); any other
+        message read meanwhile is kept for ``receive``."""
+        with self._lock:
+            message = self._read(0.0)
+            while message is not None:
+                if message.get("kind") == "interrupt":
+                    self._interrupts.add(message.get("cell", 0))
+                else:
+                    self._held.append(message)
+                message = self._read(0.0)
+            return cell in self._interrupts
+
+    def _read(self, timeout: float | None) -> dict | None:
+        """The next message on the wire, its signature checked (under the lock)."""
         self._sock.settimeout(timeout)
         while b"\n" not in self._buffer:
             try:
@@ -170,17 +195,6 @@ class SocketRankEnd:
         if not hmac.compare_digest(signature, _signature(self._secret, self._received, text)):
             raise ChannelError("a message on the channel was not signed with the session's secret")
         return json.loads(text)
-
-    def interrupted(self, cell: int) -> bool:
-        """Whether the notebook asked to interrupt ``cell`` (looked for without waiting); any other
-        message read meanwhile is kept for ``receive``."""
-        message = self.receive(0.0)
-        if message is None:
-            return False
-        if message.get("kind") == "interrupt":
-            return message.get("cell") == cell
-        self._held.append(message)
-        return False
 
     def close(self) -> None:
         self._sock.close()

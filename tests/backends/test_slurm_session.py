@@ -89,3 +89,15 @@ def test_a_session_cell_whose_ranks_go_quiet_gets_its_roll_call_and_the_session_
     run(slurm, "--quiet", "y = x + 1")
     assert slurm.user_ns["y"] == 2 and slurm.user_ns["s"].status == "idle"
     slurm.run_line_magic("mpirun_session", "stop")
+
+
+def test_an_interrupt_reaches_the_ranks_still_in_a_cell_rank_0_has_left(slurm, sessions):
+    """Rank 0 waits for the next cell on the channel while the others still run this one: the
+    interrupt that comes then is passed on to them, not taken for a cell."""
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --out s")
+    session = slurm.user_ns["s"]
+    with once(lambda: session.status == "running", _thread.interrupt_main, pause=2.0), pytest.raises(KeyboardInterrupt):
+        run(slurm, "--quiet", "import time, mpi_magic\nif mpi_magic.rank() != 0:\n    time.sleep(300)")
+    run(slurm, "--quiet", "back = 1")
+    assert slurm.user_ns["back"] == 1 and session.status == "idle", session.ended_reason
+    slurm.run_line_magic("mpirun_session", "stop")
