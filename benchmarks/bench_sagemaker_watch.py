@@ -4,7 +4,8 @@ For each size (instances x processes), a ``--gather`` cell whose every rank repo
 twice a second for ``--seconds``, watched three ways: reading the log at the fixed pace the
 notebook used first (every 1 s, DescribeTrainingJob every 3 s), at the adaptive pace it uses
 without Live Tail, and through a CloudWatch Live Tail session (the default):
-- AWS calls per minute by the notebook, from submitting the job to its end (the job's ``api_calls``);
+- AWS calls per minute by the notebook, from submitting the job to its end (``calls_at_end``), and to
+  its results brought back (the job's ``api_calls``);
 - latency from a rank's progress event (its own wall-clock timestamp) to the notebook having it:
   the emulator pushes log lines every 0.2 s, the rest is how often the log is read, or Live Tail's
   update every second.
@@ -78,13 +79,15 @@ def main() -> None:
                 ip.run_cell_magic("mpirun_remote", f"-i {instances} -g {per_instance} --gather --quiet --out job", cell)
                 elapsed = time.monotonic() - started
                 assert ip.user_ns["me"] == list(range(instances * per_instance)), "not every rank's result came back"
-                calls = watched[-1].api_calls
+                calls, job = watched[-1].api_calls, watched[-1]
+                ended = job.calls_at_end or calls
                 latencies.sort()
                 (first, calls_first), (last_at, calls_last) = steady[0], steady[-1]
                 running = 60 * (calls_last - calls_first) / (last_at - first)
                 median, p95 = statistics.median(latencies), latencies[int(0.95 * len(latencies))]
-                print(f"{size:>5} {name:15} job {elapsed:5.1f} s, {calls:4d} calls = {60 * calls / elapsed:5.1f}/min "
-                      f"from submitting to the results, {running:5.1f}/min while the ranks report; event latency "
+                print(f"{size:>5} {name:15} job {elapsed:5.1f} s, {ended:4d} calls to its end = "
+                      f"{60 * ended / elapsed:5.1f}/min, {calls:4d} with the results = {60 * calls / elapsed:5.1f}/min, "
+                      f"{running:5.1f}/min while the ranks report; event latency "
                       f"median {median:.2f} s, p95 {p95:.2f} s ({len(latencies)} events)", flush=True)
                 print("      calls: " + ", ".join(f"{op} {n}" for op, n in watched[-1].calls.most_common()), flush=True)
         last, world_size = watched[-1], instances * per_instance

@@ -51,12 +51,18 @@ class Pace:
 
     While a Live Tail session brings the lines (``livetail``), the log is read every ``LIVE_READS``
     seconds only, for what the session missed.
+
+    ``calls_per_minute`` caps the calls over the whole job, from submitting it: a read falls due
+    only while it leaves the calls within ``BUDGET_START`` plus that many a minute since the job was
+    created. So a job of ``BUDGET_START / (30 - rate) * 60`` seconds or more (20 s at 24 a minute)
+    makes at most 30 a minute; no SageMaker job is shorter: its instances take minutes to start.
     """
 
     logs_fast: float
     logs_slow: float
     describe: float
     describe_training: float
+    calls_per_minute: float | None = None
 
 
 # Without Live Tail: at most 60/2.2 = 27 log reads and 2 DescribeTrainingJob calls a minute while a job
@@ -66,7 +72,11 @@ class Pace:
 # While nothing arrives (instances starting, a quiet cell) the log is read every 5 s and the job
 # described every 5 s: 24 a minute, and no line waits more than 5 s for a read. Between the two,
 # the log is read every 3.3 s and 4.95 s (18 and 12 a minute) beside a describe every 30 s.
-ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0)
+# The cap keeps a short job's start-up and ending reads (several, soon after one another) within 30 a
+# minute over the whole job: CreateTrainingJob and the first DescribeTrainingJob, then 24 a minute.
+ADAPTIVE = Pace(logs_fast=2.2, logs_slow=5.0, describe=5.0, describe_training=30.0, calls_per_minute=24.0)
+BUDGET_START = 2  # calls a job may make at once: CreateTrainingJob, and the first DescribeTrainingJob
+READ_CALLS = 2  # the most one read makes (DescribeLogStreams, then GetLogEvents): a read waits for room for both
 FIXED = Pace(logs_fast=1.0, logs_slow=1.0, describe=3.0, describe_training=3.0)  # ~80-95 calls a minute
 
 try:
@@ -99,6 +109,8 @@ class SageMakerJob:
         self.logs = aws.client("logs", config=config)
         self.s3 = aws.client("s3", config=config)
         self.calls: Counter[str] = Counter()  # AWS calls made so far, by operation
+        self.created_at: float | None = None  # when this kernel created the job: its call budget starts then
+        self.calls_at_end: int | None = None  # AWS calls made when the job's end was known (results not fetched yet)
         for client in (self.sagemaker, self.logs, self.s3):
             client.meta.events.register("before-call", self._count)
         # Live Tail (``livetail``): not for a session, which sets its own pace
@@ -162,7 +174,17 @@ class SageMakerJob:
         return sum(self.calls.values())
 
     def create(self, request: dict) -> None:
+        self.created_at = time.monotonic()
         self.sagemaker.create_training_job(**request)
+
+    def _within_budget(self, now: float) -> bool:
+        """Whether a read may be made now without the job's calls exceeding the pace's cap."""
+        rate = self.pace.calls_per_minute
+        if rate is None or self.created_at is None or self.describe_every is not None or self.logs_every is not None:
+            return True  # (a job attached to reads its history at once; a session paces itself)
+        if self._ended_status or self._restart_to > self._attempt:
+            return True  # the end, or an attempt that began: its last lines are read at once, whatever the budget
+        return self.api_calls + READ_CALLS <= BUDGET_START + rate / 60.0 * (now - self.created_at)
 
     @property
     def finished(self) -> bool:
@@ -176,12 +198,12 @@ class SageMakerJob:
             if self._live is not None:
                 events += self._take_live(now)
             try:
-                if now >= self._next_describe:
+                if now >= self._next_describe and self._within_budget(now):  # (else it waits for the budget)
                     events += self._describe()
                     self._described_at = now
                     self._next_describe = now + self._describe_wait()
                     read = True
-                if now >= self._next_logs:
+                if now >= self._next_logs and self._within_budget(now):
                     events += self._read_logs()
                     self._next_logs = now + self._logs_wait_after(self._lines > self._lines_at_read)
                     self._lines_at_read = self._lines
@@ -318,6 +340,7 @@ class SageMakerJob:
             events.append(LauncherOutput(f"SageMaker FailureReason: {described['FailureReason']}"))
             events.append(Note(f"SageMaker FailureReason: {described['FailureReason']}"))
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
+        self.calls_at_end = self.api_calls
         events += self._decoder.rejections()
         events.append(self._launcher_log.ended(code, self._world_size is not None))
         self._finished = True

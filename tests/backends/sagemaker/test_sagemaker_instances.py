@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from helpers import BUCKET, ROLE, run, training_jobs, uploaded
@@ -417,3 +418,28 @@ def test_a_training_plan_that_cannot_be_is_one_sentence(ip, cloud, line, message
     with pytest.raises(UsageError) as raised:
         run(ip, line, "x = 1\n")
     assert str(raised.value) == message
+
+
+def test_watching_a_job_without_live_tail_makes_at_most_30_calls_a_minute_from_submitting_to_its_end(ip, cloud):
+    """16 x 2 ranks reporting twice a second: CreateTrainingJob, DescribeTrainingJob and the log's
+    reads together, counted until the job's end was known (its results are fetched after)."""
+    from mpi_magic.backends.sagemaker.training_job import SageMakerJob
+
+    watched = []
+    init = SageMakerJob.__init__
+
+    def remembered(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        watched.append(self)
+
+    SageMakerJob.__init__ = remembered
+    try:
+        ip.run_line_magic("mpirun_config", "live_tail=no")
+        run(ip, "-i 16 -g 2 --quiet", "import time, mpi_magic\nfor _ in mpi_magic.progress(range(30)):\n"
+                                      "    time.sleep(0.5)\n")
+    finally:
+        SageMakerJob.__init__ = init
+    job = watched[-1]
+    minutes = (time.monotonic() - job.created_at) / 60  # (an upper bound of the time to its end)
+    assert job.calls_at_end is not None and job.calls_at_end / minutes <= 30, (job.calls_at_end, minutes, job.calls)
+    assert job.calls["GetLogEvents"] >= 5, "the log was read while the ranks reported"
