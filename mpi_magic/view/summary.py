@@ -129,7 +129,8 @@ def allocation_phrase(model: JobModel) -> str:
         words = [allocation.reason] if allocation.reason and allocation.reason != "None" else []
         if allocation.starts:
             wait = allocation.starts - time.time()
-            words.append(f"starts about {time.strftime('%H:%M:%S', time.localtime(allocation.starts))}"
+            shown = "%H:%M:%S" if wait < 12 * 3600 else "%Y-%m-%d %H:%M"  # (a later day's estimate says its date)
+            words.append(f"starts about {time.strftime(shown, time.localtime(allocation.starts))}"
                          + (f" (in {duration(wait)})" if wait > 0 else ""))
         return "Slurm: " + (", ".join(words) or "pending")
     if allocation.state == "PENDING":

@@ -66,9 +66,10 @@ def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, slurm_clu
 
 
 def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm, slurm_cluster):
-    blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--output=/dev/null",
+    blocker = slurm_cluster.run("sbatch", "--parsable", "--exclusive", "-N", "4", "--time=2", "--output=/dev/null",
                                 "--wrap=sleep 300")
     assert blocker.returncode == 0, blocker.stderr
+    submitted = time.time()
     try:
         run(slurm, "--backend slurm -i 2 -g 1 --async --out job", "x = 1")
         job = slurm.user_ns["job"]
@@ -79,6 +80,8 @@ def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm
         assert "queued" in headline(job.model) and "Slurm: Resources" in headline(job.model)
         # the backfill scheduler estimates a start once it has looked (every second here)
         assert wait_until(lambda: job.model.allocation.starts is not None, 20), job.model.allocation
+        # when the blocker's two minutes are up (Slurm's estimate, to its whole seconds)
+        assert submitted + 100 <= job.model.allocation.starts <= submitted + 121, job.model.allocation.starts - submitted
         assert "starts about" in headline(job.model)
         assert job.model.waiting(threshold=0) is None  # nobody waits for a rank while Slurm has not started them
         started = time.monotonic()
@@ -272,6 +275,9 @@ def test_the_clusters_words_read_as_they_are_written():
     assert (pending.state, pending.reason, pending.starts, pending.time_left) == ("PENDING", "Priority", None, 3600)
     assert running.time_left == 1798 and running.starts == time.mktime((2026, 12, 5, 18, 40, 0, 0, 0, -1))
     assert unlimited.time_left is None  # without a limit, squeue's time left is a year
+    a_year_ahead = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 365 * 86400))
+    (unplanned,) = parse(f"10|PENDING|Resources|{a_year_ahead}|1:00:00|1:00:00\n").values()
+    assert unplanned.starts is None, "Slurm's year-ahead estimate means it cannot plan the job: not shown"
 
 
 def test_a_flood_of_output_arrives_whole_and_in_order_through_the_job_folder(slurm, slurm_cluster):

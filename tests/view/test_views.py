@@ -587,3 +587,26 @@ def test_the_text_view_names_the_rank_with_the_most_memory():
     clock.now += 2
     view.update()
     assert out.getvalue().splitlines()[-1].endswith("; most memory: rank 1 2.0 GiB")
+
+
+def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_left_counts_down():
+    import time
+
+    from mpi_magic.shared.events import Allocation, LauncherExited
+    from mpi_magic.view.summary import headline
+
+    clock = Clock()
+    model = JobModel("j", "slurm", 2, 1, clock)
+    model.fold(Phase("starting"))
+    in_two_days = time.time() + 2 * 86400
+    model.fold(Allocation("PENDING", "Priority", in_two_days))
+    assert model.phase == "queued" and model.waiting(threshold=0) is None  # nobody waits for another rank yet
+    assert f"Slurm: Priority, starts about {time.strftime('%Y-%m-%d %H:%M', time.localtime(in_two_days))} (in 47h59m)" \
+        in headline(model)  # (a later day's estimate says its date)
+    model.fold(Allocation("RUNNING", "None", None, 300.0))
+    assert model.phase == "starting" and "time left 5:00" in headline(model)
+    clock.now += 65
+    assert "time left 3:55" in headline(model)
+    model.fold(RankStarted(0, 0, 0, 2, "n1", 11, time=1.0))
+    model.fold(LauncherExited(0))
+    assert "time left" not in headline(model), "an ended job has no time left"

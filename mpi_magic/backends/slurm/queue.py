@@ -14,6 +14,9 @@ from . import commands
 
 FIRST, LONGEST, GROWTH = 2.0, 30.0, 1.5  # seconds between polls: the first, the longest, and the step
 FORMAT = "%i|%T|%r|%S|%l|%L"  # job id, state, reason, (estimated) start, time limit, time left
+# Slurm's backfill puts a job it cannot plan (one waiting behind jobs without a time limit) a year
+# ahead: an estimate this far out says "unknown", and is not shown
+UNPLANNED = 300 * 86400.0
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT"})
 
@@ -45,9 +48,10 @@ def parse(text: str) -> dict[str, JobState]:
 
 def _epoch(text: str) -> float | None:
     try:
-        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+        when = time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None  # N/A, Unknown
+    return None if when - time.time() > UNPLANNED else when
 
 
 class QueueWatcher:
