@@ -220,11 +220,11 @@ def slurm_cluster():
 def slurm(ip, slurm_cluster):
     """The shell, its cells on the module's Slurm cluster shown as text; the test fails if it leaves
     a job in the queue for 10 s."""
-    from helpers import slurm_queue, wait_until
+    from helpers import SLURM_GONE_WITHIN, slurm_queue, wait_until
 
     ip.run_line_magic("mpirun_config", "view=text")
     yield ip
-    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 10), \
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), \
         f"a test left a job in the queue: {slurm_queue(slurm_cluster)}"
 
 

@@ -123,6 +123,37 @@ def needs_slurm():
                               reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
 
 
+SLURM_GONE_WITHIN = 10.0  # seconds after a stop by which squeue must show nothing of the job
+
+
+def killed_kernel_job(cluster, cache_dir: str, start: str, handle: str) -> str:
+    """The name of the Slurm job a kernel left when SIGKILLed: a Python with an IPython shell ``ip``
+    runs ``start`` (which keeps its job handle under ``handle``), and is killed once squeue lists the job."""
+    import subprocess
+    import sys
+    import textwrap
+
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import os, time
+        from IPython.core.interactiveshell import InteractiveShell
+        os.environ["MPI_MAGIC_CACHE_DIR"] = {cache_dir!r}
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpi_magic")
+        ip.run_line_magic("mpirun_config", "view=text")
+        {start}
+        print(ip.user_ns[{handle!r}].name, flush=True)
+        time.sleep(300)
+        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **cluster.environ})
+    try:
+        name = kernel.stdout.readline().strip()
+        assert name and wait_until(lambda: slurm_listed(cluster, name), 30), slurm_queue(cluster)
+    finally:
+        kernel.kill()
+        kernel.wait()
+        kernel.stdout.close()
+    return name
+
+
 def slurm_queue(cluster) -> list[str]:
     """The jobs squeue lists on ``cluster`` (pending, running, completing), as 'id name state reason'."""
     return [line for line in cluster.run("squeue", "-h", "-o", "%i %j %T %r").stdout.splitlines() if line.strip()]

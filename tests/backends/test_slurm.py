@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import _thread
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
-from helpers import needs_slurm, once, once_running, run, slurm_listed, slurm_queue, wait_until
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, once, once_running, run,
+                     slurm_listed, slurm_queue, wait_until)
 
-from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
+from mpi_magic.errors import JobTimeoutError, RemoteRankError, SlurmSetupError
 
 pytestmark = needs_slurm()
-
-GONE_WITHIN = 10.0  # seconds after a stop by which squeue must show nothing of the job
-
 
 def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluster):
     slurm.user_ns["base"] = 10
@@ -39,7 +35,7 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluste
     job = slurm.user_ns["job"]
     assert job.status == "completed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
     # (its batch shell ends at once)
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_srun_starts_the_ranks_through_slurms_pmix(slurm, slurm_cluster):
@@ -62,7 +58,7 @@ def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, slurm_clu
             """))
     assert "rank 3 (instance 1, n2) raised ValueError: bad shard" in str(raised.value)
     job = slurm.user_ns["job"]
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm, slurm_cluster):
@@ -88,7 +84,7 @@ def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm
         job.cancel()
         assert wait_until(lambda: job.status == "stopped", 5) and job.model.stop_reason == "cancel"
         assert time.monotonic() - started < 5
-        assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
+        assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
     finally:
         slurm_cluster.run("scancel", blocker.stdout.strip())
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 30)
@@ -109,7 +105,7 @@ def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_li
     assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in barrier; rank 2 at cell line 5 in sleep"
     assert job.model.time_left() is None  # partition debug has no time limit
     assert job.status == "stopped"
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
@@ -117,7 +113,7 @@ def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
         run(slurm, "--backend slurm -i 2 -g 1 --out job", "import time\ntime.sleep(300)")
     job = slurm.user_ns["job"]
     assert job.status == "stopped"
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster):
@@ -131,27 +127,9 @@ def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster)
 
 
 def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm_cluster, tmp_path):
-    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
-        import os, sys, time
-        from IPython.core.interactiveshell import InteractiveShell
-        os.environ["MPI_MAGIC_CACHE_DIR"] = {str(tmp_path)!r}
-        ip = InteractiveShell.instance()
-        ip.run_line_magic("load_ext", "mpi_magic")
-        ip.run_line_magic("mpirun_config", "view=text")
-        ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 1 --async --out job",
-                          "import time\\ntime.sleep(300)")
-        print(ip.user_ns["job"].name, flush=True)
-        time.sleep(300)
-        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, **slurm_cluster.environ})
-    try:
-        name = kernel.stdout.readline().strip()
-        assert name and wait_until(lambda: slurm_listed(slurm_cluster, name), 30), slurm_queue(slurm_cluster)
-    finally:
-        kernel.kill()
-        kernel.wait()
-        kernel.stdout.close()
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    name = killed_kernel_job(slurm_cluster, str(tmp_path), 'ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 '
+                             '-g 1 --async --out job", "import time\\ntime.sleep(300)")', "job")
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 @pytest.mark.parametrize("line, sentence", [

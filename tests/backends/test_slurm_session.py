@@ -5,22 +5,15 @@ and by a killed kernel, leaving nothing in ``squeue``."""
 from __future__ import annotations
 
 import _thread
-import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
-from helpers import needs_slurm, once, run, slurm_listed, slurm_queue, wait_until
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, once, run, slurm_listed,
+                     slurm_queue, wait_until)
 
 from mpi_magic.errors import JobTimeoutError
 
-
 pytestmark = needs_slurm()
-
-GONE_WITHIN = 10.0  # seconds after a stop by which squeue must show nothing of the job
-
 
 def test_a_session_is_one_allocation_whose_ranks_keep_state_between_cells(slurm, sessions, slurm_cluster, capsys):
     slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --time 30 --out s")
@@ -45,7 +38,7 @@ def test_a_session_is_one_allocation_whose_ranks_keep_state_between_cells(slurm,
     run(slurm, "--quiet", "after = count")  # the interrupt reached every rank, and the session is kept
     assert slurm.user_ns["after"] == 19 and session.status == "idle"
     slurm.run_line_magic("mpirun_session", "stop")
-    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):
@@ -53,29 +46,13 @@ def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):
     session = slurm.user_ns["s"]
     assert wait_until(lambda: session.status == "stopped", 30)
     assert "idle for 2s" in session.ended_reason
-    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_a_killed_kernel_ends_its_session(slurm_cluster, tmp_path):
-    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
-        import os, sys, time
-        from IPython.core.interactiveshell import InteractiveShell
-        os.environ["MPI_MAGIC_CACHE_DIR"] = {str(tmp_path)!r}
-        ip = InteractiveShell.instance()
-        ip.run_line_magic("load_ext", "mpi_magic")
-        ip.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --quiet --out s")
-        print(ip.user_ns["s"].name, flush=True)
-        time.sleep(300)
-        """)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, **slurm_cluster.environ})
-    try:
-        name = kernel.stdout.readline().strip()
-        assert name and slurm_listed(slurm_cluster, name), slurm_queue(slurm_cluster)
-    finally:
-        kernel.kill()
-        kernel.wait()
-        kernel.stdout.close()
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), GONE_WITHIN), slurm_queue(slurm_cluster)
+    name = killed_kernel_job(slurm_cluster, str(tmp_path),
+                             'ip.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --quiet --out s")', "s")
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_a_session_cell_whose_ranks_go_quiet_gets_its_roll_call_and_the_session_is_kept(slurm, sessions):

@@ -11,13 +11,11 @@ import textwrap
 import time
 
 import psutil
-import pytest
+from helpers import needs_slurm
 
-from mpi_magic.testing import slurm_cluster
-from mpi_magic.testing.slurm_cluster import PACKAGES, SlurmCluster
+from mpi_magic.testing.slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.skipif(bool(slurm_cluster.missing_programs()),
-                                reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+pytestmark = needs_slurm()
 
 
 def _root() -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import JobError, SageMakerSetupError
-from ...shared import jobdir, wire
+from ...shared import jobdir
 from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                               Restarted, StreamDecoder)
 from ..launcher import LauncherLog
