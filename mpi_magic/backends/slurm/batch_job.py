@@ -143,8 +143,7 @@ class SlurmBackend:
         token = wire.new_token()
         env = {**self.environment(job_name, token, options), **extra_env}
         argv = self._write(job_dir, job_name, command, options, env)
-        submitted = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                   timeout=commands.CALL_LIMIT)
+        submitted = commands.run("sbatch", *argv[1:])
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
         job_id = submitted.stdout.strip().split(";")[0]

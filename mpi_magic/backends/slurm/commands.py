@@ -3,6 +3,7 @@ unchanged from PATH, and what they say when they refuse."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -36,8 +37,9 @@ def said(completed: subprocess.CompletedProcess) -> str:
     account" -> "Batch job submission failed: Invalid account"."""
     lines = [line.strip() for line in (completed.stderr or completed.stdout or "").splitlines() if line.strip()]
     errors = [line for line in lines if ": error: " in line] or lines
-    reason = errors[-1] if errors else f"exit status {completed.returncode}"
-    for prefix in ("error: ", "sbatch: ", "squeue: ", "scancel: ", "sinfo: ", "scontrol: "):
-        while reason.startswith(prefix) or f" {prefix}" in reason[:40]:
-            reason = reason.split(prefix, 1)[1]
-    return reason.strip()
+    if not errors:
+        return f"exit status {completed.returncode}"
+    return _PREFIX.sub("", errors[-1]).strip()
+
+
+_PREFIX = re.compile(r"^(?:[a-z]+: )*(?:error: )?")  # "sbatch: error: ", "srun: ", ...
