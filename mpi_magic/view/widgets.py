@@ -85,8 +85,9 @@ def bar_style(state: RankState, current: str) -> str:
     return _STYLE_OF[state.status]
 
 
-def numbers(state: RankState) -> str:
-    """'30/100 · 12.0/s · ETA 5.8s', '30 · 12.0/s', '12/12 · done, waiting for others', 'done · 100/100 · 8.1s'."""
+def numbers(state: RankState, queued: bool = False) -> str:
+    """'30/100 · 12.0/s · ETA 5.8s', '30 · 12.0/s', '12/12 · done, waiting for others', 'done · 100/100 · 8.1s';
+    'queued' for a rank of a job the scheduler has not started (``queued``)."""
     bar = state.bar
     progress = "" if bar is None else count(bar.n) if not bar.total else f"{count(bar.n)}/{count(bar.total)}"
     if state.status == "running":
@@ -95,7 +96,7 @@ def numbers(state: RankState) -> str:
         if bar.total and bar.n >= bar.total:
             return f"{progress} · done, waiting for others"
         return " · ".join([progress, rate(state.rate)] + ([f"ETA {duration(state.eta)}"] if bar.total else []))
-    label = "done" if state.status == "completed" else state.status
+    label = "done" if state.status == "completed" else "queued" if queued and state.status == "starting" else state.status
     return " · ".join(part for part in (label, progress, duration(state.elapsed) if state.elapsed else "") if part)
 
 
@@ -143,7 +144,7 @@ class RankRow:
         self.box, self.bar, self.numbers, self.resources, self.last_line = _row(f"rank {state.rank}")
         self._attempt = state.attempt
 
-    def draw(self, state: RankState) -> None:
+    def draw(self, state: RankState, queued: bool = False) -> None:
         bar = state.bar
         if bar is not None and bar.total:
             self.bar.max = float(bar.total)
@@ -154,7 +155,7 @@ class RankRow:
         self.bar.bar_style = bar_style(state, self.bar.bar_style if state.attempt == self._attempt else "")
         self._attempt = state.attempt
         _indeterminate(self.bar, self.bar.bar_style == "info" and bar is not None)
-        self.numbers.value = numbers(state)
+        self.numbers.value = numbers(state, queued)
         self.resources.value = resources(state)
         if state.failure is not None:
             failure = state.failure
@@ -267,7 +268,7 @@ class WidgetView:
             self.slowest.value = self._named_html()
         else:
             for row, state in zip(self.rows, model.ranks):
-                row.draw(state)
+                row.draw(state, model.phase == "queued")
             self._widen_for_gpus()
         self.plots.draw(model)
         self._draw_panes()

@@ -597,15 +597,22 @@ def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_lef
 
     clock = Clock()
     model = JobModel("j", "slurm", 2, 1, clock)
+    view = WidgetView(model, lambda: "", Slot())
     model.fold(Phase("starting"))
     in_two_days = time.time() + 2 * 86400
     model.fold(Allocation("PENDING", "Priority", in_two_days))
     assert model.phase == "queued" and model.waiting(threshold=0) is None  # nobody waits for another rank yet
     assert f"Slurm: Priority, starts about {time.strftime('%Y-%m-%d %H:%M', time.localtime(in_two_days))} (in 47h59m)" \
         in headline(model)  # (a later day's estimate says its date)
+    clock.now += 2  # (a dashboard shows from a job's second second)
+    view.update()
+    assert [row.numbers.value for row in view.rows] == ["queued", "queued"], "not 'starting' while Slurm holds them"
     model.fold(Allocation("RUNNING", "None", None, 300.0))
     assert model.phase == "starting" and "time left 5:00" in headline(model)
-    clock.now += 65
+    clock.now += 1  # (the next redraw)
+    view.update()
+    assert [row.numbers.value for row in view.rows] == ["starting", "starting"]
+    clock.now += 64
     assert "time left 3:55" in headline(model)
     model.fold(RankStarted(0, 0, 0, 2, "n1", 11, time=1.0))
     model.fold(LauncherExited(0))
