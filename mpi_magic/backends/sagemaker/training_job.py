@@ -56,6 +56,8 @@ class Pace:
     only while it leaves the calls within ``BUDGET_START`` plus that many a minute since the job was
     created. So a job of ``BUDGET_START / (30 - rate) * 60`` seconds or more (20 s at 24 a minute)
     makes at most 30 a minute; no SageMaker job is shorter: its instances take minutes to start.
+    Once a Live Tail session began, the one read of what was written before it is made at once,
+    whatever the budget: the session's lines wait for it, to be shown after the lines before them.
     """
 
     logs_fast: float
@@ -157,7 +159,7 @@ class SageMakerJob:
         self._line_at = time.monotonic()  # when the last line came
         self._close_live()
         self._live_off = False  # Live Tail ended early in this attempt (refused, sampled): the log is read instead
-        self._live_read = False  # the log was read since the session started (for what came just before)
+        self._live_read = False  # the log was read since the stream started: its lines may be passed on
         self._ledger = Ledger()
         self._lines_at_read = self._lines
 
@@ -203,8 +205,11 @@ class SageMakerJob:
                     self._described_at = now
                     self._next_describe = now + self._describe_wait()
                     read = True
-                if now >= self._next_logs and self._within_budget(now):
+                # (the one read of what came before Live Tail's stream began is made at once: its lines wait for it)
+                catching_up = self._live is not None and self._live.started and not self._live_read
+                if now >= self._next_logs and (catching_up or self._within_budget(now)):
                     events += self._read_logs()
+                    self._live_read = self._live_read or catching_up
                     self._next_logs = now + self._logs_wait_after(self._lines > self._lines_at_read)
                     self._lines_at_read = self._lines
                     read = True
@@ -276,10 +281,13 @@ class SageMakerJob:
         live = self._live
         assert live is not None
         ended = live.ended  # read before taking: the thread adds its last lines before it says it ended
-        if live.started and not self._live_read:  # read the lines written between the last read and the start
-            self._live_read, self._next_logs = True, min(self._next_logs, now)  # now, before the first update
         events: list[Event] = []
-        for timestamp, message in live.take():
+        if not self._live_read and ended is None:  # the lines written between the last read and the stream's
+            if live.started:  # start come first: its lines wait for that read, made at once
+                self._next_logs = min(self._next_logs, now)
+            return events
+        lines = live.take()
+        for timestamp, message in lines if self._live_read else ():  # (ended before that read: reads bring all)
             if self._ledger.first_live((timestamp, message)):
                 self.lines_from["Live Tail"] += 1
                 events += self._take_line(message)

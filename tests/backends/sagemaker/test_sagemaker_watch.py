@@ -303,6 +303,28 @@ def test_a_job_follows_its_log_through_live_tail_every_line_once_and_in_order(ip
     assert sagemaker_job.lines_from["Live Tail"] > 0, "lines came through the session"
 
 
+def test_lines_written_while_live_tail_starts_slowly_come_first_and_once(ip, cloud, monkeypatch):
+    """StartLiveTail answers 3 s late (a slow connection, injected on the client): the lines written
+    meanwhile come only from a read, which may wait for the job's call budget; the stream's lines wait
+    for that read, so every line still shows once and in order."""
+    from mpi_magic.backends.sagemaker import training_job
+
+    def slow_live_tail_client(*args):
+        client = live_tail_client(*args)
+        client.meta.events.register("before-send.cloudwatch-logs.StartLiveTail", lambda **_: time.sleep(3.0))
+        return client
+
+    live_tail_client = training_job.live_tail_client
+    monkeypatch.setattr(training_job, "live_tail_client", slow_live_tail_client)
+    watched = _watched_jobs(monkeypatch)
+    run(ip, "-i 2 -g 2 --out job --quiet", "import time\nfor i in range(80):\n    print(i)\n    time.sleep(0.1)\n")
+    job, [sagemaker_job] = ip.user_ns["job"], watched
+    assert job.status == "completed"
+    for rank in range(4):
+        assert job.logs(rank).split() == [str(i) for i in range(80)]
+    assert sagemaker_job.live_endings == ["closed"] and sagemaker_job.lines_from["Live Tail"] > 0
+
+
 @pytest.mark.parametrize("case", ["refused", "sampled"])
 def test_a_refused_or_sampled_live_tail_leaves_the_log_to_reads_with_every_line_once_and_in_order(
         ip, cloud, monkeypatch, local_aws_env, case):
