@@ -169,14 +169,16 @@ def sessions(ip):
 
 
 @pytest.fixture(scope="module")
-def local_aws_env(tmp_path_factory):
+def local_aws_env(tmp_path_factory, request):
     """A moto server and the SageMaker emulator for one module's tests, which keep apart by
-    their own S3 prefixes and job names; the environment that points boto3 at them."""
+    their own S3 prefixes and job names; the environment that points boto3 at them. At once,
+    unless the module sets ``AWS_PACE = "aws"`` (and ``INSTANCE_START``, seconds): ``aws_pace``."""
     from mpi_magic.testing.local_aws import local_aws
 
     root = str(tmp_path_factory.mktemp("local_aws"))
     before = _children()
-    with local_aws(root=root) as env:
+    with local_aws(root=root, pace=getattr(request.module, "AWS_PACE", "none"),
+                   instance_start=getattr(request.module, "INSTANCE_START", None)) as env:
         servers = _children() - before
         _MODULE_SERVERS.update(servers)
         _MODULE_ROOTS.add(root)

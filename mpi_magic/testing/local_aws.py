@@ -33,8 +33,10 @@ def _wait_for_port(port: int, process: subprocess.Popen, limit: float = 30.0) ->
 
 
 @contextlib.contextmanager
-def local_aws(root: str | None = None, region: str = "us-east-1"):
-    """Start both servers; yield the environment for boto3; stop them (and their jobs) on exit."""
+def local_aws(root: str | None = None, region: str = "us-east-1", pace: str = "none",
+              instance_start: float | None = None):
+    """Start both servers (at ``pace``: ``aws_pace``); yield the environment for boto3; stop them
+    (and their jobs) on exit."""
     moto_port, emulator_port = free_port(), free_port()
     own_root = root is None
     root = root or tempfile.mkdtemp(prefix="mpi_magic_local_aws_")
@@ -49,11 +51,12 @@ def local_aws(root: str | None = None, region: str = "us-east-1"):
     }
     child_env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION")}
     child_env.update(env)
+    paced = ["--pace", pace] + ([] if instance_start is None else ["--instance-start", repr(instance_start)])
     servers = [
-        subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.moto_live_tail", "--port", str(moto_port)],
+        subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.moto_live_tail", "--port", str(moto_port)] + paced,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env),
         subprocess.Popen([sys.executable, "-m", "mpi_magic.testing.sagemaker_emulator", "--port", str(emulator_port),
-                          "--root", os.path.join(root, "emulated"), "--region", region],
+                          "--root", os.path.join(root, "emulated"), "--region", region] + paced,
                          stdout=subprocess.DEVNULL, env=child_env),
     ]
     try:

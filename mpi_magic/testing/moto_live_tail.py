@@ -8,6 +8,8 @@ closes it or three hours pass (``SessionTimeoutException``). This server does th
 moto's own application, reading moto's stored events in this process. It applies no filter
 pattern (mpi_magic sends none).
 
+``--pace aws`` makes every S3 request wait as long as S3 takes to answer (``aws_pace``).
+
 Test hook: ``refuse_live_tail(endpoint, "AccessDeniedException")`` makes StartLiveTail fail with
 that error (as for a role without ``logs:StartLiveTail``) until called again with None.
 
@@ -23,6 +25,8 @@ import struct
 import time
 import uuid
 import zlib
+
+from .aws_pace import NONE, AwsPace, add_arguments, pace as named_pace
 
 LIVE_TAIL_TARGET = "Logs_20140328.StartLiveTail"
 REFUSAL_PATH = "/_mpi_magic/live_tail_refusal"
@@ -53,16 +57,23 @@ def _region_of(environ: dict) -> str:
     return found.group(1) if found else "us-east-1"
 
 
+def _service_of(environ: dict) -> str:
+    """The service the request was signed for (``Credential=KEY/DATE/REGION/SERVICE/aws4_request``)."""
+    found = re.search(r"Credential=[^/]+/[^/]+/[^/]+/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
+    return found.group(1) if found else ""
+
+
 def _error(start_response, status: str, kind: str, message: str) -> list[bytes]:
     start_response(status, [("Content-Type", "application/x-amz-json-1.1"), ("x-amzn-ErrorType", kind)])
     return [json.dumps({"__type": kind, "message": message}).encode()]
 
 
 class LiveTailFront:
-    """WSGI middleware: StartLiveTail streamed here, every other request passed to moto."""
+    """WSGI middleware: StartLiveTail streamed here, every other request passed to moto (an S3
+    request after ``pace.s3_request`` seconds)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, pace: AwsPace = NONE):
+        self.app, self.pace = app, pace
         self.refusal: str | None = None  # the error StartLiveTail answers with, if any (test hook)
         self.refused = 0
 
@@ -73,6 +84,8 @@ class LiveTailFront:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [json.dumps({"refused": self.refused}).encode()]
         if environ.get("HTTP_X_AMZ_TARGET") != LIVE_TAIL_TARGET:
+            if self.pace.s3_request and _service_of(environ) == "s3":
+                time.sleep(self.pace.s3_request)
             return self.app(environ, start_response)
         if self.refusal:
             self.refused += 1
@@ -159,9 +172,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    add_arguments(parser)
     args = parser.parse_args()
-    run_simple(args.host, args.port, LiveTailFront(DomainDispatcherApplication(create_backend_app)), threaded=True,
-               request_handler=handler)
+    front = LiveTailFront(DomainDispatcherApplication(create_backend_app), named_pace(args.pace, args.instance_start))
+    run_simple(args.host, args.port, front, threaded=True, request_handler=handler)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ goes to CloudWatch Logs in a stream named as SageMaker names it, and statuses mo
 InProgress (Starting, Downloading, Training, Uploading) to Completed, Failed (with the
 instance's ``output/failure`` as FailureReason) or Stopping and Stopped.
 
+``--pace aws`` answers as slowly as SageMaker does and delays each log line's visibility and the
+instances' start as AWS does (``aws_pace``); ``--pace none``, the default, answers at once.
+
 S3 and CloudWatch Logs are reached with boto3 as configured by the environment (a moto
 server in the tests). No container image is run: the entrypoint runs with this Python, and
 paths under ``/opt/ml`` in its arguments point at the instance's own folder.
@@ -52,6 +55,7 @@ import psutil
 
 from ..shared.layout import split_s3
 from ..shared.procs import job_processes
+from .aws_pace import NONE, AwsPace, add_arguments, pace as named_pace
 from .ssh_standin import private_tmp
 from ..shared import envvars
 
@@ -86,8 +90,8 @@ class ClientError(Exception):
 
 
 class EmulatedJob:
-    def __init__(self, request: dict, region: str, root: str):
-        self.request = request
+    def __init__(self, request: dict, region: str, root: str, pace: AwsPace = NONE):
+        self.request, self.pace = request, pace
         self.name = request["TrainingJobName"]
         self.arn = f"arn:aws:sagemaker:{region}:{ACCOUNT}:training-job/{self.name}"
         self.status, self.secondary = "InProgress", "Starting"
@@ -160,7 +164,7 @@ class EmulatedJob:
         try:
             hosts = [f"algo-{i + 1}" for i in range(self.request["ResourceConfig"]["InstanceCount"])]
             while True:
-                if self.stop_requested.is_set():
+                if self.stop_requested.wait(self.pace.instance_start):  # (the instances start)
                     return self._end("Stopped", "Stopped", "")
                 self._move("Downloading", "Downloading the input data")
                 for host in hosts:
@@ -334,7 +338,8 @@ class EmulatedJob:
             self.processes.append(process)
             stream = f"{self.name}/{host}-{self._stream_second}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
-            pump = threading.Thread(target=_pump, args=(process.stdout, logs, stream), daemon=True)
+            pump = threading.Thread(target=_pump, args=(process.stdout, logs, stream, self.pace.log_visible),
+                                    daemon=True)
             pump.start()
             pumps.append(pump)
         limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds", 86400)
@@ -352,7 +357,7 @@ class EmulatedJob:
                 self._save_checkpoints(aws, hosts)
                 next_sync = time.monotonic() + CHECKPOINT_SYNC
         for pump in pumps:
-            pump.join(timeout=10)
+            pump.join(timeout=10 + self.pace.log_visible)
         return [p.wait() for p in self.processes]
 
     def _failure_file(self, host: str) -> str:
@@ -403,42 +408,48 @@ def _changed_files(folder: str, known: dict[str, int]):
                 yield path, stamp
 
 
-def _pump(pipe, logs, stream: str) -> None:
-    """Forward an instance's output to its CloudWatch stream in small batches, in order."""
-    batch: list[dict] = []
+def _pump(pipe, logs, stream: str, visible_after: float = 0.0) -> None:
+    """Forward an instance's output to its CloudWatch stream in small batches, in order; a line is
+    put ``visible_after`` seconds after it was written (CloudWatch's ingestion, at ``--pace aws``)."""
+    pending: list[dict] = []
     last_sent = time.monotonic()
-    lines: list[bytes] = []
+    lines: list[tuple[float, bytes]] = []
     reader_done = threading.Event()
 
     def read() -> None:
         for raw in iter(pipe.readline, b""):
-            lines.append(raw)
+            lines.append((time.time(), raw))
         reader_done.set()
 
     threading.Thread(target=read, daemon=True).start()
     while True:
         finished = reader_done.wait(0.2)
         while lines:
-            raw = lines.pop(0)
+            written, raw = lines.pop(0)
             message = raw.decode("utf-8", errors="replace").rstrip("\n")
             # CloudWatch refuses empty messages (an empty line is kept as one space) and events over
             # 256 KiB (longer lines are cut, as the SageMaker log agent splits them)
-            batch.append({"timestamp": int(time.time() * 1000), "message": (message or " ")[:MAX_EVENT]})
+            pending.append({"timestamp": int(written * 1000), "message": (message or " ")[:MAX_EVENT]})
+        due = time.time() * 1000 - visible_after * 1000
+        batch = [event for event in pending[:500] if event["timestamp"] <= due]
         if batch and (finished or len(batch) >= 500 or time.monotonic() - last_sent > 0.2):
             try:
                 logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=batch)
             except Exception as exc:  # noqa: BLE001 - one failed batch must not lose the rest of the log
                 sys.stderr.write(f"sagemaker emulator: could not put {len(batch)} log events: {exc}\n")
-            batch, last_sent = [], time.monotonic()
-        if finished and not lines:
+            del pending[:len(batch)]
+            last_sent = time.monotonic()
+        if finished and not lines and not pending:
             return
+        if finished and not batch:  # the last lines are not due yet
+            time.sleep(0.05)
 
 
 class Emulator:
-    def __init__(self, root: str, region: str):
+    def __init__(self, root: str, region: str, pace: AwsPace = NONE):
         import boto3
 
-        self.root, self.region = root, region
+        self.root, self.region, self.pace = root, region, pace
         self.aws = boto3.session.Session(region_name=region)
         self.jobs: dict[str, EmulatedJob] = {}
         self.lock = threading.Lock()
@@ -469,6 +480,7 @@ class Emulator:
         handler = getattr(self, "_" + action, None)
         if handler is None:
             raise ClientError("UnknownOperationException", f"the emulator does not implement {action}")
+        time.sleep(self.pace.sagemaker_call)
         return handler(body)
 
     def _job(self, name: str) -> EmulatedJob:
@@ -481,7 +493,7 @@ class Emulator:
         with self.lock:
             if body["TrainingJobName"] in self.jobs:
                 raise ClientError("ResourceInUse", f"Training job {body['TrainingJobName']} already exists")
-            job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root)
+            job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root, self.pace)
         threading.Thread(target=job.run, args=(self.aws,), daemon=True).start()
         return {"TrainingJobArn": job.arn}
 
@@ -588,9 +600,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     parser.add_argument("--root", default=None, help="folder for the jobs' instances (default: a temporary one)")
     parser.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    add_arguments(parser)
     args = parser.parse_args(argv)
     root = args.root or tempfile.mkdtemp(prefix="sagemaker_emulator_")
-    emulator = Emulator(root, args.region)
+    emulator = Emulator(root, args.region, named_pace(args.pace, args.instance_start))
     server = make_server(emulator, args.host, args.port)
 
     def stop(*_) -> None:
