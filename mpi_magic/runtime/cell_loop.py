@@ -16,6 +16,7 @@ rank 0 on the channel and goes on to the others over MPI (``RelayedInterrupts``)
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import threading
@@ -24,12 +25,15 @@ import time
 from ..shared import channel, payload, s3channel, wire
 from ..shared.layout import POST_MORTEM, RESULTS, result_path
 from . import rank as one_off
+from .transcript import Transcript
 from ..shared import envvars
 
 WAIT_SLEEP_MAX = 0.002  # longest nap between checks for the next cell on ranks other than 0
 CONTROL_TAG = 7  # an interrupt rank 0 passes on to the others (Slurm and SageMaker sessions)
 CONTROL_NAP = 0.05  # seconds between the other ranks' looks for such an interrupt
 BACK_CHECK = 0.25  # seconds between rank 0's checks that every rank is back from the cell
+INLINE_RESULT = 64 * 1024  # bytes of a rank's results an end record holds (larger ones are objects of their own)
+RECORD_RESULTS = 4 * 1024 * 1024  # bytes of results an end record holds in all
 
 
 def main(argv: list[str]) -> int:
@@ -46,7 +50,7 @@ def main(argv: list[str]) -> int:
     cells: LocalCells | ClusterCells | S3Cells
     if "--s3" in argv:
         try:
-            cells = S3Cells(place, comm)
+            cells = S3Cells(place, comm, emitter)
         except BaseException as exc:  # noqa: BLE001 - reported; without MPI's finalize the launcher stops the rest
             one_off._fail(emitter, reporter, exc)
         idle_timeout = cells.idle_timeout
@@ -58,7 +62,7 @@ def main(argv: list[str]) -> int:
             cells = LocalCells(address, secret, place)
     interrupts = CellInterrupts()
     namespace = one_off.new_namespace()
-    emitter.emit_via(ready_writer, wire.READY, cell=0)
+    emitter.emit_via(ready_writer, wire.READY, cell=0, **cells.ready_fields())
     while True:
         message = _next_message(comm, cells.source, idle_timeout, emitter, cells)
         if message["kind"] == "stop":
@@ -75,11 +79,20 @@ def main(argv: list[str]) -> int:
 class LocalCells:
     """Cells from the notebook's Unix socket; payloads and results in the notebook's job folders."""
 
+    ends_with_record = False  # rank 0 writes no end record: the notebook hears the cell's end from the ranks
+
     def __init__(self, socket_path: str, secret: str, place: one_off.Placement):
         self.source = channel.SocketRankEnd(socket_path, secret) if place.rank == 0 else None
 
+    def ready_fields(self) -> dict:
+        """What the ranks' first ready event adds."""
+        return {}
+
     def running(self, message: dict):
         return _Nothing()
+
+    def cell_back(self) -> None:
+        """Every rank is back from the cell (each rank calls this): what the channel does then."""
 
     def all_back(self) -> None:
         """Every rank is back from the cell (the notebook interrupts local ranks by itself)."""
@@ -169,6 +182,9 @@ class RelayedInterrupts:
                 os.kill(os.getpid(), signal.SIGINT)
                 return
 
+    def cell_back(self) -> None:
+        """Every rank is back from the cell (each rank calls this): what the channel does then."""
+
     def close(self) -> None:
         self.all_back()
         if self.place.rank == 0:
@@ -199,11 +215,16 @@ class S3Cells(RelayedInterrupts):
     """A SageMaker session's cells: rank 0 reads signed messages from S3 (``s3channel``); the
     first rank of each instance downloads the payload and checks it against the signed digest
     before any rank of the instance reads it; each rank uploads its own results. An interrupt
-    reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each)."""
+    reaches rank 0 through S3 and the other ranks from rank 0 over MPI (a thread on each).
+
+    Where the notebook asks for it, every rank keeps a transcript of the cell and, once all are
+    back, rank 0 gathers them into the cell's end record, signed with a key of its own (announced
+    in its first ready event, through the job's log) and put in S3; small payloads come in the
+    message and small results go in the record instead of objects of their own."""
 
     end: s3channel.S3RankEnd
 
-    def __init__(self, place: one_off.Placement, comm):
+    def __init__(self, place: one_off.Placement, comm, emitter: wire.Emitter):
         env = os.environ
         self.idle_timeout = float(env.get(envvars.IDLE_TIMEOUT) or 0) or None
         limit = float(env.get(envvars.HEARTBEAT_LIMIT) or 0) or None
@@ -218,6 +239,40 @@ class S3Cells(RelayedInterrupts):
             self.source.skip_cells_sent()
         self.instance = comm.Split(place.instance, place.local_rank)
         super().__init__(place, comm)
+        self.key = s3channel.Signer() if place.rank == 0 else None  # what rank 0 signs end records with
+        self.transcript = Transcript()
+        self.transcript.install(emitter)
+        self._ending: dict | None = None  # the message of the cell whose end record is owed
+        self._results: dict[str, str] = {}  # this rank's small results of the cell, for the record
+        self._inline_limit = min(INLINE_RESULT, RECORD_RESULTS // max(1, comm.Get_size()))
+
+    def ready_fields(self) -> dict:
+        return {"key": self.key.public_text} if self.key is not None else {}
+
+    @property
+    def ends_with_record(self) -> bool:
+        return self._ending is not None
+
+    def running(self, message: dict):
+        self.transcript.begin()
+        self._results = {}
+        self._ending = message if message.get("end_record") else None
+        return super().running(message)
+
+    def cell_back(self) -> None:
+        message, self._ending = self._ending, None
+        if message is None:
+            return
+        part = {"rank": self.place.rank, **self.transcript.record(), "results": self._results}
+        parts = self.comm.gather(part, root=0)
+        if self.key is None:
+            return
+        body = {"cell": message["cell"], "job": self.end.job_name, "ranks": parts}
+        try:
+            self.end.put_end(message["cell"], self.key.sign(body))
+        except Exception as exc:  # noqa: BLE001 - the notebook hears the end from the log instead
+            _say(f"mpi_magic session: could not write the end record of cell {message['cell']} "
+                 f"({type(exc).__name__}: {exc}); the notebook reads the log instead")
 
     def cell_ended(self) -> None:
         self.end.cell_ended()
@@ -233,7 +288,10 @@ class S3Cells(RelayedInterrupts):
             for earlier in os.listdir(self.base) if os.path.isdir(self.base) else []:
                 shutil.rmtree(os.path.join(self.base, earlier), ignore_errors=True)
             try:
-                self.end.fetch_payload(message["cell"], message["sha256"], folder)
+                if "payload" in message:  # small: in the signed message itself
+                    _write_payload(base64.b64decode(message["payload"]), message["sha256"], folder)
+                else:
+                    self.end.fetch_payload(message["cell"], message["sha256"], folder)
             except Exception as exc:  # noqa: BLE001 - every rank of the instance reports it
                 error = f"{type(exc).__name__}: {exc}"
         error = self.instance.bcast(error, root=0)
@@ -252,11 +310,26 @@ class S3Cells(RelayedInterrupts):
 
     def publish(self, message: dict, rank: int, path: str, kind: str = RESULTS) -> None:
         try:
+            if kind == RESULTS and self._ending is not None and os.path.getsize(path) <= self._inline_limit:
+                with open(path, "rb") as f:  # in the end record
+                    self._results[kind] = base64.b64encode(f.read()).decode()
+                return
             self.end.upload_result(path, message["cell"], rank, kind)
         finally:
             import shutil
 
             shutil.rmtree(os.path.dirname(os.path.dirname(path)), ignore_errors=True)  # the scratch folder
+
+
+def _write_payload(data: bytes, sha256: str, folder: str) -> None:
+    """A payload that came in the message, written where the instance's ranks read it."""
+    import hashlib
+
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError("the payload in the message is not the one its digest names")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    with open(os.path.join(folder, payload.PAYLOAD_FILE), "wb") as f:
+        f.write(data)
 
 
 class _Running:
@@ -300,10 +373,16 @@ def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | No
     first): until they are all back, an interrupt must still reach them (``cells.all_back``)."""
     if source is None:
         _wait_without_spinning(comm.Ibarrier())  # every rank back from the cell
+        cells.cell_back()
         _wait_without_spinning(comm.Ibarrier())  # rank 0 has the message: a blocking bcast would spin until then
         return comm.bcast(None, root=0)
     barrier = comm.Ibarrier()
     back = False
+    if cells.ends_with_record:  # the notebook sends nothing before the cell's end record: wait for every rank
+        _wait_without_spinning(barrier)
+        back = True
+        cells.all_back()
+        cells.cell_back()
     deadline = None if idle_timeout is None else time.monotonic() + idle_timeout
     message = None
     try:

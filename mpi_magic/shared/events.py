@@ -88,6 +88,7 @@ class RankReady:
     cell: int
     seq: int = 0
     time: float = 0.0
+    key: str = ""  # rank 0 of a SageMaker session, after start: the public key its cells' end records are signed with
 
 
 @dataclass
@@ -329,7 +330,7 @@ _SCHEMA = {
                   "pid": _count},
     RankFinished: {**_COMMON, "ok": _flag, "error_type": _text(1000), "message": _text(20_000),
                    "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest, "post_mortem": _digest},
-    RankReady: {**_COMMON, "cell": _count},
+    RankReady: {**_COMMON, "cell": _count, "key": _text(100)},
     SessionClosing: {**_COMMON, "reason": _text(1000)},
     RankStacks: {**_COMMON, "frames": _frames},
     Metrics: {**_COMMON, "points": _metric_points},
@@ -501,6 +502,14 @@ class StreamDecoder:
             elif self._accept(rank, seq_no):
                 append(progress)
         return decoded
+
+    def feed_rank(self, rank: int, lines: list[str]) -> list[Event]:
+        """The events in lines ``rank`` wrote itself (no launcher's tag), checked as tagged ones are;
+        a line that is no event of this job is dropped (it came from the rank's own record)."""
+        events: list[Event] = []
+        for line in lines:
+            events += [event for event in self._decode_text(rank, "stdout", line) if not isinstance(event, Output)]
+        return events
 
     def _decode_text(self, rank: int, stream: str, text: str) -> list[Event]:
         """The events in the text of a tagged line that is not a plain progress record."""

@@ -11,6 +11,12 @@ session's name and the cell's number before acting on a message, and a payload i
 when its SHA-256 is the one the signed message names: whoever can write to the bucket can make
 rank 0 refuse objects, never run code.
 
+Small payloads ride in the signed message itself (``payload``), and where the notebook asks for it
+(``end_record``) rank 0 writes the cell's end as one object, ``ends/<cell>.json``: every rank's event
+lines from the cell, the tail of its output and its small results, signed with a key rank 0 made
+at start and announced in the job's log (which only the job writes), so that the notebook trusts
+it as it trusts the log, and learns the cell's end without waiting for CloudWatch.
+
 The notebook also refreshes ``heartbeat``; rank 0 ends the session when it has not changed for
 the heartbeat limit. It names when the notebook refreshing it took the session (started or
 attached): a notebook that finds a later claim there has been taken over and lets go, so that two
@@ -35,7 +41,9 @@ from .channel import ChannelError
 from .layout import RESULTS, result_uri, split_s3
 
 REQUIREMENT = "cryptography>=42"  # what rank 0 verifies signatures with, installed by the job where missing
-MAX_MESSAGE = 64 * 1024  # a message names a payload; anything larger is not read
+MAX_MESSAGE = 64 * 1024  # a message names a payload (or holds a small one); anything larger is not read
+INLINE_PAYLOAD = 40 * 1024  # bytes of payload a message may hold (base64 makes them a third larger)
+MAX_END_RECORD = 16 * 1024 * 1024  # an end record larger than this is not read
 FAST_POLL, SLOW_POLL = 0.1, 1.0  # seconds between rank 0's looks for the next cell: soon after one, and later
 FAST_FOR = 60.0  # seconds after a cell during which rank 0 looks every FAST_POLL
 INTERRUPT_POLL = 0.5  # seconds between rank 0's looks for an interrupt while a cell runs
@@ -59,6 +67,10 @@ def interrupt_uri(uri: str, cell: int) -> str:
 
 def payload_uri(uri: str, cell: int) -> str:
     return f"{uri}/payloads/{cell:08d}.bin"
+
+
+def end_uri(uri: str, cell: int) -> str:
+    return f"{uri}/ends/{cell:08d}.json"
 
 
 def results_uri(uri: str, cell: int) -> str:
@@ -167,14 +179,38 @@ class NotebookEnd:
         bucket, key = split_s3(uri)
         self.s3.put_object(Bucket=bucket, Key=key, Body=body)
 
-    def send_cell(self, cell: int, payload_path: str) -> None:
-        """The payload first, then the message naming its digest: rank 0 never sees one without the other."""
+    def send_cell(self, cell: int, payload_path: str, end_record: bool = False) -> None:
+        """The payload first, then the message naming its digest: rank 0 never sees one without the
+        other. A small payload goes in the message; ``end_record``: rank 0 writes the cell's end record."""
         from .payload import file_digest
 
-        bucket, key = split_s3(payload_uri(self.uri, cell))
-        self.s3.upload_file(payload_path, bucket, key)
-        body = {"kind": "cell", "cell": cell, "job": self.job_name, "sha256": file_digest(payload_path)}
+        body: dict = {"kind": "cell", "cell": cell, "job": self.job_name, "sha256": file_digest(payload_path),
+                      "end_record": end_record}
+        if end_record and os.path.getsize(payload_path) <= INLINE_PAYLOAD:
+            with open(payload_path, "rb") as f:
+                body["payload"] = base64.b64encode(f.read()).decode()
+        else:
+            bucket, key = split_s3(payload_uri(self.uri, cell))
+            self.s3.upload_file(payload_path, bucket, key)
         self._put(message_uri(self.uri, cell), self.signer.sign(body))
+
+    def end_record(self, cell: int, rank_key: str) -> dict | None:
+        """The end record of ``cell``, checked against rank 0's key; None while there is none."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(end_uri(self.uri, cell))
+        try:
+            data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_END_RECORD + 1)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        if len(data) > MAX_END_RECORD:
+            raise Refused(f"the end record of cell {cell} is larger than {MAX_END_RECORD} bytes")
+        body = open_signed(data, rank_key)
+        if (body.get("cell"), body.get("job")) != (cell, self.job_name) or not isinstance(body.get("ranks"), list):
+            raise Refused(f"signed by rank 0, but not the end record of cell {cell} of {self.job_name}")
+        return body
 
     def interrupt(self, cell: int) -> None:
         body = {"kind": "interrupt", "cell": cell, "job": self.job_name}
@@ -371,6 +407,10 @@ class S3RankEnd:
             raise PayloadError(f"s3://{bucket}/{key} is not the payload the notebook signed (expected "
                                f"{sha256[:12]}..., found {found[:12]}...); it was changed in S3, so it is not loaded")
         return path
+
+    def put_end(self, cell: int, data: bytes) -> None:
+        bucket, key = split_s3(end_uri(self.uri, cell))
+        self.s3.put_object(Bucket=bucket, Key=key, Body=data)
 
     def upload_result(self, path: str, cell: int, rank: int, kind: str = RESULTS) -> None:
         bucket, key = split_s3(result_uri(results_uri(self.uri, cell), rank, kind))

@@ -18,6 +18,10 @@ import os
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
 
+TYPE_CHECKING = False  # typing is not imported on the ranks: it costs start-up time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 MARKER_PREFIX = "@@mpi_magic:"
 SCHEMA_VERSION = 2
 
@@ -106,6 +110,7 @@ class Emitter:
         self._write = write
         self._seq = 0
         self._lock = allocate_lock()
+        self.tap: Callable[[str], None] | None = None  # also given every line written (a session's cell transcript)
 
     def emit(self, kind: str, **values) -> None:
         self.emit_via(self._write, kind, **values)
@@ -121,4 +126,7 @@ class Emitter:
         with self._lock:  # threads of one rank must not share a sequence number
             fields = {"rank": self.rank, "seq": self._seq, "time": time.time(), **values}
             self._seq += 1
-            write(encode(kind, fields, self.token) + "\n")
+            line = encode(kind, fields, self.token)
+            write(line + "\n")
+            if self.tap is not None:
+                self.tap(line)

@@ -190,6 +190,8 @@ class JobModel:
             bar = state.bars.get(event.bar)
             if bar is None:
                 bar = state.bars[event.bar] = Bar()
+            elif event.time < bar.last_time:
+                return  # older than the state shown (a session cell's log catching up with its end record)
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
             bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed

@@ -3,7 +3,10 @@
 Cells, values and results go through S3 under the job's prefix (``s3channel``: signed by a key
 only this notebook holds); the ranks' events and output come back through the leader's
 CloudWatch stream, read by the one-off jobs' watch loop (``training_job.SageMakerJob``), paced here so
-that an idle session costs at most 12 AWS calls a minute and a running cell at most 30.
+that an idle session costs at most 12 AWS calls a minute and a running cell at most 30. A cell's
+end, its small results and the tail of its output come sooner, from the end record rank 0 writes
+to S3 (``cell_end``), which the notebook looks for while the cell runs: every 50 ms for its first
+3 s, then less and less often, once a second at most (S3 GETs, about $0.0004 per 1,000).
 
 The notebook refreshes a heartbeat object; the job ends by itself when it is older than the
 heartbeat limit, after ``--idle-timeout`` without a cell, or at ``--max-runtime``. The key is
@@ -21,9 +24,10 @@ from typing import TYPE_CHECKING, Iterable
 from ...shared import jobdir, s3channel, wire
 from ...shared.cost import estimate
 from ...errors import SageMakerSetupError
-from ...shared.events import Event, RankReady
+from ...shared.events import Event, Note, RankReady
 from ...shared.layout import RESULTS, result_path, result_uri
 from ...shared.payload import PAYLOAD_FILE
+from .cell_end import CellEnds
 from .history import record_job
 from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
 from ...shared import envvars
@@ -38,6 +42,7 @@ STARTING_DESCRIBE, STARTING_LOGS = 5.0, 1.0  # until every rank is up: SageMaker
 IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
 RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
 STOPPING_DESCRIBE = 2.0
+END_LOOK_FAST, END_LOOK_FAST_FOR, END_LOOK_SLOW = 0.05, 3.0, 1.0  # seconds between looks for a cell's end record
 STOP_LIMIT = 600.0  # seconds to wait for Stopped
 KEYS = "sessions"  # under the cache folder: one private key file per session started here
 
@@ -73,6 +78,7 @@ class SageMakerSessionRanks:
     stop_description = "an interrupt signed by this notebook, through S3"
     latency = 20.0  # seconds S3 polling and CloudWatch add before the notebook sees the ranks back
     start_limit = 3600.0  # provisioning instances can take many minutes
+    end_records = True  # a cell's end from rank 0's record in S3 (settable: a benchmark compares with the log's)
 
     def __init__(self, job: SageMakerJob, channel: s3channel.NotebookEnd, world_size: int,
                  heartbeat_every: float, key_file: str, clock=time.monotonic):
@@ -90,6 +96,11 @@ class SageMakerSessionRanks:
         self._sent_at = self.clock()  # starting counts as running: every rank reports ready to cell 0
         self.job.describe_every, self.job.logs_every = STARTING_DESCRIBE, STARTING_LOGS
         self._starting = True
+        self._rank_key: str | None = None  # rank 0's public key, from its first ready event in the log
+        self.ends = CellEnds()
+        self._record_cell: int | None = None  # the running cell whose end record is looked for
+        self._next_end_look = 0.0
+        self._end_wait = END_LOOK_FAST
 
     # -- pacing -------------------------------------------------------------------------------
 
@@ -149,14 +160,43 @@ class SageMakerSessionRanks:
         if self._sent_at is not None and not self._starting:  # a cell runs: the log is read less often the longer it runs
             ran = self.clock() - self._sent_at
             self.job.logs_every = min(RUNNING_LOGS_MAX, max(RUNNING_LOGS_MIN, ran / 2))
-        found = self.job.poll(timeout)
+        said: list[Event] = []
+        if self._record_cell is not None:
+            if self.clock() >= self._next_end_look:
+                said = self._look_for_end()
+            timeout = min(timeout, max(0.0, self._next_end_look - self.clock()))
+        found = said + self.ends.from_log(self.job.poll(timeout))
+        from_record = self.ends.apply(self.job.decode_rank_lines)
+        if from_record is not None:
+            self._record_cell = None
+            found += from_record
         for event in found:
+            if isinstance(event, RankReady) and event.rank == 0 and event.cell == 0 and event.key:
+                self._rank_key = event.key
             if isinstance(event, RankReady) and event.cell == self._cell:
                 self._back.add(event.rank)
         if self._sent_at is not None and len(self._back) >= self.world_size:
             self._starting = False
             self._pace_idle()
         return found
+
+    def _look_for_end(self) -> list[Event]:
+        """Read the running cell's end record if rank 0 has written it; look again later otherwise."""
+        assert self._record_cell is not None and self._rank_key is not None
+        try:
+            self.ends.record = self.channel.end_record(self._record_cell, self._rank_key)
+        except s3channel.Refused as exc:  # not rank 0's: the log brings the cell's end
+            self._record_cell = None
+            return [Note(f"the end record of cell {self._cell} was refused ({exc}); its end comes from the job's log")]
+        except Exception:  # noqa: BLE001 - S3 unreachable for a moment: look again
+            pass
+        if self.ends.record is not None:
+            self._record_cell = None
+            return []
+        since = self.clock() - (self._sent_at or self.clock())
+        self._end_wait = END_LOOK_FAST if since < END_LOOK_FAST_FOR else min(END_LOOK_SLOW, self._end_wait * 1.5)
+        self._next_end_look = self.clock() + self._end_wait
+        return []
 
     def connect(self) -> bool:
         return True  # S3 needs no connection: rank 0 is there once it says it is ready
@@ -174,12 +214,19 @@ class SageMakerSessionRanks:
             self._release(str(exc))
             raise
         self._cell, self._back = message["cell"], set()
-        self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE))
+        record = self.end_records and self._rank_key is not None
+        self.ends.begin()
+        self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE), end_record=record)
         self._pace_running()
+        self._record_cell = message["cell"] if record else None
+        self._end_wait, self._next_end_look = END_LOOK_FAST, self.clock() + END_LOOK_FAST
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """From the cell's end record where it holds them, else from their objects in S3."""
+        missing = self.ends.fetch_results(job_dir, ranks, kind)
         results = s3channel.results_uri(self.channel.uri, self._cell)
-        fetch_each(self.job.s3, ((result_uri(results, rank, kind), result_path(job_dir, rank, kind)) for rank in ranks))
+        fetch_each(self.job.s3, ((result_uri(results, rank, kind), result_path(job_dir, rank, kind))
+                                 for rank in missing))
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""

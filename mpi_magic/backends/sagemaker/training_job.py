@@ -393,6 +393,15 @@ class SageMakerJob:
             if len(reply.get("events", [])) < FULL_PAGE:  # caught up: ask again at the next read
                 return events
 
+    def decode_rank_lines(self, rank: int, lines: list[str]) -> list[Event]:
+        """The events in a rank's own event lines (a session cell's end record), decoded as the log's
+        are: an event the log brings again later is passed on once."""
+        events = self._decoder.feed_rank(rank, lines)
+        for event in events:
+            if isinstance(event, RankFinished):
+                self._reported.add(event.rank)
+        return events
+
     def _take_line(self, line: str) -> list[Event]:
         """The events in one line of the leader's log, whichever reader brought it."""
         self._lines += 1

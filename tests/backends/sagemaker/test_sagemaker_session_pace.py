@@ -1,0 +1,55 @@
+"""A SageMaker session at AWS's pace (``--pace aws``: S3 answers in 0.1 s, a log line is readable
+5 s after it was written): a cell's end, its results and its output come from rank 0's end record
+in S3, without waiting for CloudWatch, and the log's copies of the same lines are not shown again."""
+
+from __future__ import annotations
+
+import time
+
+from helpers import run, start_session, wait_until
+
+from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
+from mpi_magic.testing.aws_pace import AWS
+
+AWS_PACE = "aws"  # the module's servers (conftest's local_aws_env)
+INSTANCE_START = 1.0  # seconds, instead of the pace's two minutes
+
+CELL = ("import mpi_magic, sys\n"
+        "print(f'rank {mpi_magic.rank()} says {tag}')\n"
+        "print(f'rank {mpi_magic.rank()} warns {tag}', file=sys.stderr)\n"
+        "said = (mpi_magic.rank(), tag)\n")
+
+
+def _cell(ip, tag: str) -> tuple[float, object]:
+    ip.user_ns["tag"] = tag
+    started = time.monotonic()
+    run(ip, "--quiet --gather --out job", CELL)
+    return time.monotonic() - started, ip.user_ns["job"]
+
+
+def _said(job, tag: str) -> list[str]:
+    return [line for rank in range(job.world_size) for line in job.logs(rank).splitlines() if tag in line]
+
+
+def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_shows_once(cloud_sessions, monkeypatch):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 2 -g 2")
+    took, job = _cell(ip, "first")
+    assert took < AWS.log_visible, f"{took:.2f}s: the end came from S3, not from the log"
+    assert ip.user_ns["said"] == [(rank, "first") for rank in range(4)]
+    assert sorted(_said(job, "first")) == sorted([f"rank {r} says first" for r in range(4)] +
+                                                 [f"[stderr] rank {r} warns first" for r in range(4)])
+    assert job.status == "completed"
+
+    time.sleep(AWS.log_visible + 1.0)  # the log has the first cell's lines now, and the next cell's reads bring them
+    took, job = _cell(ip, "second")
+    assert took < AWS.log_visible
+    assert not _said(job, "first") and not [line for line in s.said_between_cells(limit=100) if "first" in line], \
+        "the log's copies of lines shown from the record are not shown again"
+    assert len(_said(job, "second")) == 8
+
+    monkeypatch.setattr(SageMakerSessionRanks, "end_records", False)  # the cell's end from the log, as before
+    took, job = _cell(ip, "third")
+    assert took >= AWS.log_visible, "without the record the end waits for CloudWatch"
+    assert ip.user_ns["said"] == [(rank, "third") for rank in range(4)] and len(_said(job, "third")) == 8
+    assert wait_until(lambda: s.status == "idle", 10)
