@@ -28,12 +28,12 @@ def shell() -> InteractiveShell:
 
 
 @contextlib.contextmanager
-def rehearsal_shell() -> Iterator[InteractiveShell]:
+def rehearsal_shell(pace: str = "none", instance_start: float | None = None) -> Iterator[InteractiveShell]:
     """A shell whose cells run as SageMaker jobs on the rehearsal cloud (a moto server and the
-    SageMaker emulator on loopback), for as long as the block runs."""
+    SageMaker emulator on loopback, answering at ``pace``: ``aws_pace``), for as long as the block runs."""
     from mpi_magic.testing.local_aws import local_aws
 
-    with local_aws() as env:
+    with local_aws(pace=pace, instance_start=instance_start) as env:
         os.environ.update(env)
         import boto3
 

@@ -6,9 +6,14 @@ Measured in one run, 4 x 2 ranks by default:
   to the TrainingEndTime the emulator reports (what the notebook adds: packing and uploading the cell,
   noticing the end, fetching the results);
 - the session's start (one training job whose ranks then wait for cells);
-- a trivial cell on the idle session: median and worst of its round trips (S3 in, CloudWatch out);
+- a trivial cell on the idle session: median and worst of its round trips, its end read from rank 0's
+  end record in S3 against its end read from the job's log (the path before end records), the two
+  alternating cell by cell on the same session;
 - AWS API calls per minute the notebook makes for the session while it idles, and while a cell runs
   (the watch loop's, the heartbeat's and the cells' calls: the job's ``api_calls`` counter).
+
+``--pace aws`` runs it at AWS's pace (``mpi_magic.testing.aws_pace``: S3 in 0.1 s, a log line readable
+5 s after it was written, instances starting in two minutes unless ``--instance-start`` says otherwise).
 """
 
 from __future__ import annotations
@@ -37,13 +42,18 @@ def main() -> None:
     parser.add_argument("--one-off-cells", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--running-seconds", type=float, default=60)
+    parser.add_argument("--pace", choices=("none", "aws"), default="none")
+    parser.add_argument("--instance-start", type=float, default=None)
     args = parser.parse_args()
+    from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
+
     shape = f"-i {args.instances} -g {args.gpus}"
-    with rehearsal_shell() as ip:
-        started = time.monotonic()
-        ip.run_cell_magic("mpirun_remote", f"{shape} --quiet", "one_off = 1\n")
-        cold = time.monotonic() - started
-        one_off, jobs = [], []
+    with rehearsal_shell(args.pace, args.instance_start) as ip:
+        cold, one_off, jobs = None, [], []
+        if args.one_off_cells:
+            started = time.monotonic()
+            ip.run_cell_magic("mpirun_remote", f"{shape} --quiet", "one_off = 1\n")
+            cold = time.monotonic() - started
         for i in range(args.one_off_cells):
             started = time.monotonic()
             ip.run_cell_magic("mpirun_remote", f"{shape} --quiet --out one_off_job", f"one_off = {i}\n")
@@ -55,30 +65,40 @@ def main() -> None:
         start = time.monotonic() - started
         session = ip.user_ns["session"]
         ranks = session._ranks
-        round_trips = []
-        for i in range(args.cells):
+        round_trips: dict[bool, list[float]] = {True: [], False: []}  # by whether the end came from the record
+        for i in range(2 * args.cells):
+            SageMakerSessionRanks.end_records = from_record = i % 2 == 0
             started = time.monotonic()
             ip.run_cell_magic("mpirun_remote", "--quiet", f"y = {i}\n")
-            round_trips.append(time.monotonic() - started)
+            round_trips[from_record].append(time.monotonic() - started)
             assert ip.user_ns["y"] == i
-        time.sleep(1)  # the last cell's pace has settled to idle
-        calls, started = ranks.api_calls, time.monotonic()
-        time.sleep(args.idle_seconds)
-        idle = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
-        calls, started = ranks.api_calls, time.monotonic()
-        ip.run_cell_magic("mpirun_remote", "--quiet", f"import time\ntime.sleep({args.running_seconds})\n")
-        running = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
+        SageMakerSessionRanks.end_records = True
+        idle = running = None
+        if args.idle_seconds:
+            time.sleep(1)  # the last cell's pace has settled to idle
+            calls, started = ranks.api_calls, time.monotonic()
+            time.sleep(args.idle_seconds)
+            idle = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
+        if args.running_seconds:
+            calls, started = ranks.api_calls, time.monotonic()
+            ip.run_cell_magic("mpirun_remote", "--quiet", f"import time\ntime.sleep({args.running_seconds})\n")
+            running = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
         ip.run_line_magic("mpirun_session", "stop")
-    print(f"sagemaker session on the emulated cloud, {args.instances} x {args.gpus} ranks:")
-    print(f"  cold one-off cell (a new training job): {cold:.1f} s")
-    print(f"  one-off cell in the warm kernel: median {statistics.median(one_off):.2f} s, the job itself "
-          f"{statistics.median(jobs):.2f} s (created to ended), ratio "
-          f"{statistics.median(one_off) / statistics.median(jobs):.2f} ({len(one_off)} cells)")
+    print(f"sagemaker session on the emulated cloud at pace {args.pace}, {args.instances} x {args.gpus} ranks:")
+    if cold is not None:
+        print(f"  cold one-off cell (a new training job): {cold:.1f} s")
+        print(f"  one-off cell in the warm kernel: median {statistics.median(one_off):.2f} s, the job itself "
+              f"{statistics.median(jobs):.2f} s (created to ended), ratio "
+              f"{statistics.median(one_off) / statistics.median(jobs):.2f} ({len(one_off)} cells)")
     print(f"  session start: {start:.1f} s")
-    print(f"  trivial cell on the idle session: median {statistics.median(round_trips):.2f} s, "
-          f"max {max(round_trips):.2f} s ({len(round_trips)} cells)")
-    print(f"  AWS API calls by the notebook: {idle:.1f} per minute idle ({args.idle_seconds:g} s), "
-          f"{running:.1f} per minute while a cell runs ({args.running_seconds:g} s)")
+    record, log = round_trips[True], round_trips[False]
+    print(f"  trivial cell on the idle session, its end from the end record in S3: median "
+          f"{statistics.median(record):.2f} s, max {max(record):.2f} s ({len(record)} cells)")
+    print(f"  the same, its end from the job's log: median {statistics.median(log):.2f} s, max {max(log):.2f} s "
+          f"({len(log)} cells); ratio of medians {statistics.median(record) / statistics.median(log):.2f}")
+    if idle is not None and running is not None:
+        print(f"  AWS API calls by the notebook: {idle:.1f} per minute idle ({args.idle_seconds:g} s), "
+              f"{running:.1f} per minute while a cell runs ({args.running_seconds:g} s)")
 
 
 if __name__ == "__main__":
