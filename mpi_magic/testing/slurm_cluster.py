@@ -218,18 +218,24 @@ PartitionName=gpu Nodes={",".join(gpu_nodes)} MaxTime=INFINITE State=UP
             time.sleep(0.2)
 
 
-def _kill_left_behind(conf: str) -> None:
+def _kill_left_behind(conf: str, passes: int = 3) -> None:
     """SIGKILL to what this cluster's jobs left: a step daemon, or a process of a job (which
-    carries its SLURM_JOB_ID and this cluster's SLURM_CONF); never a shell that merely set SLURM_CONF."""
+    carries its SLURM_JOB_ID and this cluster's SLURM_CONF); never a shell that merely set SLURM_CONF.
+    Looked for again a moment later: a step daemon a dying slurmd forked in its own session becomes
+    one only once it has started."""
     import psutil
 
-    for process in psutil.process_iter(["name", "environ"]):
-        try:
-            environ = process.info["environ"] or {}
-            if environ.get("SLURM_CONF") == conf and ("SLURM_JOB_ID" in environ or process.info["name"] == "slurmstepd"):
-                process.kill()
-        except psutil.Error:
-            continue
+    for attempt in range(passes):
+        if attempt:
+            time.sleep(0.5)
+        for process in psutil.process_iter(["name", "environ"]):
+            try:
+                environ = process.info["environ"] or {}
+                if environ.get("SLURM_CONF") == conf and ("SLURM_JOB_ID" in environ
+                                                          or process.info["name"] == "slurmstepd"):
+                    process.kill()
+            except psutil.Error:
+                continue
 
 
 def default_root() -> str:
