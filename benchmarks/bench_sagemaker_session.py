@@ -10,7 +10,8 @@ Measured in one run, 4 x 2 ranks by default:
   end record in S3 against its end read from the job's log (the path before end records), the two
   alternating cell by cell on the same session;
 - AWS API calls per minute the notebook makes for the session while it idles, and while a cell runs
-  (the watch loop's, the heartbeat's and the cells' calls: the job's ``api_calls`` counter).
+  (the watch loop's, the heartbeat's and the cells' calls: the session's ``api_calls`` counter), and
+  apart from them the S3 GETs looking for the cell's end record (``end_looks``).
 
 ``--pace aws`` runs it at AWS's pace (``mpi_magic.testing.aws_pace``: S3 in 0.1 s, a log line readable
 5 s after it was written, instances starting in two minutes unless ``--instance-start`` says otherwise).
@@ -73,16 +74,17 @@ def main() -> None:
             round_trips[from_record].append(time.monotonic() - started)
             assert ip.user_ns["y"] == i
         SageMakerSessionRanks.end_records = True
-        idle = running = None
+        idle = running = end_looks = None
         if args.idle_seconds:
             time.sleep(1)  # the last cell's pace has settled to idle
             calls, started = ranks.api_calls, time.monotonic()
             time.sleep(args.idle_seconds)
             idle = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
         if args.running_seconds:
-            calls, started = ranks.api_calls, time.monotonic()
+            calls, looks, started = ranks.api_calls, ranks.end_looks, time.monotonic()
             ip.run_cell_magic("mpirun_remote", "--quiet", f"import time\ntime.sleep({args.running_seconds})\n")
             running = (ranks.api_calls - calls) * 60 / (time.monotonic() - started)
+            end_looks = (ranks.end_looks - looks) * 60 / (time.monotonic() - started)
         ip.run_line_magic("mpirun_session", "stop")
     print(f"sagemaker session on the emulated cloud at pace {args.pace}, {args.instances} x {args.gpus} ranks:")
     if cold is not None:
@@ -98,7 +100,8 @@ def main() -> None:
           f"({len(log)} cells); ratio of medians {statistics.median(record) / statistics.median(log):.2f}")
     if idle is not None and running is not None:
         print(f"  AWS API calls by the notebook: {idle:.1f} per minute idle ({args.idle_seconds:g} s), "
-              f"{running:.1f} per minute while a cell runs ({args.running_seconds:g} s)")
+              f"{running:.1f} per minute while a cell runs ({args.running_seconds:g} s), and {end_looks:.1f} "
+              "S3 GETs a minute looking for its end record")
 
 
 if __name__ == "__main__":

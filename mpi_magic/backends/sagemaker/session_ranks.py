@@ -6,7 +6,8 @@ CloudWatch stream, read by the one-off jobs' watch loop (``training_job.SageMake
 that an idle session costs at most 12 AWS calls a minute and a running cell at most 30. A cell's
 end, its small results and the tail of its output come sooner, from the end record rank 0 writes
 to S3 (``cell_end``), which the notebook looks for while the cell runs: every 50 ms for its first
-3 s, then less and less often, once a second at most (S3 GETs, about $0.0004 per 1,000).
+3 s, then less and less often, every 2 s at most (S3 GETs, counted apart in ``end_looks``: about 30
+a minute during a long cell, at $0.0004 per 1,000).
 
 The notebook refreshes a heartbeat object; the job ends by itself when it is older than the
 heartbeat limit, after ``--idle-timeout`` without a cell, or at ``--max-runtime``. The key is
@@ -42,7 +43,7 @@ STARTING_DESCRIBE, STARTING_LOGS = 5.0, 1.0  # until every rank is up: SageMaker
 IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
 RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
 STOPPING_DESCRIBE = 2.0
-END_LOOK_FAST, END_LOOK_FAST_FOR, END_LOOK_SLOW = 0.05, 3.0, 1.0  # seconds between looks for a cell's end record
+END_LOOK_FAST, END_LOOK_FAST_FOR, END_LOOK_SLOW = 0.05, 3.0, 2.0  # seconds between looks for a cell's end record
 STOP_LIMIT = 600.0  # seconds to wait for Stopped
 KEYS = "sessions"  # under the cache folder: one private key file per session started here
 
@@ -101,6 +102,7 @@ class SageMakerSessionRanks:
         self._record_cell: int | None = None  # the running cell whose end record is looked for
         self._next_end_look = 0.0
         self._end_wait = END_LOOK_FAST
+        self.end_looks = 0  # GETs of end records (S3, cheap and not throttled like SageMaker's and CloudWatch's calls)
 
     # -- pacing -------------------------------------------------------------------------------
 
@@ -153,8 +155,9 @@ class SageMakerSessionRanks:
 
     @property
     def api_calls(self) -> int:
-        """AWS calls made for this session so far (the watch loop's, the heartbeat's, the cells')."""
-        return self.job.api_calls
+        """AWS calls made for this session so far (the watch loop's, the heartbeat's, the cells'), less
+        the looks for end records (``end_looks``)."""
+        return self.job.api_calls - self.end_looks
 
     def poll(self, timeout: float) -> list[Event]:
         if self._sent_at is not None and not self._starting:  # a cell runs: the log is read less often the longer it runs
@@ -183,6 +186,7 @@ class SageMakerSessionRanks:
     def _look_for_end(self) -> list[Event]:
         """Read the running cell's end record if rank 0 has written it; look again later otherwise."""
         assert self._record_cell is not None and self._rank_key is not None
+        self.end_looks += 1
         try:
             self.ends.record = self.channel.end_record(self._record_cell, self._rank_key)
         except s3channel.Refused as exc:  # not rank 0's: the log brings the cell's end

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 
-from helpers import run, start_session, wait_until
+import os
+
+from helpers import BUCKET, run, start_session, uploaded, wait_until
 
 from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
 from mpi_magic.testing.aws_pace import AWS
@@ -31,7 +33,8 @@ def _said(job, tag: str) -> list[str]:
     return [line for rank in range(job.world_size) for line in job.logs(rank).splitlines() if tag in line]
 
 
-def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_shows_once(cloud_sessions, monkeypatch):
+def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_shows_once(cloud_sessions, aws,
+                                                                                        monkeypatch):
     ip = cloud_sessions
     s = start_session(ip, "-i 2 -g 2")
     took, job = _cell(ip, "first")
@@ -47,6 +50,13 @@ def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_s
     assert not _said(job, "first") and not [line for line in s.said_between_cells(limit=100) if "first" in line], \
         "the log's copies of lines shown from the record are not shown again"
     assert len(_said(job, "second")) == 8
+    root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
+    assert not [key for key in uploaded(aws, root) if "/results/" in key], "small results came in the end records"
+
+    started = time.monotonic()
+    run(ip, "--quiet", "big = bytes(200_000)\n")  # over what a record holds: an object of its own
+    assert time.monotonic() - started < AWS.log_visible and ip.user_ns["big"] == bytes(200_000)
+    assert [key for key in uploaded(aws, root) if "/results/" in key]
 
     monkeypatch.setattr(SageMakerSessionRanks, "end_records", False)  # the cell's end from the log, as before
     took, job = _cell(ip, "third")
