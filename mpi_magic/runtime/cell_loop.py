@@ -182,9 +182,6 @@ class RelayedInterrupts:
                 os.kill(os.getpid(), signal.SIGINT)
                 return
 
-    def cell_back(self) -> None:
-        """Every rank is back from the cell (each rank calls this): what the channel does then."""
-
     def close(self) -> None:
         self.all_back()
         if self.place.rank == 0:

@@ -218,24 +218,27 @@ PartitionName=gpu Nodes={",".join(gpu_nodes)} MaxTime=INFINITE State=UP
             time.sleep(0.2)
 
 
-def _kill_left_behind(conf: str, passes: int = 3) -> None:
+def _kill_left_behind(conf: str) -> None:
     """SIGKILL to what this cluster's jobs left: a step daemon, or a process of a job (which
-    carries its SLURM_JOB_ID and this cluster's SLURM_CONF); never a shell that merely set SLURM_CONF.
-    Looked for again a moment later: a step daemon a dying slurmd forked in its own session becomes
-    one only once it has started."""
+    carries its SLURM_JOB_ID and this cluster's SLURM_CONF); never a shell that merely set SLURM_CONF."""
     import psutil
 
-    for attempt in range(passes):
-        if attempt:
-            time.sleep(0.5)
-        for process in psutil.process_iter(["name", "environ"]):
-            try:
-                environ = process.info["environ"] or {}
-                if environ.get("SLURM_CONF") == conf and ("SLURM_JOB_ID" in environ
-                                                          or process.info["name"] == "slurmstepd"):
-                    process.kill()
-            except psutil.Error:
-                continue
+    for process in psutil.process_iter(["name"]):
+        try:
+            environ = _raw_environ(process.pid)
+            if b"\0SLURM_CONF=" + conf.encode() + b"\0" in environ and (
+                    b"\0SLURM_JOB_ID=" in environ or process.info["name"] == "slurmstepd"):
+                process.kill()
+        except (OSError, psutil.Error):
+            continue
+
+
+def _raw_environ(pid: int) -> bytes:
+    """A process's environment as the kernel shows it, NUL-separated (and NUL-led, for matching whole
+    entries). Read raw: a step daemon writes its title over the start of that block, leaving an empty
+    entry there, where psutil's reading of it stops."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return b"\0" + f.read()
 
 
 def default_root() -> str:

@@ -26,11 +26,14 @@ def _root() -> str:
 def _cluster_processes(root: str) -> list[psutil.Process]:
     conf = os.path.join(root, "slurm.conf")
     found = []
-    for process in psutil.process_iter(["cmdline", "environ"]):
+    for process in psutil.process_iter(["cmdline"]):
         try:
-            if conf in " ".join(process.info["cmdline"] or []) or (process.info["environ"] or {}).get("SLURM_CONF") == conf:
+            # the environment read raw: a step daemon's title overwrites the start of it, where psutil stops reading
+            with open(f"/proc/{process.pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            if conf in " ".join(process.info["cmdline"] or []) or f"SLURM_CONF={conf}".encode() in environ:
                 found.append(process)
-        except psutil.Error:
+        except (OSError, psutil.Error):
             continue
     return [p for p in found if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE]
 

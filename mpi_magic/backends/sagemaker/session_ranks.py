@@ -175,7 +175,7 @@ class SageMakerSessionRanks:
             found += from_record
         for event in found:
             if isinstance(event, RankReady) and event.rank == 0 and event.cell == 0 and event.key:
-                self._rank_key = event.key
+                self._rank_key = self._rank_key or event.key  # (the first: rank 0 announces it once)
             if isinstance(event, RankReady) and event.cell == self._cell:
                 self._back.add(event.rank)
         if self._sent_at is not None and len(self._back) >= self.world_size:
