@@ -23,7 +23,7 @@ import threading
 import time
 
 from ..shared import channel, payload, s3channel, wire
-from ..shared.layout import POST_MORTEM, RESULTS, result_path
+from ..shared.layout import POST_MORTEM, RESULTS, result_path, result_uri, split_s3
 from . import rank as one_off
 from .transcript import Transcript
 from ..shared import envvars
@@ -270,6 +270,19 @@ class S3Cells(RelayedInterrupts):
         except Exception as exc:  # noqa: BLE001 - the notebook hears the end from the log instead
             _say(f"mpi_magic session: could not write the end record of cell {message['cell']} "
                  f"({type(exc).__name__}: {exc}); the notebook reads the log instead")
+            self._publish_held(message["cell"], parts)
+
+    def _publish_held(self, cell: int, parts: list[dict]) -> None:
+        """Rank 0, where the end record could not be written: the small results it held go to S3 as
+        objects of their own, where the notebook looks for them without a record."""
+        for part in parts:
+            for kind, data in part["results"].items():
+                bucket, key = split_s3(result_uri(s3channel.results_uri(self.end.uri, cell), part["rank"], kind))
+                try:
+                    self.end.s3.put_object(Bucket=bucket, Key=key, Body=base64.b64decode(data))
+                except Exception as exc:  # noqa: BLE001 - said; that rank's results are lost
+                    _say(f"mpi_magic session: rank {part['rank']}'s results of cell {cell} could not be put in S3 "
+                         f"({type(exc).__name__}: {exc})")
 
     def cell_ended(self) -> None:
         self.end.cell_ended()

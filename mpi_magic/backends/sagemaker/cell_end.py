@@ -78,8 +78,7 @@ class CellEnds:
 
     def fetch_results(self, job_dir: str, ranks, kind: str) -> list[int]:
         """Write the record's results of ``ranks`` into ``job_dir``; the ranks whose results it lacks."""
-        held = {int(part["rank"]): part.get("results", {}) for part in (self.record or {}).get("ranks", ())} \
-            if self.applied else {}
+        held = {int(part["rank"]): part.get("results", {}) for part in (self.record or {}).get("ranks", ())}
         missing = []
         for rank in ranks:
             data = held.get(rank, {}).get(kind)

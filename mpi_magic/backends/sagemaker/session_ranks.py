@@ -44,6 +44,7 @@ IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
 RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
 STOPPING_DESCRIBE = 2.0
 END_LOOK_FAST, END_LOOK_FAST_FOR, END_LOOK_SLOW = 0.05, 3.0, 2.0  # seconds between looks for a cell's end record
+RECORD_WAIT = 20.0  # seconds the results wait for the end record that holds them, when the log told the end first
 STOP_LIMIT = 600.0  # seconds to wait for Stopped
 KEYS = "sessions"  # under the cache folder: one private key file per session started here
 
@@ -100,6 +101,7 @@ class SageMakerSessionRanks:
         self._rank_key: str | None = None  # rank 0's public key, from its first ready event in the log
         self.ends = CellEnds()
         self._record_cell: int | None = None  # the running cell whose end record is looked for
+        self._record_asked: int | None = None  # the last cell sent asking for an end record (its results are there)
         self._next_end_look = 0.0
         self._end_wait = END_LOOK_FAST
         self.end_looks = 0  # GETs of end records (S3, cheap and not throttled like SageMaker's and CloudWatch's calls)
@@ -222,11 +224,18 @@ class SageMakerSessionRanks:
         self.ends.begin()
         self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE), end_record=record)
         self._pace_running()
-        self._record_cell = message["cell"] if record else None
+        self._record_cell = self._record_asked = message["cell"] if record else None
         self._end_wait, self._next_end_look = END_LOOK_FAST, self.clock() + END_LOOK_FAST
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
-        """From the cell's end record where it holds them, else from their objects in S3."""
+        """From the cell's end record where it holds them, else from their objects in S3. Where the log
+        told the cell's end before the record was read, the record is waited for: the small results
+        are only there."""
+        deadline = self.clock() + RECORD_WAIT
+        while (self._record_asked == self._cell and self.ends.record is None and self._record_cell is not None
+               and self.clock() < deadline):
+            self._look_for_end()
+            time.sleep(END_LOOK_FAST)
         missing = self.ends.fetch_results(job_dir, ranks, kind)
         results = s3channel.results_uri(self.channel.uri, self._cell)
         fetch_each(self.job.s3, ((result_uri(results, rank, kind), result_path(job_dir, rank, kind))

@@ -67,9 +67,9 @@ def test_a_record_with_a_line_cut_short_is_set_aside():
 def test_results_come_from_the_record_where_it_holds_them(tmp_path):
     ends = CellEnds()
     ends.begin()
-    ends.record = _record([], results={RESULTS: base64.b64encode(b"pickled").decode()})
-    assert ends.fetch_results(str(tmp_path), [0, 1], RESULTS) == [0, 1], "nothing before the record is applied"
-    ends.apply(StreamDecoder(TOKEN).feed_rank)
-    assert ends.fetch_results(str(tmp_path), [0, 1], RESULTS) == [1]
+    assert ends.fetch_results(str(tmp_path), [0, 1], RESULTS) == [0, 1], "no record yet"
+    ends.record = _record([], results={RESULTS: base64.b64encode(b"pickled").decode()}, whole=False)
+    assert ends.apply(StreamDecoder(TOKEN).feed_rank) is None
+    assert ends.fetch_results(str(tmp_path), [0, 1], RESULTS) == [1], "a record set aside still holds the results"
     with open(result_path(str(tmp_path), 0, RESULTS), "rb") as f:
         assert f.read() == b"pickled"

@@ -121,6 +121,32 @@ def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(cloud_session
     assert described(aws, s.job_name)["TrainingJobStatus"] == "Failed"
 
 
+def test_a_cell_whose_log_tells_its_end_before_its_record_is_read_still_gets_its_results_and_each_line_once(
+        cloud_sessions, monkeypatch):
+    """S3 slower than CloudWatch for once (stood for here: the notebook's reads of end records find
+    nothing for 2 s after each cell is sent): the log ends the cell first, and the small results,
+    which are only in the record, are waited for."""
+    hidden_until = [0.0]
+    send_cell, end_record = s3channel.NotebookEnd.send_cell, s3channel.NotebookEnd.end_record
+
+    def sent(self, *args, **kwargs):
+        send_cell(self, *args, **kwargs)
+        hidden_until[0] = time.monotonic() + 2.0
+
+    def slow(self, *args, **kwargs):
+        return None if time.monotonic() < hidden_until[0] else end_record(self, *args, **kwargs)
+
+    ip = cloud_sessions
+    start_session(ip, "-i 2 -g 1")
+    monkeypatch.setattr(s3channel.NotebookEnd, "send_cell", sent)
+    monkeypatch.setattr(s3channel.NotebookEnd, "end_record", slow)
+    run(ip, "--quiet --gather --out job", "import mpi_magic\nprint('hello from', mpi_magic.rank())\n"
+                                          "value = mpi_magic.rank() * 10")
+    assert ip.user_ns["value"] == [0, 10]
+    job = ip.user_ns["job"]
+    assert [job.logs(rank).splitlines() for rank in range(2)] == [["hello from 0"], ["hello from 1"]]
+
+
 def test_an_idle_session_ends_itself(cloud_sessions, aws):
     ip = cloud_sessions
     s = start_session(ip, "-i 1 -g 2 --idle-timeout 2")
