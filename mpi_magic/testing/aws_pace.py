@@ -39,8 +39,9 @@ AWS = AwsPace(
     # was ingested once a second (the StartLiveTail API reference), which the moto front does too.
     log_visible=5.0,
     # AWS publishes no figure for a cold start; its blog "Best practices for Amazon SageMaker Training
-    # Managed Warm Pools" calls it "fairly low" beside the "under 20 seconds" warm pools aim at, and
-    # provisioning takes minutes in our own use: an assumption.
+    # Managed Warm Pools" calls it "fairly low" beside the "under 20 seconds" warm pools aim at. A bare
+    # EC2 launch alone measured 25.8 s on average (brevdev/ec2-coldboot-research: three launches, API
+    # call to SSH), before SageMaker pulls the image and starts the container: an assumption above that.
     instance_start=120.0,
 )
 
