@@ -4,9 +4,8 @@ in S3, without waiting for CloudWatch, and the log's copies of the same lines ar
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 
 from helpers import BUCKET, run, start_session, uploaded, wait_until
 
