@@ -71,11 +71,13 @@ def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
          Progress(rank=0, n=30, total=100, desc="epoch", seq=2, time=12.0))
     wire(model, decoder, Progress(rank=0, n=30, total=100, desc="epoch", seq=2, time=12.0))  # duplicate
     wire(model, decoder, Progress(rank=1, n=50, total=100, seq=5, time=12.0))  # seq 1-4 lost
+    wire(model, decoder, Progress(rank=1, n=40, total=100, seq=4, time=11.5))  # late: older than what is shown
     wire(model, decoder, RankFinished(rank=3, ok=False, error_type="ValueError", message="bad", traceback="tb", seq=1, time=13.0))
     r0 = model.ranks[0]
     assert (r0.n, r0.total, r0.bar.desc) == (30, 100, "epoch")
     assert r0.rate == pytest.approx(20.0) and r0.eta == pytest.approx(3.5)
-    assert decoder.duplicates == 1 and decoder.gaps == {1: 4}
+    assert decoder.duplicates == 1 and decoder.gaps == {1: 3}
+    assert model.ranks[1].n == 50, "a late event does not undo the newer state"
     assert model.ranks[3].status == "failed" and model.ranks[3].failure.error_type == "ValueError"
     assert model.progress() == pytest.approx((0.3 + 0.5) / 2)
     assert [s.rank for s in model.slowest()] == [0, 1]
