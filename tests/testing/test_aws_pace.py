@@ -48,8 +48,11 @@ def test_a_training_job_starts_and_logs_at_aws_pace(aws):
     assert time.monotonic() - created_at >= INSTANCE_START, "the instances took their time to start"
     seen = None
     while seen is None and time.monotonic() - created_at < 60:
-        streams = logs.describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs",
-                                            logStreamNamePrefix=f"{name}/")["logStreams"]
+        try:
+            streams = logs.describe_log_streams(logGroupName="/aws/sagemaker/TrainingJobs",
+                                                logStreamNamePrefix=f"{name}/")["logStreams"]
+        except logs.exceptions.ResourceNotFoundException:  # the instances have not written a line yet
+            streams = []
         for stream in streams:
             for event in logs.get_log_events(logGroupName="/aws/sagemaker/TrainingJobs",
                                              logStreamName=stream["logStreamName"], startFromHead=True)["events"]:

@@ -138,7 +138,9 @@ def test_a_spot_interruption_restarts_the_job_and_the_cell_resumes_from_its_chec
     def saved_steps() -> list[int]:
         time.sleep(0.2)  # asked again and again while the cell runs: not a flood of requests
         listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=checkpoints + "/").get("Contents", [])
-        return [int(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()) for o in listed]
+        # (SageMaker copies whatever is in the folder: a rank's ``.part`` file too, if caught before its rename)
+        return [int(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()) for o in listed
+                if not o["Key"].endswith(".part")]
 
     def interrupted() -> None:
         interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], ip.user_ns["job"].name)
