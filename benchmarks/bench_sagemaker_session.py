@@ -25,6 +25,8 @@ import time
 
 from _common import rehearsal_shell
 
+from mpi_magic.testing.aws_pace import add_arguments
+
 
 
 def own_time(job_name: str) -> float:
@@ -43,8 +45,7 @@ def main() -> None:
     parser.add_argument("--one-off-cells", type=int, default=5)
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--running-seconds", type=float, default=60)
-    parser.add_argument("--pace", choices=("none", "aws"), default="none")
-    parser.add_argument("--instance-start", type=float, default=None)
+    add_arguments(parser)  # --pace and --instance-start, as the rehearsal's servers take them
     args = parser.parse_args()
     from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
 

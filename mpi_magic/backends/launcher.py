@@ -127,6 +127,12 @@ def mpirun_argv(launcher: Launcher, world_size: int, command: list[str], extra_a
     return [*argv, *extra_args, *command]
 
 
+def runtime_command(job_dir: str, digest: str | None) -> list[str]:
+    """Every rank's runtime, for the cell whose payload is in ``job_dir`` (this machine's Python,
+    which a Slurm cluster's nodes share)."""
+    return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
+
+
 def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) -> dict[str, str]:
     """Environment for mpirun: root allowed, and on one machine shared memory only.
 

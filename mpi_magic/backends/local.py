@@ -62,7 +62,7 @@ class LocalBackend:
         return "would run: " + " ".join(shlex.quote(a) for a in argv)
 
     def command(self, job_dir: str, digest: str | None) -> list[str]:
-        return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
+        return launchers.runtime_command(job_dir, digest)
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
         return self._launch(job_name, self.command(job_dir, digest), options, {}, _stacks_folder(job_dir))

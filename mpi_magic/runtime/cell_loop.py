@@ -332,14 +332,17 @@ class S3Cells(RelayedInterrupts):
 
 
 def _write_payload(data: bytes, sha256: str, folder: str) -> None:
-    """A payload that came in the message, written where the instance's ranks read it."""
-    import hashlib
-
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ValueError("the payload in the message is not the one its digest names")
+    """A payload that came in the message, written where the instance's ranks read it, and checked
+    against the signed digest before anyone reads it."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    with open(os.path.join(folder, payload.PAYLOAD_FILE), "wb") as f:
+    path = os.path.join(folder, payload.PAYLOAD_FILE)
+    with open(path, "wb") as f:
         f.write(data)
+    if payload.file_digest(path) != sha256:
+        from ..errors import PayloadError  # only when it is raised: see payload._refused
+
+        os.remove(path)
+        raise PayloadError("the payload in the message is not the one its signed digest names")
 
 
 class _Running:

@@ -43,7 +43,7 @@ class Transcript:
 
     def wrote(self, stream: str, text: str) -> None:
         pieces = (self._partial[stream] + text).split("\n")
-        self._partial[stream] = pieces.pop()
+        self._partial[stream] = pieces.pop()[:LINE_LIMIT + 1]  # (a longer line is cut, and marked, when it ends)
         lines = self.output[stream]
         for line in pieces:
             if len(line) > LINE_LIMIT:

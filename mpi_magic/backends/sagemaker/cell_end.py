@@ -15,6 +15,7 @@ import base64
 import os
 from collections import defaultdict, deque
 
+from ...shared import jobdir
 from ...shared.events import Event, Output
 from ...shared.layout import result_path
 
@@ -86,9 +87,11 @@ class CellEnds:
                 missing.append(rank)
                 continue
             path = result_path(job_dir, rank, kind)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
+            jobdir.make_private_dirs(os.path.dirname(path))
+            partial = f"{path}.{os.getpid()}.part"
+            with jobdir.open_private(partial, "wb") as f:
                 f.write(base64.b64decode(data))
+            os.replace(partial, path)  # a result file is whole or absent, as fetch_each leaves it
         return missing
 
 

@@ -101,7 +101,6 @@ class SageMakerSessionRanks:
         self._rank_key: str | None = None  # rank 0's public key, from its first ready event in the log
         self.ends = CellEnds()
         self._record_cell: int | None = None  # the running cell whose end record is looked for
-        self._record_asked: int | None = None  # the last cell sent asking for an end record (its results are there)
         self._next_end_look = 0.0
         self._end_wait = END_LOOK_FAST
         self.end_looks = 0  # GETs of end records (S3, cheap and not throttled like SageMaker's and CloudWatch's calls)
@@ -224,7 +223,7 @@ class SageMakerSessionRanks:
         self.ends.begin()
         self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE), end_record=record)
         self._pace_running()
-        self._record_cell = self._record_asked = message["cell"] if record else None
+        self._record_cell = message["cell"] if record else None
         self._end_wait, self._next_end_look = END_LOOK_FAST, self.clock() + END_LOOK_FAST
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
@@ -232,8 +231,7 @@ class SageMakerSessionRanks:
         told the cell's end before the record was read, the record is waited for: the small results
         are only there."""
         deadline = self.clock() + RECORD_WAIT
-        while (self._record_asked == self._cell and self.ends.record is None and self._record_cell is not None
-               and self.clock() < deadline):
+        while self._record_cell is not None and self.clock() < deadline:  # (looked for until found or refused)
             self._look_for_end()
             time.sleep(END_LOOK_FAST)
         missing = self.ends.fetch_results(job_dir, ranks, kind)

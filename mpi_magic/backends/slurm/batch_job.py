@@ -11,7 +11,6 @@ import os
 import queue
 import re
 import subprocess
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO, Iterable
@@ -122,7 +121,7 @@ class SlurmBackend:
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the batch script, the sbatch line, and what ``sbatch --test-only`` said."""
-        argv = self._write(job_dir, job_name, _runtime(job_dir, digest), options,
+        argv = self._write(job_dir, job_name, launchers.runtime_command(job_dir, digest), options,
                            self.environment(job_name, "<event token>", options))
         with open(os.path.join(job_dir, SCRIPT_FILE)) as f:
             script = f.read()
@@ -130,7 +129,7 @@ class SlurmBackend:
                 + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
-        return self._submit(job_dir, job_name, _runtime(job_dir, digest), options, {})
+        return self._submit(job_dir, job_name, launchers.runtime_command(job_dir, digest), options, {})
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
         """One allocation whose ranks wait for cells from this notebook's channel (``allocation.py``)."""
@@ -394,11 +393,6 @@ class _Tail:
             file.close()
             self._file = None
         return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
-
-
-def _runtime(job_dir: str, digest: str | None) -> list[str]:
-    """Every rank's runtime, for the cell whose payload is in ``job_dir``."""
-    return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
 
 def _watchdog(job_id: str) -> subprocess.Popen:
