@@ -265,8 +265,14 @@ class S3Cells(RelayedInterrupts):
         if self.key is None:
             return
         body = {"cell": message["cell"], "job": self.end.job_name, "ranks": parts}
+        signed = self.key.sign(body)
+        if len(signed) > s3channel.MAX_END_RECORD:  # more than the notebook reads: it ends the cell from the log
+            self._publish_held(message["cell"], parts)
+            body["ranks"] = [{"rank": part["rank"], "events": [], "output": {}, "dropped": {}, "whole": False,
+                              "results": {}} for part in parts]
+            signed = self.key.sign(body)
         try:
-            self.end.put_end(message["cell"], self.key.sign(body))
+            self.end.put_end(message["cell"], signed)
         except Exception as exc:  # noqa: BLE001 - the notebook hears the end from the log instead
             _say(f"mpi_magic session: could not write the end record of cell {message['cell']} "
                  f"({type(exc).__name__}: {exc}); the notebook reads the log instead")

@@ -163,6 +163,7 @@ class SlurmJob:
         self._decoder, self._watcher = decoder, watcher
         self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
+        self._allocation_lock = threading.Lock()  # set by the queue's thread, taken by poll
         self._finished = self._cancelled = False
         self._state: JobState | None = None  # squeue's latest
         self._ended: JobState | None = None  # Slurm says it ended (a state, or "gone from squeue")
@@ -187,7 +188,8 @@ class SlurmJob:
             return
         if state != self._state:
             self._state = state
-            self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
+            with self._allocation_lock:
+                self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
         if state.ended:
             self._ended = state
 
@@ -320,7 +322,8 @@ class SlurmJob:
                 batch += self._queue.get_nowait()
         except queue.Empty:
             pass
-        allocation, self._allocation = self._allocation, None
+        with self._allocation_lock:
+            allocation, self._allocation = self._allocation, None
         if allocation is not None:
             batch.insert(0, allocation)
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)

@@ -140,8 +140,10 @@ def test_a_cell_whose_log_tells_its_end_before_its_record_is_read_still_gets_its
     start_session(ip, "-i 2 -g 1")
     monkeypatch.setattr(s3channel.NotebookEnd, "send_cell", sent)
     monkeypatch.setattr(s3channel.NotebookEnd, "end_record", slow)
+    started = time.monotonic()
     run(ip, "--quiet --gather --out job", "import mpi_magic\nprint('hello from', mpi_magic.rank())\n"
                                           "value = mpi_magic.rank() * 10")
+    assert time.monotonic() - started >= 2.0, "the results waited for the record"
     assert ip.user_ns["value"] == [0, 10]
     job = ip.user_ns["job"]
     assert [job.logs(rank).splitlines() for rank in range(2)] == [["hello from 0"], ["hello from 1"]]
