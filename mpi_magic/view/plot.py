@@ -124,7 +124,7 @@ def _line(points: Series, x_of, y_of, stroke: str, dash: str, label: str, plot_w
         shown.append(points[-1])
     coords = [(x_of(s), y_of(v)) for s, v in shown]
     last_x, last_y = coords[-1]
-    title = f"{html.escape(label)}: {points[-1][1]:.6g} at step {points[-1][0]:.6g}"
+    title = f"{html.escape(label)}: {_short(points[-1][1], 6)} at step {points[-1][0]:.6g}"
     return (f"<polyline fill='none' stroke='{stroke}' stroke-width='1.5'"
             + (f" stroke-dasharray='{dash}'" if dash else "")
             + f" points='{_coords(coords)}'><title>{title}</title></polyline>"
@@ -176,19 +176,24 @@ def _ticks(low: float, high: float, count: int) -> list[float]:
     return [i * spacing for i in range(first, first + count + 2) if low <= i * spacing <= high]
 
 
+_SI_PREFIXES = (("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12))  # the ones everyone reads
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
 def _short(value: float, digits: int = 3) -> str:
-    """A tick label: 0.25, 1.5k, 12M, 3e-05."""
-    size = abs(value)
+    """A value in ``digits`` significant figures as a person reads it: 0.25, 1.5k, 12M, 3.4T, and
+    beyond a trillion or below a thousandth as a power of ten (1.15×10¹⁸, 3×10⁻⁵); inf and nan as such."""
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
-    if size >= 1000:
-        for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if size >= scale and (suffix != "T" or size < 1e15):
-                return f"{value / scale:.{digits}g}{suffix}"
-        return f"{value:.{digits}g}"
-    if size < 1e-3:
-        return f"{value:.{max(1, digits - 2)}e}"
-    return f"{value:.{digits}g}"
+    rounded = float(f"{value:.{digits}g}")  # first, so that 999,999 reads 1M, not 1000k
+    size = abs(rounded)
+    if 1e-3 <= size < 1e3:
+        return f"{rounded:.{digits}g}"
+    for prefix, scale in _SI_PREFIXES:
+        if scale <= size < 1e3 * scale:
+            return f"{rounded / scale:.{digits}g}{prefix}"
+    mantissa, exponent = f"{rounded:.{digits - 1}e}".split("e")
+    return f"{float(mantissa):.{digits}g}×10{str(int(exponent)).translate(_SUPERSCRIPT)}"
 
 
 def _coords(points: list[tuple[float, float]], sep: str = " ") -> str:

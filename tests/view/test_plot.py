@@ -104,3 +104,21 @@ def test_the_last_values_in_words():
     assert metric_lines({"loss": {0: 0.123456, 1: 0.15}}) == ["loss: rank 0 0.1235, rank 1 0.15"]
     latest = {r: float(r) for r in range(64)}
     assert metric_lines({"loss": latest}) == ["loss: min 0 (rank 0), mean 31.5, max 63 (rank 63) over 64 ranks"]
+
+
+def test_values_of_any_size_read_as_numbers_a_person_reads():
+    """Thousands to trillions by their SI letter, beyond them and below a thousandth as a power of
+    ten; never a letter after an exponent, nor Python's e-notation."""
+    def shown(value: float) -> str:
+        (line,) = metric_lines({"x": {0: value}})
+        return line.removeprefix("x: rank 0 ")
+
+    cases = [(0.0, "0"), (-0.0, "0"), (0.25, "0.25"), (-3.5, "-3.5"), (0.001, "0.001"), (999.9, "999.9"),
+             (999.96, "1k"), (1e3, "1k"), (1234.5, "1.234k"), (-1234567, "-1.235M"), (999_999, "1M"), (1e9, "1G"),
+             (1e12, "1T"), (999.95e12, "1×10¹⁵"), (1e15, "1×10¹⁵"), (2 ** 60, "1.153×10¹⁸"), (1e21, "1×10²¹"),
+             (1e24, "1×10²⁴"), (-2.5e30, "-2.5×10³⁰"), (1.5e-4, "1.5×10⁻⁴"), (-3e-5, "-3×10⁻⁵"),
+             (5e-324, "4.941×10⁻³²⁴"), (1e308, "1×10³⁰⁸"), (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan")]
+    assert [(value, shown(value)) for value, _ in cases] == cases
+    labels = [t.text for t in parsed(svg("x", {0: [(0, 0.0), (1, 2.0 ** 60)]})).findall(f"{NS}text")]
+    assert "1×10¹⁸" in labels and not any("e+" in label or "e-" in label for label in labels)
+    assert parsed(svg("x", {0: [(0, 2.0 ** 60)]})).find(f"{NS}polyline/{NS}title").text == "rank 0: 1.15292×10¹⁸ at step 0"
