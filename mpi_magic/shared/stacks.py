@@ -2,10 +2,12 @@
 
 Each rank registers ``faulthandler`` on ``SIGNAL``: the kernel runs its C handler, which writes
 the stacks of every thread without the GIL, so a rank stuck in a collective answers as readily as
-a busy one. Where the notebook shares the ranks' machine (``MPI_MAGIC_STACKS_DIR``), each rank
-dumps into its own file; the notebook sends the signal to each rank's process, reads what the
-dump appended, keeps the main thread's frames (innermost last), and groups the ranks by where
-they are: the roll-call. Where it does not (SageMaker: ``MPI_MAGIC_STACKS_EVENTS``), the signal
+a busy one. It runs on a thread of its own, the only one that does not block the signal, so asking
+changes nothing the rank does: a handler interrupts the call its thread is in, and ``sleep``,
+``poll`` or a driver's wait in C would return early. Where the notebook shares the ranks' machine
+(``MPI_MAGIC_STACKS_DIR``), each rank dumps into its own file; the notebook sends the signal to
+each rank's process, reads what the dump appended, keeps the main thread's frames (innermost
+last), and groups the ranks by where they are: the roll-call. Where it does not (SageMaker: ``MPI_MAGIC_STACKS_EVENTS``), the signal
 comes through mpirun, which forwards it to every rank on every instance, and each rank dumps into
 a pipe that a process of its own reads and sends on as a ``stacks`` event on the rank's stderr,
 the way every other event reaches the notebook. A process the rank forks (a data loader's worker)
@@ -68,23 +70,41 @@ def install(rank: int, token: str = "", environ=os.environ) -> None:
     import faulthandler
     import signal
 
+    signum = getattr(signal, SIGNAL_NAME)
     _registered = os.fdopen(fd, "w")
     if folder:
         _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
         _registered.flush()
-    faulthandler.register(getattr(signal, SIGNAL_NAME), file=_registered, all_threads=True, chain=False)
+    faulthandler.register(signum, file=_registered, all_threads=True, chain=False)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})  # here, and in every thread started from here on
+    _thread.start_new_thread(_take_the_signal, (signum,))
     os.register_at_fork(after_in_child=_forget)
+
+
+def _take_the_signal(signum: int) -> None:
+    """The one thread of the rank that takes the signal, so that the kernel delivers it here and
+    the call it interrupts is this thread's wait, never one of the cell's: ``sleep``, ``poll``, a
+    driver's wait in C return early when a handler runs in their thread, whatever SA_RESTART says.
+    It waits in C, in ``sigwait`` on no signal, which libc resumes after each handler: it never
+    takes the GIL again, and it does not keep the rank from ending."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # (one sent meanwhile waited, and comes now)
+    while True:
+        signal.sigwait(())
 
 
 def _forget() -> None:
     """In a process the rank forks: the signal, which Open MPI may send the rank's whole process
-    group, is ignored there again, and the rank's dump file or pipe is closed."""
+    group, is ignored there again and no longer blocked, and the rank's dump file or pipe is closed."""
     global _registered
     import faulthandler
     import signal
 
+    signum = getattr(signal, SIGNAL_NAME)
     try:
-        faulthandler.unregister(getattr(signal, SIGNAL_NAME))
+        faulthandler.unregister(signum)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
         if _registered is not None:
             _registered.close()
     except (OSError, ValueError):
@@ -291,7 +311,9 @@ class Snapshot:
 
     def __init__(self, stacks: dict[int, list[Frame]], missing: dict[int, str], cell_file: str,
                  cell_lines: list[str]):
-        self.stacks, self.missing = stacks, missing
+        self.stacks = stacks
+        # one thing per rank: one that answered and has ended by the time the others did is where it answered
+        self.missing = {rank: why for rank, why in missing.items() if rank not in stacks}
         self._cell_file, self._cell_lines = cell_file, cell_lines
 
     def groups(self) -> list[tuple[list[int], str]]:

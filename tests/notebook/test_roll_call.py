@@ -51,6 +51,34 @@ def test_a_quiet_job_takes_its_roll_call_by_itself_and_an_interrupt_says_where_t
     assert f"<div class='mpi-magic-roll-call'>where the ranks were: {WHERE}</div>" in Summary(job.model)._repr_html_()
 
 
+IN_C_CALLS = (  # C calls that return early when a signal interrupts them: libc does not retry them
+    "import ctypes, time\n"                                          # 2
+    "libc = ctypes.CDLL(None)\n"                                     # 3
+    "began = time.monotonic()\n"                                     # 4
+    "left = libc.sleep(2)\n"                                         # 5: the seconds left, 0 once slept
+    "slept = time.monotonic() - began\n"                             # 6
+    "began = time.monotonic()\n"                                     # 7
+    "polled = libc.poll(None, 0, 2000)\n"                            # 8: -1 (EINTR) once interrupted
+    "waited = time.monotonic() - began\n"                            # 9
+    "outcome = (left, slept >= 2.0, polled, waited >= 2.0)\n"        # 10
+    "del libc\n"                                                     # 11: (a library handle does not pickle)
+)
+
+
+def test_roll_calls_taken_again_and_again_leave_ranks_in_c_calls_that_do_not_retry_to_finish_them(ip):
+    run(ip, "-g 2 --async --quiet --gather --out job", IN_C_CALLS)
+    job = ip.user_ns["job"]
+    seen = set()
+    try:
+        while job.status == "running":
+            seen.add(str(job.roll_call(limit=1.0)))
+            time.sleep(0.1)
+    finally:
+        job.wait(60)
+    assert "ranks 0, 1 at cell line 5 in sleep" in seen and "ranks 0, 1 at cell line 8 in poll" in seen, seen
+    assert ip.user_ns["outcome"] == [(0, True, 0, True)] * 2, "each call took its full time, however often asked"
+
+
 def test_a_job_that_keeps_reporting_takes_no_roll_call(ip, capsys):
     ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
     run(ip, "-g 2 --out job", "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.4)\n")

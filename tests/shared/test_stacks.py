@@ -95,6 +95,16 @@ def test_the_roll_call_groups_ranks_by_the_cell_line_and_names_the_call_running_
     assert snapshot.lines(frames=True)[4] == "    cell line 4 in settle: time.sleep(1)"
 
 
+def test_a_rank_that_answered_and_then_ended_is_where_it_answered_and_named_once():
+    """The order that races: rank 2 answers, then ends before the roll-call reads the ranks'
+    states (the job's events are folded meanwhile), so it is found and also has completed."""
+    in_sleep = [("/site/mpi_magic/runtime/rank.py", 219, "_run"), ("<cell>", 7, "<module>")]
+    snapshot = stacks.Snapshot({0: in_sleep, 2: in_sleep}, {1: "its process has ended", 2: "it has completed"},
+                               "<cell>", ["", "", "", "", "", "", "time.sleep(5)"])
+    assert str(snapshot) == "ranks 0, 2 at cell line 7 in sleep; rank 1 gave no stack: its process has ended"
+    assert snapshot.missing == {1: "its process has ended"}
+
+
 def test_a_rank_outside_the_cell_is_placed_by_its_innermost_frame_and_a_session_rank_waits_for_a_cell():
     starting = [("/site/mpi_magic/runtime/rank.py", 150, "start_up"), ("/site/mpi4py/__init__.py", 3, "<module>")]
     idle = [("/site/mpi_magic/runtime/cell_loop.py", 55, "main"), ("/site/mpi_magic/runtime/cell_loop.py", 274,
