@@ -19,7 +19,7 @@ from .notebook.job import Job
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
 from .view.console import ConsoleEcho
-from .view.summary import headline
+from .view.summary import headline, roll_call_phrase
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -271,7 +271,7 @@ class MpiMagics(Magics):
                              "the ranks of a job started with --async, or of a session, are")
         if isinstance(target, Job) and target.status != "running":
             raise UsageError(f"job {target.name} has {target.status}: its ranks have ended"
-                             + (f" (where they were: {target.model.roll_call})" if target.model.roll_call else ""))
+                             + (f" ({roll_call_phrase(target.model)})" if target.model.roll_call else ""))
         if isinstance(target, Session) and target.status == "stopped":
             raise UsageError(f"session {target.name} has ended: its ranks are gone")
         return target

@@ -157,6 +157,8 @@ class JobModel:
         self.closing = ""  # a session's: the reason rank 0 gave when it ended the session
         self.roll_call = ""  # where every rank was when last asked (at a stall, or on request)
         self.roll_call_for: float | None = None  # the stall it was taken for (``last_activity`` then)
+        self.roll_call_at = 0.0  # when the latest was taken, by our clock
+        self.roll_call_quiet: float | None = None  # how long the ranks had been quiet then, if taken for that
         # each rank's latest stack sent through the log: (frames, when it arrived, by our clock)
         self.reported_stacks: dict[int, tuple[list, float]] = {}
         self._stacks_news = False  # stacks arrived that no roll-call counts yet
@@ -285,7 +287,8 @@ class JobModel:
                 self._stacks_news = True
             return  # no sign of life, and nothing to draw until the roll-call made of them
         elif isinstance(event, events.RollCall):
-            self.roll_call = event.text
+            self.roll_call, self.roll_call_at = event.text, self.clock()
+            self.roll_call_quiet = self.roll_call_at - self.last_activity if event.stall else None
             if event.stall:
                 self.roll_call_for = self.last_activity
         elif isinstance(event, events.CellSent):

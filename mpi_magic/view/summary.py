@@ -109,6 +109,17 @@ def headline(model: JobModel) -> str:
            f"{phase} {duration(model.elapsed())}: " + ", ".join(parts)
 
 
+def roll_call_phrase(model: JobModel) -> str:
+    """The latest roll-call once the job has ended: where the ranks were, if it did not complete;
+    if it did, a moment on its way, not a diagnosis ("quiet for 45.0s at 2m45s: ranks 0, 1 at cell
+    line 7 in run; then completed")."""
+    if model.status != "completed":
+        return f"where the ranks were: {model.roll_call}"
+    quiet = model.roll_call_quiet
+    when = f"quiet for {duration(quiet)} at" if quiet is not None else "asked at"
+    return f"{when} {duration(model.roll_call_at - model.started_at)}: {model.roll_call}; then completed"
+
+
 EACH_RANK_UP_TO = 16  # smaller worlds list every rank's progress
 
 
@@ -174,7 +185,7 @@ class Summary:
         if shares(self.model):
             lines.append(f"  progress: {shares(self.model)}")
         if self.model.roll_call:
-            lines.append(f"  where the ranks were: {self.model.roll_call}")
+            lines.append(f"  {roll_call_phrase(self.model)}")
         peaks = peaks_phrase(self.model)
         lines += [f"  {line}" for line in last_metrics(self.model)] + ([f"  {peaks}"] if peaks else [])
         if self.model.phase == "completed":
@@ -209,8 +220,7 @@ class Summary:
             f"<div class='mpi-magic-summary mpi-magic-{model.status}'>{self._bar()}"
             f"<b>mpi_magic</b> {html.escape(headline(model))}"
             + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes)
-            + (f"<div class='mpi-magic-roll-call'>where the ranks were: {html.escape(model.roll_call)}</div>"
-               if model.roll_call else "")
+            + (f"<div class='mpi-magic-roll-call'>{html.escape(roll_call_phrase(model))}</div>" if model.roll_call else "")
             + charts(model.metrics.by_name())
             + (f"<div class='mpi-magic-peaks'>{html.escape(peak_words)}</div>" if peak_words else "")
             + table + self._failed_html() + "</div>"

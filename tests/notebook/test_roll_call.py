@@ -77,6 +77,9 @@ def test_roll_calls_taken_again_and_again_leave_ranks_in_c_calls_that_do_not_ret
         job.wait(60)
     assert "ranks 0, 1 at cell line 5 in sleep" in seen and "ranks 0, 1 at cell line 8 in poll" in seen, seen
     assert ip.user_ns["outcome"] == [(0, True, 0, True)] * 2, "each call took its full time, however often asked"
+    with pytest.raises(UsageError, match=rf"job {job.name} has completed: its ranks have ended \(asked at [0-9.]+s: "
+                                         r".*; then completed\)"):
+        ip.run_line_magic("mpirun_stacks", "job")
 
 
 def test_a_job_that_keeps_reporting_takes_no_roll_call(ip, capsys):

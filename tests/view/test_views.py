@@ -284,6 +284,30 @@ def test_when_no_rank_reports_the_views_say_who_waits(world):
     assert model.waiting() is None, "progress from any rank ends the hint"
 
 
+def test_a_roll_call_taken_while_a_job_that_then_completed_was_quiet_reads_as_a_quiet_spell(world):
+    from mpi_magic.shared.events import LauncherExited, RollCall
+
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    clock.now += 120
+    model.fold(Output(0, "stderr", "testAllgather (test_cco_obj.TestCCOObjSelf) ... ok"))
+    clock.now += 45  # quiet for longer than stall_after: the follower takes the roll-call
+    where = "ranks 0, 1, 2, 3 at cell line 7 in run"
+    model.fold(RollCall(where, stall=True))
+    clock.now += 2
+    text = io.StringIO()
+    TextView(model, text).update()
+    assert f"mpi_magic: where the ranks are: {where}" in text.getvalue(), "while quiet, the roll-call says so"
+    wire(model, decoder, *[RankFinished(rank=r, ok=True, seq=1, time=170.0) for r in range(4)])
+    model.fold(LauncherExited(0))
+    model.fold(Phase("completed"))
+    summary = Summary(model)
+    spell = f"quiet for 45.0s at 2m45s: {where}; then completed"
+    assert repr(summary).splitlines()[1] == f"  {spell}"
+    assert f"<div class='mpi-magic-roll-call'>{spell}</div>" in summary._repr_html_()
+    assert "where the ranks were" not in repr(summary) + summary._repr_html_(), "no diagnosis of a job that succeeded"
+
+
 def test_a_large_failed_summary_lists_the_failed_ranks_counts_the_others_and_keeps_their_last_lines():
     clock = Clock()
     model = JobModel("big", "local", 80, 8, clock)
