@@ -470,7 +470,7 @@ def _slurm_values(args, pick) -> dict:
     extra = " ".join(a for a in (pick("slurm_args", None), args.slurm_args and pick("slurm_args", args.slurm_args)) if a)
     return {"partition": pick("partition", args.partition), "account": pick("account", args.account),
             "qos": pick("qos", args.qos), "time": time_limit, "constraint": args.constraint,
-            "reservation": args.reservation, "sbatch_args": shlex.split(extra), "srun": args.srun}
+            "reservation": args.reservation, "slurm_args": shlex.split(extra), "srun": args.srun}
 
 
 def _with_suggestion(message: str, parser) -> str:

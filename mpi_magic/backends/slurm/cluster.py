@@ -80,7 +80,7 @@ def chosen(options: LaunchOptions, known: dict[str, Partition]) -> Partition:
     if options.instances > partition.nodes:
         raise SlurmSetupError(f"--instances {options.instances} asks for more nodes than partition {partition.name} "
                               f"has ({partition.nodes}); lower --instances or choose another --partition")
-    overcommit = {"-O", "--overcommit"} & set(settings.get("sbatch_args", []))
+    overcommit = {"-O", "--overcommit"} & set(settings.get("slurm_args", []))
     if options.procs_per_instance > partition.cpus_per_node and not overcommit:
         raise SlurmSetupError(f"--gpus {options.procs_per_instance} asks for more tasks per node than partition "
                               f"{partition.name}'s nodes have CPUs ({partition.cpus_per_node}); lower --gpus, or let "

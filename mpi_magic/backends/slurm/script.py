@@ -36,7 +36,7 @@ def shape(options: LaunchOptions, gpus_per_node: int) -> list[str]:
     for name in ("partition", "time", "account", "qos", "constraint", "reservation"):
         if settings.get(name):
             argv.append(f"--{name}={settings[name]}")
-    return [*argv, *settings.get("sbatch_args", [])]
+    return [*argv, *settings.get("slurm_args", [])]
 
 
 def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, str]) -> str:
