@@ -59,7 +59,9 @@ class MpiMagics(Magics):
         mpi_magic.rank(), world_size(), local_rank(), instance() and num_instances() say
         where a rank runs; mpi4py works as usual. Defaults: %mpirun_config.
         """
-        options = parse_line(self.mpirun_remote, line, self.defaults, default_gpus)
+        live = self.session if self.session is not None and self.session.status != "stopped" else None
+        options = parse_line(self.mpirun_remote, line, self.defaults, default_gpus,
+                             live.options if live else None)
         source = self.shell.transform_cell(cell)
         user_ns = self.shell.user_ns
 

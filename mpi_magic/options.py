@@ -12,7 +12,7 @@ import keyword
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from IPython.core.error import UsageError
@@ -204,9 +204,10 @@ class Config:
 
 
 # Where an option applies, declared with it: CELL, a cell's own (refused on %mpirun_session start);
-# LINE, any line (a cell's, or the session's start); JOB, what shapes the job, so a session's are
-# fixed when it starts. ``only``: the one backend an option applies to (sagemaker, slurm), if any.
-CELL, LINE, JOB = "cell", "line", "job"
+# ONE_OFF, a one-off job's own (refused on %mpirun_session start and on a session's cells); LINE, any
+# line (a cell's, or the session's start); JOB, what shapes the job, so a session's are fixed when it
+# starts (``refused_on_session``). ``only``: the one backend an option applies to (sagemaker, slurm), if any.
+CELL, ONE_OFF, LINE, JOB = "cell", "one-off", "line", "job"
 
 
 @dataclass(frozen=True)
@@ -299,14 +300,12 @@ OPTIONS = [
            help="slurm: start the ranks with srun --mpi=pmix instead of mpirun inside the allocation."),
     _option(CELL, "--no-session", action="store_true",
             help="Run this cell as a one-off job even while a session (%%mpirun_session) is up."),
-    _option(CELL, "--async", dest="run_async", action="store_true",
+    _option(ONE_OFF, "--async", dest="run_async", action="store_true",
             help="Return at once with the job handle (--out); the dashboard keeps updating and the results "
                  "arrive in the notebook when the job ends (job.wait() waits for them)."),
 ]
-CELL_ONLY = frozenset(o.dest for o in OPTIONS if o.scope == CELL)
-JOB_SHAPING = frozenset(o.dest for o in OPTIONS if o.scope == JOB)
+CELL_ONLY = frozenset(o.dest for o in OPTIONS if o.scope in (CELL, ONE_OFF))
 BACKEND_ONLY = {o.dest: o.only for o in OPTIONS if o.only}
-SAGEMAKER_ONLY = frozenset(dest for dest, only in BACKEND_ONLY.items() if only == "sagemaker")
 _FLAGS = {o.dest: o.flag for o in OPTIONS}
 
 
@@ -354,10 +353,29 @@ class LaunchOptions:
         """What ``--gpus`` asks for: ranks on each instance, whatever its GPU count."""
         return self.gpus
 
+    def value(self, dest: str) -> Any:
+        """What the line asks of an option (by its dest), wherever it is kept: in a field of its own,
+        or in the settings of the backend it applies to (``cloud``, ``slurm``); None where they hold
+        nothing of it (an attached session's options hold its shape alone)."""
+        if dest in {f.name for f in fields(self)}:
+            return getattr(self, dest)
+        return next((settings[dest] for settings in (self.cloud, self.slurm) if dest in settings), None)
 
-def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[str, dict], int]) -> LaunchOptions:
+
+def refused_on_session(session: LaunchOptions, cell: LaunchOptions) -> list[Option]:
+    """The options a cell's line gives that the session it runs on cannot take, decided by their
+    declared scope: a one-off job's own, or one that shapes the job with another value than the
+    session's, whose ranks run already (the session's own value is fine)."""
+    return [o for o in OPTIONS if o.dest in cell.given and
+            (o.scope == ONE_OFF or (o.scope == JOB and cell.value(o.dest) != session.value(o.dest)))]
+
+
+def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[str, dict], int],
+               session: LaunchOptions | None = None) -> LaunchOptions:
     """The cell magic's line -> validated ``LaunchOptions`` (``UsageError`` otherwise); ``default_gpus``
-    (backend, its settings) -> processes per instance when ``--gpus`` is not given (the backends know)."""
+    (backend, its settings) -> processes per instance when ``--gpus`` is not given (the backends know).
+    ``session``: the options of the session the cell runs on unless it says --no-session or names a
+    --backend: its backend and processes per instance are the cell's defaults."""
     parser = magic_func.parser
     parser.allow_abbrev = False  # `--gpu 2` must not silently mean `--gpus 2`
     try:
@@ -380,7 +398,8 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
     def pick(name: str, given):
         return SETTINGS[name].parse(given, "--" + name.replace("_", "-")) if given is not None else config.get(name)
 
-    backend = pick("backend", args.backend)
+    follows = session if session is not None and not args.no_session and args.backend is None else None
+    backend = follows.backend if follows else pick("backend", args.backend)
     for dest, value in vars(args).items():
         only = BACKEND_ONLY.get(dest)
         if only and only != backend and value not in (None, False):
@@ -392,7 +411,8 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
     if args.job_name and not _JOB_NAME.match(args.job_name):
         raise UsageError(f"--job-name {args.job_name!r} is not a SageMaker job name: up to 63 letters, digits and "
                          "hyphens, starting with a letter or digit")
-    gpus = pick("gpus", args.gpus) or default_gpus(backend, slurm if backend == "slurm" else cloud) or 1
+    gpus = pick("gpus", args.gpus) or (follows.gpus if follows else
+                                       default_gpus(backend, slurm if backend == "slurm" else cloud)) or 1
     instances = pick("instances", args.instances)
     if instances * gpus > MAX_RANKS[backend]:
         raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "

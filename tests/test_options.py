@@ -9,8 +9,11 @@ import tracemalloc
 import pytest
 from IPython.core.error import UsageError
 
+from mpi_magic.backends import default_gpus
+from mpi_magic.magic import MpiMagics
 from mpi_magic.notebook import pipeline
-from mpi_magic.options import SETTINGS, Config, LaunchOptions
+from mpi_magic.notebook.session import Session
+from mpi_magic.options import CELL, JOB, LINE, OPTIONS, SETTINGS, Config, LaunchOptions, Option, parse_line
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -166,3 +169,55 @@ def test_a_dry_run_builds_nothing_per_rank(cache_dir, capsys):
         tracemalloc.stop()
     assert "-np 1000000 " in capsys.readouterr().out
     assert peak < 5 * 2**20
+
+
+def _two_values(option: Option, tmp_path) -> tuple[str, str]:
+    """Two values the line takes for an option: 7 and 8, except where the form is checked as it is parsed."""
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/plan-"
+    requirements = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    for path in requirements:
+        path.write_text("numpy\n")
+    checked = {"backend": ("local", "sagemaker"), "env": ("A=7", "A=8"), "tags": ("team=7", "team=8"),
+               "training_plan": (plan + "7", plan + "8"), "requirements": tuple(map(str, requirements)),
+               "max_wait": ("7 --spot", "8 --spot")}  # (--max-wait needs --spot)
+    return checked.get(option.dest, ("7", "8"))
+
+
+def _session(line: str, tmp_path) -> Session:
+    """A session's handle as %mpirun_session start makes it for this line; the rule needs no ranks."""
+    options = parse_line(MpiMagics.mpirun_session, line, Config(), default_gpus)
+    return Session("s", options.backend, options, 5.0, str(tmp_path))
+
+
+def _cell(line: str, session: Session) -> LaunchOptions:
+    return parse_line(MpiMagics.mpirun_remote, line, Config(), default_gpus, session.options)
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope == JOB], ids=lambda o: o.flag)
+def test_a_session_cell_giving_another_value_of_an_option_that_shapes_the_job_is_refused(option, tmp_path):
+    """Every JOB option declared, whichever backend it applies to: the session's own value is taken."""
+    start = f"--backend {option.only or 'local'} -g 1"
+    if option.declaration.get("action") == "store_true":
+        without, given = _session(start, tmp_path), _session(f"{start} {option.flag}", tmp_path)
+        refusal, taken = without.mismatch(_cell(option.flag, without)), given.mismatch(_cell(option.flag, given))
+    else:
+        own, other = _two_values(option, tmp_path)
+        session = _session(f"{start} {option.flag} {own}", tmp_path)
+        refusal = session.mismatch(_cell(f"{option.flag} {other}", session))
+        taken = session.mismatch(_cell(f"{option.flag} {own}", session))
+    assert refusal is not None and taken is None
+    assert option.flag in refusal and "--no-session" in refusal and "\n" not in refusal
+    if option.dest != "env":  # (--env's sentence says how to set a variable in the cell instead)
+        assert refusal.startswith("this cell asks for ") and ", but session s runs " in refusal
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope != JOB], ids=lambda o: o.flag)
+def test_a_session_cell_gives_its_own_options_except_those_of_a_one_off_job(option, tmp_path):
+    session = _session("-g 1", tmp_path)
+    value = {"out": " job"}.get(option.dest, "" if option.declaration.get("action") == "store_true" else " 7")
+    refusal = session.mismatch(_cell(option.flag + value, session))
+    if option.scope in (CELL, LINE):
+        assert refusal is None
+    else:
+        assert refusal == (f"{option.flag} applies to one-off cells, not to a session's; run the cell as a "
+                           "one-off job with --no-session")

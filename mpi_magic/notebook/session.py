@@ -26,7 +26,7 @@ from ..backends.base import SessionRanks
 from ..errors import JobError, SessionStartError
 from .holdings import Holdings
 from .job import CELL, ask_ranks
-from ..options import JOB_SHAPING, SAGEMAKER_ONLY, LaunchOptions
+from ..options import ONE_OFF, LaunchOptions, refused_on_session
 from ..shared.slurmtime import clock
 from ..view.model import JobModel, ranks_phrase
 
@@ -36,6 +36,27 @@ MAX_BATCH = 2_000
 # what a session's model folds during a cell too (the cell's own model gets every event)
 SESSION_FACTS = (events.RankStarted, events.RankReady, events.SessionClosing, events.LauncherExited, events.Billing,
                  events.Resources, events.Allocation)
+
+
+_IN_SHAPE = ("instances", "gpus", "backend")  # what a refusal's "runs 2 x 4 ranks on slurm" says already
+
+
+def _asked(flag: str, value) -> str:
+    """A cell's option as a refusal names it: --time 3, --spot; other --mpirun-args for a list (which
+    may hold %mpirun_config's too) or a mapping."""
+    if value is True:
+        return flag
+    return f"other {flag}" if isinstance(value, (list, tuple, dict)) else f"{flag} {value}"
+
+
+def _own(flag: str, value) -> str | None:
+    """A session's option as a refusal names it (runs ... with it): --time 5, no --spot, the default
+    --partition; None for a list or a mapping, which the sentence leaves out."""
+    if isinstance(value, (list, tuple, dict)):
+        return None
+    if value is None or value is False:
+        return f"{'the default' if value is None else 'no'} {flag}"
+    return _asked(flag, value)
 
 
 @dataclass
@@ -162,35 +183,26 @@ class Session:
         return [f"[rank {rank}] {text}" for rank, stream, text in list(self.model.tail)[-limit:]]
 
     def mismatch(self, options: LaunchOptions) -> str | None:
-        """Why a cell with these options cannot run on this session (None: it can)."""
-        given, own = options.given, self.options
-        what = None
-        if "backend" in given and options.backend != self.backend:
-            what = f"--backend {options.backend}"
-        elif {"instances", "gpus"} & given and (options.instances, options.gpus) != (self.instances,
-                                                                                    self.procs_per_instance):
-            what = f"{options.instances} x {options.gpus} ranks"
-        elif "env" in given and options.env != own.env:
-            shown = " ".join(f"{k}={v}" for k, v in own.env.items()) or "none"
+        """Why a cell with these options cannot run on this session (None: it can), in one sentence;
+        which options it cannot take is decided by their declared scope (``refused_on_session``)."""
+        refused = refused_on_session(self.options, options)
+        if not refused:
+            return None
+        one_off = [o.flag for o in refused if o.scope == ONE_OFF]
+        if one_off:
+            return (f"{one_off[0]} applies to one-off cells, not to a session's; run the cell as a one-off job "
+                    "with --no-session")
+        if any(o.dest == "env" for o in refused):
+            shown = " ".join(f"{k}={v}" for k, v in self.options.env.items()) or "none"
             return (f"--env is fixed when a session starts (session {self.name} has: {shown}); set the variable "
                     "inside the cell (os.environ[...] = ...), run the cell as a one-off job with --no-session, or "
                     "%mpirun_session stop and start one with that --env")
-        elif "mpirun_args" in given and options.mpirun_args != own.mpirun_args:
-            what = "other --mpirun-args"
-        elif "run_async" in given:
-            return ("--async does not apply to a session's cells, which return in milliseconds; run the cell as a "
-                    "one-off job with --no-session")
-        else:
-            for name in sorted(given & JOB_SHAPING & SAGEMAKER_ONLY):  # its training job has these already
-                mine = own.cloud.get(name) if name in own.cloud else getattr(own, name, None)
-                theirs = options.cloud.get(name) if name in options.cloud else getattr(options, name, None)
-                if theirs != mine:
-                    what = f"--{name.replace('_', '-')} {theirs}"
-                    break
-        if what is None:
-            return None
-        return (f"this cell asks for {what}, but session {self.name} runs {self.instances} x "
-                f"{self.procs_per_instance} ranks on {self.backend}: run it as a one-off job with --no-session, "
+        asked = " and ".join(_asked(o.flag, options.value(o.dest)) for o in refused)
+        own = [named for o in refused
+               if o.dest not in _IN_SHAPE and (named := _own(o.flag, self.options.value(o.dest)))]
+        has = f" with {' and '.join(own)}" if own else ""
+        return (f"this cell asks for {asked}, but session {self.name} runs {self.instances} x "
+                f"{self.procs_per_instance} ranks on {self.backend}{has}: run it as a one-off job with --no-session, "
                 "or %mpirun_session stop and start one that fits")
 
     def __repr__(self) -> str:

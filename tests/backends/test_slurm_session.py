@@ -5,11 +5,13 @@ and by a killed kernel, leaving nothing in ``squeue``."""
 from __future__ import annotations
 
 import _thread
+import os
 import time
 
 import pytest
 from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, once, run, slurm_listed,
                      slurm_queue, wait_until)
+from IPython.core.error import UsageError
 
 from mpi_magic.errors import JobTimeoutError
 
@@ -39,6 +41,27 @@ def test_a_session_is_one_allocation_whose_ranks_keep_state_between_cells(slurm,
     assert slurm.user_ns["after"] == 19 and session.status == "idle"
     slurm.run_line_magic("mpirun_session", "stop")
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def test_a_cell_asking_for_another_partition_time_or_account_is_refused_before_anything_is_sent(
+        slurm, sessions, slurm_cluster, cache_dir):
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 1 -g 2 --time 5 --out s")
+    session = slurm.user_ns["s"]
+    queued, folders = slurm_queue(slurm_cluster), sorted(os.listdir(os.path.join(cache_dir, "jobs")))
+    slurm.user_ns["sent"] = 21
+    for line, asked, own in [("--partition short", "--partition short", "the default --partition"),
+                             ("--time 3", "--time 3", "--time 5"),
+                             ("--backend slurm --account other", "--account other", "the default --account")]:
+        with pytest.raises(UsageError) as refused:
+            run(slurm, line, "ran = sent * 2")
+        assert str(refused.value) == (f"this cell asks for {asked}, but session {session.name} runs 1 x 2 ranks on "
+                                      f"slurm with {own}: run it as a one-off job with --no-session, or "
+                                      "%mpirun_session stop and start one that fits")
+    assert "ran" not in slurm.user_ns and (session.cells, session.bytes_sent) == (0, 0)
+    assert slurm_queue(slurm_cluster) == queued and sorted(os.listdir(os.path.join(cache_dir, "jobs"))) == folders
+    run(slurm, "--time 5 --quiet", "ran = sent * 2")  # the session's own value is fine
+    assert slurm.user_ns["ran"] == 42 and session.cells == 1 and slurm_queue(slurm_cluster) == queued
+    slurm.run_line_magic("mpirun_session", "stop")
 
 
 def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):

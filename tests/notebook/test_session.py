@@ -240,19 +240,30 @@ def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tm
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(sessions):
+def test_a_cell_that_does_not_fit_the_session_is_refused_in_one_sentence(sessions, cache_dir):
     ip = sessions
-    start_session(ip, "-i 1 -g 2")
+    s = start_session(ip, "-i 1 -g 2")
+    ip.user_ns["sent"] = 1
+    folders = sorted(os.listdir(os.path.join(cache_dir, "jobs")))
     for line, expected in [
-        ("-i 2 -g 2", "this cell asks for 2 x 2 ranks, but session"),
-        ("-g 3", "this cell asks for 1 x 3 ranks"),
+        ("-i 2 -g 2", f"this cell asks for --instances 2, but session {s.name} runs 1 x 2 ranks on local: run it "
+                      "as a one-off job with --no-session, or %mpirun_session stop and start one that fits"),
+        ("-g 3", "this cell asks for --gpus 3, but session"),
+        ("--backend sagemaker", "this cell asks for --backend sagemaker, but session"),
         ("--env A=1", "--env is fixed when a session starts"),
         ("--mpirun-args=--report-bindings", "this cell asks for other --mpirun-args"),
+        ("--async --out job", "--async applies to one-off cells, not to a session's; run the cell as a one-off job "
+                              "with --no-session"),
     ]:
-        with pytest.raises(UsageError, match=expected) as refused:
-            run(ip, line, "x = 1")
-        assert "\n" not in str(refused.value) and "--no-session" in str(refused.value)
+        with pytest.raises(UsageError) as refused:
+            run(ip, line, "x = sent")
+        assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+    # refused before anything was packed or sent
+    assert "x" not in ip.user_ns and "job" not in ip.user_ns
+    assert (s.cells, s.bytes_sent, sorted(os.listdir(os.path.join(cache_dir, "jobs")))) == (0, 0, folders)
     run(ip, "-i 1 -g 2 --quiet", "same_shape = 1")  # the session's own shape, named, is fine
+    run(ip, "-i 1 --timeout 30 --gather --quiet", "own_instances = 1")  # and its own -i, with a cell's own options
+    assert ip.user_ns["own_instances"] == [1, 1] and s.cells == 2
     run(ip, "-i 2 -g 1 --no-session --quiet", "import mpi_magic\nw = mpi_magic.world_size()")
     assert ip.user_ns["w"] == 2
 
