@@ -127,7 +127,7 @@ def test_a_dump_names_the_main_thread_by_its_header_and_parses_faulthandlers_for
 
 
 SENDING_RANK = textwrap.dedent("""
-    import os, sys, time
+    import ctypes, os, sys, time
     from mpi_magic.shared import stacks
     stacks.install(1, "0123456789abcdef")
     worker = os.fork()  # a data loader's worker, say: it must not answer for the rank
@@ -137,9 +137,10 @@ SENDING_RANK = textwrap.dedent("""
     print(worker, flush=True)
 
     def blocked_in_c():
-        time.sleep(60)
+        return ctypes.CDLL(None).sleep(2)  # libc's: it returns the seconds left when a handler interrupts it
 
-    blocked_in_c()
+    print(blocked_in_c(), flush=True)
+    time.sleep(60)
 """)
 
 
@@ -164,6 +165,7 @@ def test_a_rank_asked_through_its_process_group_answers_once_on_stderr_and_its_s
         for _ in range(2):
             os.killpg(rank.pid, getattr(signal, stacks.SIGNAL_NAME))  # as Open MPI may signal a rank's group
             time.sleep(0.5)
+        left = rank.stdout.readline()
     finally:
         os.killpg(rank.pid, signal.SIGKILL)
         rank.communicate()
@@ -173,6 +175,7 @@ def test_a_rank_asked_through_its_process_group_answers_once_on_stderr_and_its_s
     assert [type(event) for event in answers] == [RankStacks, RankStacks], err
     assert [function for _, _, function in answers[0].frames] == ["<module>", "blocked_in_c"]
     assert answers[1].frames == answers[0].frames, "one dump each time, not the worker's as well"
+    assert left == b"0\n", "the rank slept its full time: answering interrupted nothing of its own"
     assert len(sender) == 1
     deadline = time.monotonic() + 5
     while psutil.pid_exists(sender[0]) and psutil.Process(sender[0]).status() != psutil.STATUS_ZOMBIE:
