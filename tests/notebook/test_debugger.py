@@ -153,3 +153,41 @@ def test_a_session_cells_failed_rank_is_debugged_and_the_session_goes_on(session
     assert "(20, 2, 10)" in out
     run(ip, "--quiet", "after = label\n")  # the ranks kept their globals and wait for the next cell
     assert ip.user_ns["after"] == "rank 0"
+
+
+BAD_LOCALS = (
+    "import mpi_magic, time\n"
+    "class Spinning:\n"
+    "    def __repr__(self):\n"
+    "        while True:\n"
+    "            pass\n"
+    "class Sleepy:\n"
+    "    def __getstate__(self):\n"
+    "        time.sleep(600)\n"
+    "        return {}\n"
+    "spinning, sleepy, numbers, word = Spinning(), Sleepy(), [1, 2, 3], 'kept'\n"
+    "def step(item, k):\n"
+    "    total = k * 2\n"
+    "    if mpi_magic.rank() == 0:\n"
+    "        with open(raised_at_file, 'w') as f:\n"
+    "            f.write(repr(time.time()))\n"
+    "        raise ValueError('bad locals')\n"
+    "    time.sleep(60)\n"
+    "step(spinning, 21)\n"
+)
+
+
+def test_a_local_whose_repr_or_pickle_never_ends_costs_only_itself_and_the_failure_comes_in_time(
+        ip, capsys, monkeypatch, tmp_path):
+    ip.user_ns["raised_at_file"] = str(tmp_path / "raised_at")
+    with pytest.raises(RemoteRankError, match="ValueError: bad locals") as raised:
+        run(ip, "-g 2 --quiet", BAD_LOCALS)
+    took = time.time() - float((tmp_path / "raised_at").read_text())
+    assert took < postmortem.TIME_LIMIT + 3, f"the failure came {took:.1f} s after the raise"
+    assert raised.value.debuggable == [0]
+    out = debug(ip, capsys, "", ["p total, k", "p item", "up", "p numbers, word", "p spinning", "p sleepy"],
+                monkeypatch)
+    assert "(42, 21)" in out and "([1, 2, 3], 'kept')" in out  # the good locals of both frames
+    unavailable = f"unavailable: took longer than {postmortem.LOCAL_TIME_LIMIT:g} s"
+    assert out.count(f"<Spinning: {unavailable}>") == 2  # item and spinning: its repr never ended
+    assert re.search(rf"<__main__\.Sleepy object at 0x\w+> \(its value {unavailable}\)", out)  # its pickle

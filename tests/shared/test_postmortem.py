@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import re
+import threading
+import time
 
 import pytest
 
@@ -50,3 +53,85 @@ def test_a_record_is_read_only_with_the_digest_it_was_written_with(tmp_path):
     assert postmortem.read(path, digest)["error_type"] == "KeyError"
     with pytest.raises(ValueError, match="checksum differs"):
         postmortem.read(path, "0" * 64)
+
+
+BAD_LOCALS = (
+    "import time\n"
+    "class Spinning:\n"
+    "    def __repr__(self):\n"
+    "        while True:\n"
+    "            pass\n"
+    "class Sleepy:\n"
+    "    def __getstate__(self):\n"
+    "        time.sleep(seconds)\n"
+    "        return {}\n"
+    "class Failing:\n"
+    "    def __repr__(self):\n"
+    "        raise RuntimeError('no repr')\n"
+    "    def __reduce__(self):\n"
+    "        raise TypeError('no pickle')\n"
+    "def inner(item):\n"
+    "    number = 7\n"
+    "    raise ValueError\n"
+    "spinning, sleepy, failing, word = Spinning(), Sleepy(), Failing(), 'kept'\n"
+    "inner(spinning)\n"
+)
+
+
+def timed_capture(source: str, namespace: dict) -> tuple[dict, float]:
+    exc = failure(source, namespace)
+    started = time.monotonic()
+    record = postmortem.capture(exc, CELL)
+    return record, time.monotonic() - started
+
+
+def test_a_repr_that_never_ends_or_a_pickle_that_sleeps_costs_only_itself(monkeypatch):
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 0.5)
+    record, took = timed_capture(BAD_LOCALS, {"seconds": 2.0})
+    outer, inner = (frame["locals"] for frame in record["frames"])
+    assert took < 2 * 0.5 + 0.5, "the spinning local is given up on once, in the first frame that holds it"
+    assert outer["spinning"] == inner["item"] == (postmortem.REPR, None, "<Spinning: unavailable: took longer than 0.5 s>")
+    kind, data, text = outer["sleepy"]
+    assert (kind, data) == (postmortem.REPR, None)
+    assert re.fullmatch(r"<Sleepy object at 0x\w+> \(its value unavailable: took longer than 0\.5 s\)", text)
+    assert outer["failing"][:2] == (postmortem.REPR, None) and outer["failing"][2].startswith("<Failing instance at 0x")
+    assert pickle.loads(outer["word"][1]) == "kept" and pickle.loads(inner["number"][1]) == 7
+    assert "Spinning" in outer and "time" in outer  # the class (by value) and the module (by name) came too
+
+
+def test_a_slow_local_that_finishes_in_its_time_comes_as_its_value(monkeypatch):
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 2.0)
+    record, took = timed_capture("import time\nclass Slow:\n    def __getstate__(self):\n"
+                                 "        time.sleep(0.3)\n        return {'done': True}\n"
+                                 "slow = Slow()\nraise ValueError\n", {})
+    kind, data, text = record["frames"][0]["locals"]["slow"]
+    assert kind == postmortem.VALUE and pickle.loads(data).__dict__ == {"done": True}
+
+
+def test_a_repr_that_swallows_being_stopped_is_left_behind_and_the_capture_still_ends_in_time(monkeypatch):
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 0.3)
+    release = threading.Event()
+    source = ("class Stubborn:\n    def __repr__(self):\n        while not release.is_set():\n"
+              "            try:\n                time.sleep(0.01)\n            except BaseException:\n"
+              "                pass\n        return 'released'\n"
+              "stubborn, after = Stubborn(), 'kept'\nraise ValueError\n")
+    try:
+        record, took = timed_capture(source, {"release": release, "time": time})
+    finally:
+        release.set()  # the thread left behind ends, as the rank's would when it exits
+    assert took < 1.0
+    frame = record["frames"][0]["locals"]
+    assert frame["stubborn"][2] == "<Stubborn: unavailable: took longer than 0.3 s>"
+    assert pickle.loads(frame["after"][1]) == "kept"
+
+
+def test_many_bad_locals_take_the_time_for_all_of_them_at_most_and_the_rest_come_as_their_type(monkeypatch):
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 0.3)
+    monkeypatch.setattr(postmortem, "TIME_LIMIT", 1.0)
+    record, took = timed_capture("class Spinning:\n    def __repr__(self):\n        while True:\n            pass\n"
+                                 + "".join(f"s{i} = Spinning()\n" for i in range(6)) + "last = 1\nraise ValueError\n",
+                                 {})
+    assert took < 1.0 + 0.5
+    frame = record["frames"][0]["locals"]
+    assert [frame[f"s{i}"][2] for i in range(3)] == ["<Spinning: unavailable: took longer than 0.3 s>"] * 3
+    assert frame["last"] == (postmortem.REPR, None, "<int: not brought back, the time for locals ran out>")
