@@ -286,6 +286,18 @@ def test_more_ranks_than_cores_need_no_flags(ip):
     assert ip.user_ns["r"] == list(range(n))
 
 
+def test_ranks_beyond_the_cores_are_told_to_yield_while_they_wait_unless_the_user_chose(ip, monkeypatch):
+    cell = "import os\nyields = os.environ.get('OMPI_MCA_mpi_yield_when_idle')\n"
+    cores = os.cpu_count() or 1
+    run(ip, f"-g {cores + 1} --gather", cell)
+    assert ip.user_ns["yields"] == ["1"] * (cores + 1)
+    run(ip, "-g 1", cell)
+    assert ip.user_ns["yields"] is None, "ranks that each have a core poll: they answer sooner"
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
+    run(ip, f"-g {cores + 1}", cell)
+    assert ip.user_ns["yields"] == "0"
+
+
 def test_mpirun_args_reach_the_launcher(ip):
     run(ip, '-g 2 --gather --mpirun-args="-x MPI_MAGIC_FROM_ARGS=seen"', "import os\nv = os.environ.get('MPI_MAGIC_FROM_ARGS')\n")
     assert ip.user_ns["v"] == ["seen", "seen"]

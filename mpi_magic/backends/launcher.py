@@ -117,12 +117,17 @@ def parse_version(path: str, text: str) -> Launcher:
     )
 
 
+def oversubscribed(world_size: int, cores: int) -> bool:
+    """More ranks than cores: mpirun must be allowed to place them, and a waiting rank must give way."""
+    return world_size > cores
+
+
 def mpirun_argv(launcher: Launcher, world_size: int, command: list[str], extra_args: list[str], cores: int) -> list[str]:
     """The launcher command line: ``world_size`` ranks of ``command``, each line tagged by rank."""
     if launcher.flavour == "mpich":
         return [launcher.path, "-np", str(world_size), "-l", *extra_args, *command]
     argv = [launcher.path, "-np", str(world_size), "--tag-output"]
-    if world_size > cores:
+    if oversubscribed(world_size, cores):
         argv.append("--oversubscribe")
     return [*argv, *extra_args, *command]
 
@@ -133,17 +138,24 @@ def runtime_command(job_dir: str, digest: str | None) -> list[str]:
     return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
 
-def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool) -> dict[str, str]:
-    """Environment for mpirun: root allowed, and on one machine shared memory only.
+def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool,
+                     oversubscribed: bool = False) -> dict[str, str]:
+    """Environment for mpirun: root allowed, on one machine shared memory only, and with more ranks
+    than cores (``oversubscribed``) ranks that yield while they wait.
 
     Open MPI's default transport selection probes network interfaces for about a second
-    at start-up, which a single machine does not need. Settings the user made win.
+    at start-up, which a single machine does not need. Its ranks busy-poll while they wait in MPI
+    unless it counts more ranks than slots, and slots are what mpirun is told (``--host
+    localhost:8``, a hostfile), not the cores: polling ranks then take the cores from the rank
+    that has work, and collectives take many times longer. Settings the user made win.
     """
     env = dict(base)
     if launcher.flavour == "openmpi":
         if is_root:
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        if oversubscribed:
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         if "OMPI_MCA_pml" not in env and "OMPI_MCA_btl" not in env:
             env["OMPI_MCA_pml"] = "ob1"
             env["OMPI_MCA_btl"] = "self,vader" if launcher.version and launcher.version[0] < 5 else "self,sm"

@@ -90,8 +90,10 @@ class LocalBackend:
     def _launch(self, job_name: str, command: list[str], options: LaunchOptions, extra_env: dict[str, str],
                 stacks_dir: str) -> "LocalJob":
         token = wire.new_token()
-        argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, os.cpu_count() or 1)
-        env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0)
+        cores = os.cpu_count() or 1
+        argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, cores)
+        env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0,
+                                         launchers.oversubscribed(options.world_size, cores))
         env.update({
             envvars.INSTANCES: str(options.instances),
             envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),

@@ -59,6 +59,19 @@ def test_environment_allows_root_and_uses_shared_memory_unless_the_user_chose():
     assert "OMPI_MCA_pml" not in launcher.launcher_environ(MPICH, {}, is_root=True)
 
 
+def test_ranks_beyond_the_cores_yield_while_they_wait_unless_the_user_chose():
+    """Open MPI's ranks busy-poll in a wait unless told the machine is oversubscribed; with more ranks
+    than cores, the polling ranks take the cores from the ones that have work."""
+    assert (launcher.oversubscribed(3, cores=2), launcher.oversubscribed(2, cores=2)) == (True, False)
+    yields = "OMPI_MCA_mpi_yield_when_idle"
+    assert launcher.launcher_environ(OMPI5, {}, is_root=False, oversubscribed=True)[yields] == "1"
+    assert launcher.launcher_environ(OMPI4, {}, is_root=False, oversubscribed=True)[yields] == "1"
+    assert yields not in launcher.launcher_environ(OMPI5, {}, is_root=False, oversubscribed=False)
+    assert launcher.launcher_environ(OMPI5, {yields: "0"}, is_root=False, oversubscribed=True)[yields] == "0"
+    assert yields not in launcher.launcher_environ(MPICH, {}, is_root=False, oversubscribed=True), \
+        "MPICH's ranks yield by themselves"
+
+
 def test_exit_reports_of_open_mpi_5_4_and_mpich():
     ompi5 = """--------------------------------------------------------------------------
 prterun noticed that process rank 2 with PID 1960 on node vm exited on
