@@ -11,6 +11,7 @@
         ├── RankExitError              ranks died without reporting (signal, os._exit)
         ├── JobTimeoutError (+TimeoutError)   --timeout elapsed; ranks were stopped
         ├── SessionStartError          a session's ranks did not all come up
+        ├── ResultsLost                a session's cell ran, but its results could not be read
         └── BackendNotAvailable        the chosen backend is not usable here
 
 Option mistakes raise IPython's ``UsageError`` instead, which IPython shows as one line.
@@ -61,6 +62,10 @@ class JobTimeoutError(JobError, TimeoutError):
 
 class SessionStartError(JobError):
     """The ranks of a session did not all come up; nothing of it is left running."""
+
+
+class ResultsLost(JobError):
+    """A session's cell ran, but its results could not be read here; what it assigned stays on the ranks."""
 
 
 class RankFailure:

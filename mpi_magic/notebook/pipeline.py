@@ -17,13 +17,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, MutableMapping, Protocol
 
 from IPython.core.error import UsageError
 
 from ..backends import get_attachable, get_backend
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
-from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError
+from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError, ResultsLost
 from ..options import Config, LaunchOptions
 from ..shared import jobdir, payload
 from ..shared import stacks
@@ -103,7 +103,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                 clock, deliver)
 
 
-def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
+def run_in_session(session: Session, source: str, namespace: MutableMapping[str, Any], options: LaunchOptions,
                    config: Config, on_job: Callable[[Job], None] = lambda job: None,
                    echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Run ``source`` on the session's ranks, sending only the values they do not hold."""
@@ -194,8 +194,8 @@ class SessionCellRoute:
     """A cell on a session's ranks: only the values they do not hold are sent; what it assigns
     and could not come back stays there, and a cell the ranks cannot get back from ends the session."""
 
-    def __init__(self, session: Session, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions,
-                 echo: ConsoleEcho):
+    def __init__(self, session: Session, code: capture.CellCode, namespace: MutableMapping[str, Any],
+                 options: LaunchOptions, echo: ConsoleEcho):
         self.session, self.code, self.namespace, self.options, self.echo = session, code, namespace, options, echo
         self.backend_name, self.world_size = session.backend, session.world_size
         self.procs_per_instance = session.procs_per_instance
@@ -237,6 +237,8 @@ class SessionCellRoute:
         assert cell is not None, "submitted first"
         try:
             run = follower.run()
+        except ResultsLost as exc:
+            raise ResultsLost(f"{exc}{self._left_on_ranks()}") from None
         except BaseException:
             if not cell.finished:  # the notebook stopped waiting for the ranks to get back
                 session.tear_down("the notebook stopped waiting for the interrupted cell to end")
@@ -248,6 +250,16 @@ class SessionCellRoute:
         session.holdings.assigned(self.code.assigns, run.values, stayed, self.namespace)
         session.brought_back(run.values)
         return run
+
+    def _left_on_ranks(self) -> str:
+        """After a cell that ran but whose results were lost: what it assigned is the ranks' own, and
+        the notebook's old values of those names go rather than stand for what the ranks hold now."""
+        names = self.code.assigns
+        for name in names:
+            self.namespace.pop(name, None)
+        self.session.holdings.assigned(names, {}, names, self.namespace)
+        return (f"; {', '.join(names)} stay on the ranks for later cells, and their old values here were removed"
+                if names else "")
 
 
 class AttachedJob:

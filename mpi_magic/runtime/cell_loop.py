@@ -272,7 +272,7 @@ class S3Cells(RelayedInterrupts):
                               "results": {}} for part in parts]
             signed = self.key.sign(body)
         try:
-            self.end.put_end(message["cell"], signed)
+            self.end.put_end(message, signed)
         except Exception as exc:  # noqa: BLE001 - the notebook hears the end from the log instead
             _say(f"mpi_magic session: could not write the end record of cell {message['cell']} "
                  f"({type(exc).__name__}: {exc}); the notebook reads the log instead")

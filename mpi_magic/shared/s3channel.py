@@ -12,10 +12,13 @@ when its SHA-256 is the one the signed message names: whoever can write to the b
 rank 0 refuse objects, never run code.
 
 Small payloads ride in the signed message itself (``payload``), and where the notebook asks for it
-(``end_record``) rank 0 writes the cell's end as one object, ``ends/<cell>.json``: every rank's event
-lines from the cell, the tail of its output and its small results, signed with a key rank 0 made
-at start and announced in the job's log (which only the job writes), so that the notebook trusts
-it as it trusts the log, and learns the cell's end without waiting for CloudWatch.
+(``end_record``) rank 0 writes the cell's end as one object, ``ends/<cell>-<nonce>.json``: every rank's
+event lines from the cell, the tail of its output and its small results, signed with a key rank 0
+made at start and announced in the job's log (which only the job writes), so that the notebook trusts
+it as it trusts the log, and learns the cell's end without waiting for CloudWatch. The nonce is new
+for each cell and comes in the signed message: only someone who can read the message (or list the
+prefix once the record is there) knows where the record goes. An object there that is not rank 0's
+record is refused, and the notebook keeps looking: rank 0's record, written later, takes its place.
 
 The notebook also refreshes ``heartbeat``; rank 0 ends the session when it has not changed for
 the heartbeat limit. It names when the notebook refreshing it took the session (started or
@@ -35,6 +38,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import time
 
 from .channel import ChannelError
@@ -69,8 +73,9 @@ def payload_uri(uri: str, cell: int) -> str:
     return f"{uri}/payloads/{cell:08d}.bin"
 
 
-def end_uri(uri: str, cell: int) -> str:
-    return f"{uri}/ends/{cell:08d}.json"
+def end_uri(uri: str, cell: int, nonce: str) -> str:
+    """Where rank 0 puts the end record of ``cell``; ``nonce``: the one the cell's signed message names."""
+    return f"{uri}/ends/{cell:08d}-{nonce}.json"
 
 
 def results_uri(uri: str, cell: int) -> str:
@@ -138,9 +143,10 @@ def ensure_verifier() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", REQUIREMENT], check=True)
 
 
-def open_signed(data: bytes, public_text: str) -> dict:
-    """The body of a message signed by the key whose public half is ``public_text``; ``Refused``
-    for anything else. Nothing in ``data`` is acted on before the signature checks out."""
+def open_signed(data: bytes, public_text: str, whose: str = "the notebook's") -> dict:
+    """The body of a message signed by the key whose public half is ``public_text`` (``whose`` key,
+    as refusals name it); ``Refused`` for anything else. Nothing in ``data`` is acted on before the
+    signature checks out."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -154,7 +160,7 @@ def open_signed(data: bytes, public_text: str) -> dict:
     try:
         Ed25519PublicKey.from_public_bytes(base64.b64decode(public_text)).verify(signature, text.encode())
     except InvalidSignature:
-        raise Refused("not signed by the notebook's key") from None
+        raise Refused(f"not signed by {whose} key") from None
     body = json.loads(text)
     if not isinstance(body, dict):
         raise Refused("a signed message that is not an object")
@@ -174,18 +180,22 @@ class NotebookEnd:
     def __init__(self, s3, uri: str, job_name: str, signer: Signer):
         self.s3, self.uri, self.job_name, self.signer = s3, uri, job_name, signer
         self.claimed_at = time.time()  # when this notebook took the session (the same clock: one machine)
+        self._refused_end: tuple[str, str] | None = None  # (uri, ETag) of the last object refused as an end record
 
     def _put(self, uri: str, body: bytes) -> None:
         bucket, key = split_s3(uri)
         self.s3.put_object(Bucket=bucket, Key=key, Body=body)
 
-    def send_cell(self, cell: int, payload_path: str, end_record: bool = False) -> None:
+    def send_cell(self, cell: int, payload_path: str, end_record: bool = False) -> str | None:
         """The payload first, then the message naming its digest: rank 0 never sees one without the
-        other. A small payload goes in the message; ``end_record``: rank 0 writes the cell's end record."""
+        other. A small payload goes in the message; ``end_record``: rank 0 writes the cell's end record,
+        at the uri returned."""
         from .payload import file_digest
 
         body: dict = {"kind": "cell", "cell": cell, "job": self.job_name, "sha256": file_digest(payload_path),
                       "end_record": end_record}
+        if end_record:
+            body["end_nonce"] = secrets.token_urlsafe(16)
         if end_record and os.path.getsize(payload_path) <= INLINE_PAYLOAD:
             with open(payload_path, "rb") as f:
                 body["payload"] = base64.b64encode(f.read()).decode()
@@ -193,23 +203,33 @@ class NotebookEnd:
             bucket, key = split_s3(payload_uri(self.uri, cell))
             self.s3.upload_file(payload_path, bucket, key)
         self._put(message_uri(self.uri, cell), self.signer.sign(body))
+        return end_uri(self.uri, cell, body["end_nonce"]) if end_record else None
 
-    def end_record(self, cell: int, rank_key: str) -> dict | None:
-        """The end record of ``cell``, checked against rank 0's key; None while there is none."""
+    def end_record(self, uri: str, cell: int, rank_key: str) -> dict | None:
+        """The end record of ``cell`` at ``uri``, checked against rank 0's key; None while there is none,
+        or while the object there is one refused already (not read again: S3 answers 304 Not Modified).
+        ``Refused`` once for each object there that is not rank 0's record of the cell."""
         from botocore.exceptions import ClientError
 
-        bucket, key = split_s3(end_uri(self.uri, cell))
+        bucket, key = split_s3(uri)
+        refused = self._refused_end[1] if self._refused_end and self._refused_end[0] == uri else None
         try:
-            data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_END_RECORD + 1)
+            reply = self.s3.get_object(Bucket=bucket, Key=key, **({"IfNoneMatch": refused} if refused else {}))
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "304"):
                 return None
             raise
-        if len(data) > MAX_END_RECORD:
-            raise Refused(f"the end record of cell {cell} is larger than {MAX_END_RECORD} bytes")
-        body = open_signed(data, rank_key)
-        if (body.get("cell"), body.get("job")) != (cell, self.job_name) or not isinstance(body.get("ranks"), list):
-            raise Refused(f"signed by rank 0, but not the end record of cell {cell} of {self.job_name}")
+        with reply["Body"] as stream:
+            data = stream.read(MAX_END_RECORD + 1)
+        try:
+            if len(data) > MAX_END_RECORD:
+                raise Refused(f"larger than {MAX_END_RECORD} bytes")
+            body = open_signed(data, rank_key, "rank 0's")
+            if (body.get("cell"), body.get("job")) != (cell, self.job_name) or not isinstance(body.get("ranks"), list):
+                raise Refused(f"signed by rank 0, but not the end record of cell {cell} of {self.job_name}")
+        except Refused:
+            self._refused_end = (uri, reply.get("ETag", ""))
+            raise
         return body
 
     def interrupt(self, cell: int) -> None:
@@ -408,8 +428,9 @@ class S3RankEnd:
                                f"{sha256[:12]}..., found {found[:12]}...); it was changed in S3, so it is not loaded")
         return path
 
-    def put_end(self, cell: int, data: bytes) -> None:
-        bucket, key = split_s3(end_uri(self.uri, cell))
+    def put_end(self, message: dict, data: bytes) -> None:
+        """The end record of the cell of ``message``, where that signed message says."""
+        bucket, key = split_s3(end_uri(self.uri, message["cell"], message["end_nonce"]))
         self.s3.put_object(Bucket=bucket, Key=key, Body=data)
 
     def upload_result(self, path: str, cell: int, rank: int, kind: str = RESULTS) -> None:

@@ -7,7 +7,8 @@ that an idle session costs at most 12 AWS calls a minute and a running cell at m
 end, its small results and the tail of its output come sooner, from the end record rank 0 writes
 to S3 (``cell_end``), which the notebook looks for while the cell runs: every 50 ms for its first
 3 s, then less and less often, every 2 s at most (S3 GETs, counted apart in ``end_looks``: about 30
-a minute during a long cell, at $0.0004 per 1,000).
+a minute during a long cell, at $0.0004 per 1,000). An object there that is not rank 0's record is
+refused and the looks go on: rank 0's record, written when the cell ends, takes its place.
 
 The notebook refreshes a heartbeat object; the job ends by itself when it is older than the
 heartbeat limit, after ``--idle-timeout`` without a cell, or at ``--max-runtime``. The key is
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from ...shared import jobdir, s3channel, wire
 from ...shared.cost import estimate
-from ...errors import SageMakerSetupError
+from ...errors import ResultsLost, SageMakerSetupError
 from ...shared.events import Event, Note, RankReady
 from ...shared.layout import RESULTS, result_path, result_uri
 from ...shared.payload import PAYLOAD_FILE
@@ -100,7 +101,8 @@ class SageMakerSessionRanks:
         self._starting = True
         self._rank_key: str | None = None  # rank 0's public key, from its first ready event in the log
         self.ends = CellEnds()
-        self._record_cell: int | None = None  # the running cell whose end record is looked for
+        self._record_uri: str | None = None  # where the running cell's end record is looked for (None: not looked for)
+        self._refused: str | None = None  # why the last object found there was not the cell's end record
         self._next_end_look = 0.0
         self._end_wait = END_LOOK_FAST
         self.end_looks = 0  # GETs of end records (S3, cheap and not throttled like SageMaker's and CloudWatch's calls)
@@ -165,14 +167,14 @@ class SageMakerSessionRanks:
             ran = self.clock() - self._sent_at
             self.job.logs_every = min(RUNNING_LOGS_MAX, max(RUNNING_LOGS_MIN, ran / 2))
         said: list[Event] = []
-        if self._record_cell is not None:
+        if self._record_uri is not None:
             if self.clock() >= self._next_end_look:
                 said = self._look_for_end()
             timeout = min(timeout, max(0.0, self._next_end_look - self.clock()))
         found = said + self.ends.from_log(self.job.poll(timeout))
         from_record = self.ends.apply(self.job.decode_rank_lines)
         if from_record is not None:
-            self._record_cell = None
+            self._record_uri = None
             found += from_record
         for event in found:
             if isinstance(event, RankReady) and event.rank == 0 and event.cell == 0 and event.key:
@@ -185,23 +187,27 @@ class SageMakerSessionRanks:
         return found
 
     def _look_for_end(self) -> list[Event]:
-        """Read the running cell's end record if rank 0 has written it; look again later otherwise."""
-        assert self._record_cell is not None and self._rank_key is not None
+        """Read the running cell's end record if rank 0 has written it; look again later otherwise,
+        also after refusing an object someone else put there (said once for each): rank 0's record,
+        written when the cell ends, takes its place."""
+        assert self._record_uri is not None and self._rank_key is not None
         self.end_looks += 1
+        said: list[Event] = []
         try:
-            self.ends.record = self.channel.end_record(self._record_cell, self._rank_key)
-        except s3channel.Refused as exc:  # not rank 0's: the log brings the cell's end
-            self._record_cell = None
-            return [Note(f"the end record of cell {self._cell} was refused ({exc}); its end comes from the job's log")]
+            self.ends.record = self.channel.end_record(self._record_uri, self._cell, self._rank_key)
+        except s3channel.Refused as exc:
+            self._refused = str(exc)
+            said.append(Note(f"refused the object at cell {self._cell}'s end record in S3 ({exc}): it is not rank 0's "
+                             "record, which is still looked for there"))
         except Exception:  # noqa: BLE001 - S3 unreachable for a moment: look again
             pass
         if self.ends.record is not None:
-            self._record_cell = None
-            return []
+            self._record_uri = None
+            return said
         since = self.clock() - (self._sent_at or self.clock())
         self._end_wait = END_LOOK_FAST if since < END_LOOK_FAST_FOR else min(END_LOOK_SLOW, self._end_wait * 1.5)
         self._next_end_look = self.clock() + self._end_wait
-        return []
+        return said
 
     def connect(self) -> bool:
         return True  # S3 needs no connection: rank 0 is there once it says it is ready
@@ -221,23 +227,33 @@ class SageMakerSessionRanks:
         self._cell, self._back = message["cell"], set()
         record = self.end_records and self._rank_key is not None
         self.ends.begin()
-        self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE), end_record=record)
+        self._record_uri = self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE),
+                                                  end_record=record)
         self._pace_running()
-        self._record_cell = message["cell"] if record else None
+        self._refused = None
         self._end_wait, self._next_end_look = END_LOOK_FAST, self.clock() + END_LOOK_FAST
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """From the cell's end record where it holds them, else from their objects in S3. Where the log
-        told the cell's end before the record was read, the record is waited for: the small results
-        are only there."""
-        deadline = self.clock() + RECORD_WAIT
-        while self._record_cell is not None and self.clock() < deadline:  # (looked for until found or refused)
+        told the cell's end before the record was read, the record is waited for (often at first, then
+        less often): the small results are only there. ``ResultsLost`` where results are still missing
+        then."""
+        deadline, wait = self.clock() + RECORD_WAIT, END_LOOK_FAST
+        while self._record_uri is not None and self.clock() < deadline:
             self._look_for_end()
-            time.sleep(END_LOOK_FAST)
+            time.sleep(wait)
+            wait = min(END_LOOK_SLOW, wait * 1.5)
         missing = self.ends.fetch_results(job_dir, ranks, kind)
         results = s3channel.results_uri(self.channel.uri, self._cell)
         fetch_each(self.job.s3, ((result_uri(results, rank, kind), result_path(job_dir, rank, kind))
                                  for rank in missing))
+        lost = [rank for rank in missing if not os.path.exists(result_path(job_dir, rank, kind))]
+        if kind == RESULTS and lost and self._record_uri is not None:
+            why = (f"the object where its end record goes is not rank 0's record ({self._refused}) and rank 0's never "
+                   f"replaced it, so someone else writes to {self.channel.uri}/ (allow only this notebook and the "
+                   "job's role to)" if self._refused else
+                   f"rank 0's end record, which holds them, did not come within {RECORD_WAIT:g}s")
+            raise ResultsLost(f"the results of cell {self._cell} could not be read: {why}")
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""
