@@ -63,8 +63,9 @@ def load(job: Job, rank: int | None) -> tuple[int, dict]:
                        f"{', '.join(map(str, failed))}")
     digest = job.ranks[rank].post_mortem
     if not digest:
-        raise JobError(f"rank {rank} of job {job.name} kept no frames to debug (it failed before or outside the "
-                       "cell's code); its traceback is in the error above")
+        why = job.ranks[rank].post_mortem_lost or "it failed before or outside the cell's code"
+        raise JobError(f"rank {rank} of job {job.name} kept no frames to debug ({why}); its traceback is in the "
+                       "error above")
     path = result_path(job.job_dir, rank, POST_MORTEM)
     try:
         return rank, postmortem.read(path, digest)

@@ -271,16 +271,18 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
 POST_MORTEM_LIMIT = 20.0  # seconds the frames may take to keep and send before the failure is reported without
 
 
-def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -> str:
+def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -> dict[str, str]:
     """Write the failed cell's frames and their locals for %mpirun_debug (``publish(path)`` sends
-    them where the notebook reads them); their SHA-256, or "" where there are none. Whatever goes
-    wrong here, the failure is still reported, within ``POST_MORTEM_LIMIT`` seconds however long
-    a local's repr or the upload would take."""
+    them where the notebook reads them); what the failure reports of them: their SHA-256
+    (``post_mortem``), or why there are none (``post_mortem_lost``). Whatever goes wrong here, the
+    failure is still reported, within ``POST_MORTEM_LIMIT`` seconds however long the upload takes
+    (the locals take ``postmortem.TIME_LIMIT`` at most)."""
     if isinstance(exc, KeyboardInterrupt):  # stopped from outside: nothing of the cell's to inspect
-        return ""
+        return {}
     import _thread
 
     kept: list[str] = []
+    lost: list[str] = []
     done = _thread.allocate_lock()
     done.acquire()
 
@@ -292,20 +294,23 @@ def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -
             digest = postmortem.write(path, postmortem.capture(exc, CELL_FILENAME))
             publish(path)
             kept.append(digest)
-        except BaseException:  # noqa: BLE001 - the traceback still goes to the notebook as an event
-            pass
+        except BaseException as error:  # noqa: BLE001 - the traceback still goes to the notebook as an event
+            lost.append(_cap(f"keeping them failed: {_safe(lambda: f'{type(error).__name__}: {error}', 'an error')}",
+                             500))
         finally:
             done.release()
 
     try:
         _thread.start_new_thread(keep, ())
-    except RuntimeError:
-        return ""
-    done.acquire(timeout=POST_MORTEM_LIMIT)
-    return kept[0] if kept else ""
+    except RuntimeError as error:
+        return {"post_mortem_lost": f"keeping them failed: {error}"}
+    if not done.acquire(timeout=POST_MORTEM_LIMIT):
+        return {"post_mortem_lost": f"keeping them took longer than {POST_MORTEM_LIMIT:g} s"}
+    return {"post_mortem": kept[0]} if kept else {"post_mortem_lost": lost[0]}
 
 
-def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException, post_mortem: str = "") -> NoReturn:
+def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
+          post_mortem: dict[str, str] | None = None) -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
     ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
     try:
@@ -315,8 +320,9 @@ def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseExceptio
 
 
 def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
-                   post_mortem: str = "") -> None:
-    """Report how the cell failed. Nothing here may depend on the cell's objects behaving."""
+                   post_mortem: dict[str, str] | None = None) -> None:
+    """Report how the cell failed, with what ``keep_post_mortem`` said of its frames. Nothing here
+    may depend on the cell's objects behaving."""
     try:
         try:
             reporter.flush()
@@ -327,7 +333,7 @@ def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: Bas
         else:
             error_type, message, trace = describe_failure(exc, emitter.rank)
             emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace,
-                         post_mortem=post_mortem)
+                         **(post_mortem or {}))
     finally:
         flush_streams()
 

@@ -62,6 +62,7 @@ class RankFinished:
     unreturned: dict[str, str] = field(default_factory=dict)
     results_digest: str = ""  # SHA-256 of the rank's results file, checked before it is unpickled
     post_mortem: str = ""  # SHA-256 of a failed rank's frames and locals (%mpirun_debug), where it kept them
+    post_mortem_lost: str = ""  # why it kept none, where it tried
     seq: int = 0
     time: float = 0.0
 
@@ -329,7 +330,8 @@ _SCHEMA = {
     RankStarted: {**_COMMON, "instance": _count, "local_rank": _count, "world_size": _count, "host": _text(1000),
                   "pid": _count},
     RankFinished: {**_COMMON, "ok": _flag, "error_type": _text(1000), "message": _text(20_000),
-                   "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest, "post_mortem": _digest},
+                   "traceback": _text(100_000), "unreturned": _names, "results_digest": _digest, "post_mortem": _digest,
+                   "post_mortem_lost": _text(1000)},
     RankReady: {**_COMMON, "cell": _count, "key": _text(100)},
     SessionClosing: {**_COMMON, "reason": _text(1000)},
     RankStacks: {**_COMMON, "frames": _frames},

@@ -64,6 +64,7 @@ class RankState:
     attempt: int = 1  # of the job (2 and on after it started again)
     ready_after: int | None = None  # in a session: the cell it finished last, waiting for the next (0: up)
     post_mortem: str = ""  # where it failed: the SHA-256 of the frames and locals it kept for %mpirun_debug
+    post_mortem_lost: str = ""  # or why it kept none
     # what it uses, as the rank last sampled it (None until it reports, or where it has no GPU)
     cpu: float | None = None  # percent of one core
     rss: int | None = None  # resident memory, bytes
@@ -322,7 +323,7 @@ class JobModel:
             state.failed_at = self.clock()
             state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
                                         event.message, event.traceback)
-            state.post_mortem = event.post_mortem
+            state.post_mortem, state.post_mortem_lost = event.post_mortem, event.post_mortem_lost
         self.last_activity = self.clock()
 
     def _resources(self, event: events.Resources) -> None:

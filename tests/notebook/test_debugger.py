@@ -191,3 +191,16 @@ def test_a_local_whose_repr_or_pickle_never_ends_costs_only_itself_and_the_failu
     unavailable = f"unavailable: took longer than {postmortem.LOCAL_TIME_LIMIT:g} s"
     assert out.count(f"<Spinning: {unavailable}>") == 2  # item and spinning: its repr never ended
     assert re.search(rf"<__main__\.Sleepy object at 0x\w+> \(its value {unavailable}\)", out)  # its pickle
+
+
+def test_a_rank_that_could_not_keep_its_frames_says_why(ip):
+    cell = ("import resource, signal\n"  # no file may grow: writing the frames fails, as on a full disk
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))\n"
+            "raise ValueError('nowhere to write')\n")
+    with pytest.raises(RemoteRankError, match="nowhere to write") as raised:
+        run(ip, "-g 1 --quiet", cell)
+    assert raised.value.debuggable == []
+    with pytest.raises(UsageError, match=r"rank 0 of job \S+ kept no frames to debug \(keeping them failed: OSError: "
+                                         r"\[Errno 27\] File too large\); its traceback is in the error above"):
+        ip.run_line_magic("mpirun_debug", "")
