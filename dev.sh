@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with everything mpi_magic needs, then run one task:
 #   ./dev.sh demo    execute notebooks/quickstart.ipynb headless on the local backend
-#   ./dev.sh test    run the test suite, three workers per core (extra arguments go to pytest)
+#   ./dev.sh test    run the test suite, three workers per core (extra arguments go to pytest), after
+#                    installing with apt, as root, the Debian packages it uses where they are missing
 #   ./dev.sh notebooks   re-execute the notebooks (or those named) and store them as they ran
 #   ./dev.sh bench   run the benchmarks
 set -euo pipefail
@@ -18,6 +19,23 @@ fi
 # An editable install leaves the package uncompiled, and where PYTHONDONTWRITEBYTECODE is set every
 # rank would compile it again at start-up; a normal install compiles it once, as this does.
 .venv/bin/python -m compileall -q mpi_magic
+
+# apt-get install PACKAGES where this is a root shell with apt; never fails the task: whatever could not
+# be installed leaves the tests that need it skipped, each saying what to install
+apt_updated=
+apt_install() {
+    local what="$1"
+    shift
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+        return 0
+    fi
+    if [ -z "$apt_updated" ]; then
+        apt-get update -qq || true  # (lists from before may still do)
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null \
+        || echo "$what could not be installed (apt-get install $*); its tests will be skipped"
+}
 
 case "$task" in
     demo)
@@ -43,14 +61,15 @@ for cell in nbformat.read(sys.argv[1], as_version=4).cells:
 PY
         rm -rf "$out" ;;
     test)
-        # the tests' Slurm cluster (mpi_magic.testing.slurm_cluster) runs Debian's daemons: installed
-        # here where they are missing and this is a root shell with apt; elsewhere their tests are skipped
-        # (libpmix-dev: Slurm's srun --mpi=pmix loads its unversioned libpmix.so)
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-                && { [ ! -x /usr/sbin/slurmctld ] || ! ls /usr/lib/*/libpmix.so >/dev/null 2>&1; }; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client \
-                munge libpmix-dev >/dev/null || echo "Slurm could not be installed; its tests will be skipped"
+        # what the suite runs beyond Python comes from Debian, installed here where it is missing (as root,
+        # with apt): the tests' Slurm cluster runs Debian's daemons (mpi_magic.testing.slurm_cluster;
+        # libpmix-dev: Slurm's srun --mpi=pmix loads its unversioned libpmix.so), MPICH is the second
+        # launcher, and Playwright drives Debian's Chromium in the browser tests (no browser is downloaded)
+        if [ ! -x /usr/sbin/slurmctld ] || ! ls /usr/lib/*/libpmix.so >/dev/null 2>&1; then
+            apt_install Slurm slurmctld slurmd slurm-client munge libpmix-dev
         fi
+        [ -x /usr/bin/mpiexec.mpich ] || apt_install MPICH mpich
+        [ -x /usr/bin/chromium ] || apt_install Chromium chromium
         # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
         # most of a test is waiting on kernels, mpirun and the emulated cloud (see docs/development.md);
         # -n 0 runs them in this process

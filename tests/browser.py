@@ -19,7 +19,8 @@ from notebook_runs import NOTEBOOKS, code_cell, stored_notebook
 
 from mpi_magic.shared.procs import free_port
 
-CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium, or the one MPI_MAGIC_CHROMIUM names (a missing file shows how the tests skip without it)
+CHROMIUM = os.environ.get("MPI_MAGIC_CHROMIUM", "/usr/bin/chromium")
 DARK = "JupyterLab Dark"
 
 # WCAG relative luminance and contrast of two CSS colours, evaluated in the page.

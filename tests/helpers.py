@@ -116,11 +116,21 @@ def job_story(aws, job_name: str) -> str:
 
 def needs_slurm():
     """The mark of a test that runs a Slurm cluster on this machine: skipped, saying how to install
-    Slurm, where it is not installed (.ci/run and ./dev.sh test install it)."""
+    Slurm, where it is not installed (./dev.sh test installs it, as root)."""
     from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
 
-    return pytest.mark.skipif(bool(missing_programs()),
-                              reason=f"Slurm is not installed here (apt-get install {PACKAGES}; .ci/run does)")
+    return pytest.mark.skipif(bool(missing_programs()), reason=f"Slurm is not installed here: apt-get install "
+                                                               f"{PACKAGES} (./dev.sh test installs it, as root)")
+
+
+def needs_torch():
+    """The mark of a test that trains with torch: skipped, saying how to install its CPU build, where torch
+    is not installed (.ci/run installs it; a large download that a test run need not make)."""
+    import importlib.util
+
+    return pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                              reason="torch is not installed here: .venv/bin/pip install torch "
+                                     "--index-url https://download.pytorch.org/whl/cpu")
 
 
 SLURM_GONE_WITHIN = 10.0  # seconds after a stop by which squeue must show nothing of the job

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import once_running, run
+from helpers import needs_torch, once_running, run
 
 import mpi_magic
 
@@ -339,8 +339,8 @@ def test_modules_the_cell_imports_come_back_only_if_the_notebook_has_them(ip):
     assert out.stdout.split() == ["2", "json", "False", "False"], "MPI must not be initialised in the notebook"
 
 
+@needs_torch()
 def test_torch_distributed_initialises_from_the_environment_unchanged(ip):
-    pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build to run this")
     run(ip, "-i 2 -g 1 --gather", (
         "import torch\n"
         "import torch.distributed as dist\n"
@@ -462,7 +462,8 @@ def test_cache_dir_is_expanded_and_an_existing_folder_keeps_its_mode(ip, tmp_pat
 MPICH = "/usr/bin/mpiexec.mpich"
 
 
-@pytest.mark.skipif(not os.path.exists(MPICH), reason="MPICH is not installed here (.ci/run installs it)")
+@pytest.mark.skipif(not os.path.exists(MPICH),
+                    reason="MPICH is not installed here: apt-get install mpich (./dev.sh test installs it, as root)")
 def test_mpich_launcher_tags_places_and_stops_ranks(ip, monkeypatch, capsys):
     monkeypatch.setenv("MPI_MAGIC_MPIRUN", MPICH)
     run(ip, "-i 2 -g 2 --gather --out job", (

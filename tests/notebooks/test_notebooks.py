@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from helpers import needs_slurm
+from helpers import needs_slurm, needs_torch
 from notebook_runs import NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
 
@@ -112,8 +112,10 @@ def test_quickstart_headless_prints_each_ranks_progress_and_the_failure_it_store
 
 
 @pytest.mark.timeout(300)
+@needs_torch()
 def test_data_parallel_training_matches_a_single_process_run(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build")
+    import torch
+
     nb = executed("data_parallel_training.ipynb", tmp_path)
     training = text_of(code_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
     assert re.search(r"completed [\d.]+s: 2/2 ranks done", training), training

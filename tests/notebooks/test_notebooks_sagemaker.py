@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from helpers import needs_torch
 from notebook_runs import code_cell, execute, executed, text_of
 
 
@@ -37,8 +38,8 @@ def test_mpi4py_patterns_and_the_same_cell_on_sagemaker(tmp_path, cloud):
 
 
 @pytest.mark.timeout(300)
+@needs_torch()
 def test_sagemaker_multinode_runs_on_the_rehearsal_cloud_at_its_sizes(tmp_path, cloud):
-    pytest.importorskip("torch", reason="torch is not installed here; .ci/run installs the CPU build")
     nb = executed("sagemaker_multinode.ipynb", tmp_path, cloud=cloud)
     config = text_of(code_cell(nb, "import os").outputs)
     assert re.search(r"^instances +2 +\(MPI_MAGIC_INSTANCES\)", config, re.MULTILINE), "the environment's sizes won"

@@ -3,7 +3,8 @@ and mpirun, Debian's Chromium driven by Playwright; checked on the page's DOM an
 styles, with screenshots (running, finished) saved under the folder each test prints. Notebook 7,
 a job too wide for a row per rank, and the dark theme are in ``test_browser_layouts``.
 
-Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
+Deselect with ``-m "not browser"``; without Chromium (/usr/bin/chromium, or the one ``MPI_MAGIC_CHROMIUM``
+names) they are skipped, saying how to install it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 wide for a row per rank (the compact grid), and every text (the charts and what each rank uses
 included) in JupyterLab's dark and light themes.
 
-Deselect with ``-m "not browser"``; without /usr/bin/chromium these tests fail, never skip."""
+Deselect with ``-m "not browser"``; without Chromium (/usr/bin/chromium, or the one ``MPI_MAGIC_CHROMIUM``
+names) they are skipped, saying how to install it."""
 
 from __future__ import annotations
 
