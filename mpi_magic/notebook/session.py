@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -567,7 +568,7 @@ def describe(session: Session) -> str:
         facts.append(f"idle for: {idle:.0f}s")
     left = session.model.time_left()
     if left is not None:
-        facts.append(f"time left: {clock(left)}")
+        facts.append("no time limit" if left == math.inf else f"time left: {clock(left)}")
     memory = session.memory()
     if memory:
         from ..shared.payload import size_text

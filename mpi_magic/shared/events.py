@@ -179,7 +179,7 @@ STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "Pre
 class Allocation:
     """A batch scheduler's word on the job (Slurm's ``squeue``): ``state`` (PENDING, RUNNING, ...),
     ``reason`` it waits (Priority, Resources), its estimated ``starts`` (epoch seconds) and the
-    ``time_left`` of its time limit in seconds when read (None: unknown, or no limit). Client-side."""
+    ``time_left`` of its time limit in seconds when read (math.inf: no limit; None: unknown). Client-side."""
 
     state: str
     reason: str = ""

@@ -382,7 +382,7 @@ class JobModel:
 
     def time_left(self) -> float | None:
         """Seconds left of the allocation's time limit, counted down by our clock since the scheduler
-        said; None without a limit, before it runs, and after the job ended."""
+        said; math.inf without a limit; None where unknown, before it runs, and after the job ended."""
         allocation = self.allocation
         if allocation is None or allocation.state != "RUNNING" or allocation.time_left is None or self.exit is not None:
             return None

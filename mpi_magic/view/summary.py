@@ -4,6 +4,7 @@ wording both views use (durations, rates, one-line status)."""
 from __future__ import annotations
 
 import html
+import math
 import os
 import time
 
@@ -132,7 +133,7 @@ def shares(model: JobModel) -> str:
 
 def allocation_phrase(model: JobModel) -> str:
     """While queued, 'Slurm: Priority, starts about 18:42:10 (in 3m5s)'; while running, 'time left
-    59:02'; '' for a backend without a scheduler, and once the job has ended."""
+    59:02' or 'no time limit'; '' for a backend without a scheduler, and once the job has ended."""
     allocation = model.allocation
     if allocation is None or model.exit is not None:
         return ""
@@ -147,7 +148,9 @@ def allocation_phrase(model: JobModel) -> str:
     if allocation.state == "PENDING":
         return ""  # its ranks started since squeue said so
     left = model.time_left()
-    return f"time left {clock(left)}" if left is not None else ""
+    if left is None:
+        return ""
+    return "no time limit" if left == math.inf else f"time left {clock(left)}"
 
 
 def billing_phrase(model: JobModel) -> str:

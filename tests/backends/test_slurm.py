@@ -6,6 +6,7 @@ nothing in ``squeue``, and bad input is one sentence before anything is submitte
 from __future__ import annotations
 
 import _thread
+import math
 import os
 import textwrap
 import time
@@ -103,7 +104,7 @@ def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_li
     job = slurm.user_ns["job"]
     # (lines as the cell shows them, the magic's line first)
     assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in barrier; rank 2 at cell line 5 in sleep"
-    assert job.model.time_left() is None  # partition debug has no time limit
+    assert job.model.time_left() is None  # (it has ended)
     assert job.status == "stopped"
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
@@ -116,14 +117,16 @@ def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster):
+@pytest.mark.parametrize("line, said", [("--partition short --time 5", "time left 4:"),
+                                        ("--partition debug", "no time limit")])  # (MaxTime=INFINITE)
+def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster, line, said):
     from mpi_magic.view.summary import headline
 
     shown = []
     running = lambda: (job := slurm.user_ns.get("job")) is not None and job.model.time_left() is not None  # noqa: E731
     with once(running, lambda: shown.append(headline(slurm.user_ns["job"].model))):
-        run(slurm, "--backend slurm --partition short --time 5 --out job", "import time\ntime.sleep(6)")
-    assert shown and "time left 4:" in shown[0], shown
+        run(slurm, f"--backend slurm {line} --out job", "import time\ntime.sleep(6)")
+    assert shown and said in shown[0], shown
 
 
 def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm_cluster, tmp_path):
@@ -247,14 +250,18 @@ def test_the_clusters_words_read_as_they_are_written():
     assert [seconds(t) for t in ("30", "30:00", "1:00:00", "2-12", "1-00:00:01", "UNLIMITED", "N/A")] == [
         1800, 1800, 3600, 216000, 86401, None, None]
     assert [clock(s) for s in (65, 3725, 90000)] == ["1:05", "1:02:05", "1-01:00:00"]
-    pending, running, unlimited = parse("7|PENDING|Priority|N/A|1:00:00|1:00:00\n"
-                                        "8|RUNNING|None|2026-12-05T18:40:00|30:00|29:58\n"
-                                        "9|RUNNING|None|2026-12-05T18:40:00|UNLIMITED|365-00:00:00\n").values()
+    pending, running, unlimited, a_year = parse("7|PENDING|Priority|N/A|1:00:00|1:00:00|\n"
+                                                "8|RUNNING|None|2026-12-05T18:40:00|30:00|29:58|n[1-2]\n"
+                                                "9|RUNNING|None|2026-12-05T18:40:00|UNLIMITED|365-00:00:00|n1\n"
+                                                "10|RUNNING|None|2026-12-05T18:40:00|365-00:00:00|364-23:59:52|n3\n"
+                                                ).values()
     assert (pending.state, pending.reason, pending.starts, pending.time_left) == ("PENDING", "Priority", None, 3600)
     assert running.time_left == 1798 and running.starts == time.mktime((2026, 12, 5, 18, 40, 0, 0, 0, -1))
-    assert unlimited.time_left is None  # without a limit, squeue's time left is a year
+    assert running.nodes == "n[1-2]" and pending.nodes == ""
+    # without a limit, squeue's limit is UNLIMITED or a year (Slurm 22.05, MaxTime=INFINITE), counting down
+    assert unlimited.time_left == a_year.time_left == math.inf
     a_year_ahead = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 365 * 86400))
-    (unplanned,) = parse(f"10|PENDING|Resources|{a_year_ahead}|1:00:00|1:00:00\n").values()
+    (unplanned,) = parse(f"11|PENDING|Resources|{a_year_ahead}|1:00:00|1:00:00|\n").values()
     assert unplanned.starts is None, "Slurm's year-ahead estimate means it cannot plan the job: not shown"
 
 

@@ -78,10 +78,12 @@ def test_a_killed_kernel_ends_its_session(slurm_cluster, tmp_path):
     assert wait_until(lambda: not slurm_listed(slurm_cluster, name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_a_session_cell_whose_ranks_go_quiet_gets_its_roll_call_and_the_session_is_kept(slurm, sessions):
+def test_a_session_cell_whose_ranks_go_quiet_gets_its_roll_call_and_the_session_is_kept(slurm, sessions, capsys):
     slurm.run_line_magic("mpirun_config", "stall_after=2")
     slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 2 --out s")
     run(slurm, "--quiet", "x = 1")
+    slurm.run_line_magic("mpirun_session", "status")
+    assert "no time limit" in capsys.readouterr().out  # (partition debug: MaxTime=INFINITE)
     with pytest.raises(JobTimeoutError):  # it interrupts every rank, and each comes back
         run(slurm, "--timeout 8 --out job", "import time\ntime.sleep(300)")
     # asked with scancel --signal=URG once they were quiet for stall_after seconds (lines as the cell shows them)

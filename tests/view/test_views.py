@@ -643,3 +643,15 @@ def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_lef
     model.fold(RankStarted(0, 0, 0, 2, "n1", 11, time=1.0))
     model.fold(LauncherExited(0))
     assert "time left" not in headline(model), "an ended job has no time left"
+
+
+def test_a_job_without_a_time_limit_says_so_rather_than_counting_down_slurms_year():
+    """squeue's figures for a job on a partition with MaxTime=INFINITE and no --time: a year, counting down."""
+    from mpi_magic.backends.slurm.queue import parse
+    from mpi_magic.shared.events import Allocation
+    from mpi_magic.view.summary import headline
+
+    model = JobModel("j", "slurm", 2, 1, Clock())
+    (running,) = parse("9|RUNNING|None|2026-12-05T18:40:00|365-00:00:00|364-23:59:52|n[1-2]\n").values()
+    model.fold(Allocation(running.state, running.reason, running.starts, running.time_left))
+    assert "no time limit" in headline(model) and "time left" not in headline(model), headline(model)

@@ -4,6 +4,7 @@ again when a job is added or stopped. ``sacct`` is not used: small clusters run 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -13,7 +14,9 @@ from ...shared.slurmtime import seconds
 from . import commands
 
 FIRST, LONGEST, GROWTH = 2.0, 30.0, 1.5  # seconds between polls: the first, the longest, and the step
-FORMAT = "%i|%T|%r|%S|%l|%L"  # job id, state, reason, (estimated) start, time limit, time left
+FORMAT = "%i|%T|%r|%S|%l|%L|%N"  # job id, state, reason, (estimated) start, time limit, time left, nodes
+# Slurm writes a job without a time limit as one of a year (365-00:00:00, counting down), or UNLIMITED
+NO_LIMIT = 365 * 86400.0
 # Slurm's backfill puts a job it cannot plan (one waiting behind jobs without a time limit) a year
 # ahead: an estimate this far out says "unknown", and is not shown
 UNPLANNED = 300 * 86400.0
@@ -26,7 +29,8 @@ class JobState:
     state: str
     reason: str = ""
     starts: float | None = None  # epoch seconds (estimated while pending)
-    time_left: float | None = None  # seconds, when read; None: no limit
+    time_left: float | None = None  # seconds, when read; math.inf: no limit; None: unknown
+    nodes: str = ""  # Slurm's node list once it runs ("n[1-2]")
 
     @property
     def ended(self) -> bool:
@@ -38,11 +42,12 @@ def parse(text: str) -> dict[str, JobState]:
     found = {}
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 6:
+        if len(fields) != 7:
             continue
-        job_id, state, reason, start, limit, left = fields
-        time_left = seconds(left) if seconds(limit) is not None else None  # (without a limit, %L shows a year)
-        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), time_left)
+        job_id, state, reason, start, limit, left, nodes = fields
+        limit_seconds = seconds(limit)
+        time_left = math.inf if limit_seconds is None or limit_seconds >= NO_LIMIT else seconds(left)
+        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), time_left, nodes)
     return found
 
 
