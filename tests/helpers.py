@@ -39,13 +39,15 @@ def once(ready, *actions, pause: float = 0.3, limit: float = 60.0):
         thread.join()
 
 
+def ranks_running(ip) -> bool:
+    """Whether every rank of the job named ``job`` in the notebook runs."""
+    job = ip.user_ns.get("job")
+    return job is not None and all(r.status == "running" for r in job.ranks)
+
+
 def once_running(ip, *actions, pause: float = 0.3, limit: float = 60.0):
     """``once`` every rank of the job named ``job`` in the notebook runs."""
-    def running() -> bool:
-        job = ip.user_ns.get("job")
-        return job is not None and all(r.status == "running" for r in job.ranks)
-
-    return once(running, *actions, pause=pause, limit=limit)
+    return once(lambda: ranks_running(ip), *actions, pause=pause, limit=limit)
 
 
 def held_folders(pid: int | str = "self") -> set[str]:
@@ -171,6 +173,18 @@ def slurm_queue(cluster) -> list[str]:
 
 def slurm_listed(cluster, job_name: str) -> bool:
     return any(line.split()[1] == job_name for line in slurm_queue(cluster))
+
+
+@contextlib.contextmanager
+def node_down(cluster, node: str, reason: str, ready):
+    """While the block runs a cell: once ``ready()`` holds, Slurm is told that ``node`` is down for
+    ``reason`` (as slurmctld marks a node that stopped answering); the node is back in service after."""
+    down = lambda: cluster.run("scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}")  # noqa: E731
+    try:
+        with once(ready, down):
+            yield
+    finally:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
 
 
 def wait_until(check, limit: float) -> bool:

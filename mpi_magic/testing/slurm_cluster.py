@@ -149,7 +149,9 @@ class SlurmCluster:
         user = getpass.getuser()
         root = self.root
         # partition short has a time limit of 10 minutes; partition gpu, the last two nodes, counts 2 GPUs on
-        # each (two device files that are no GPUs: Slurm schedules --gres=gpu:N there, and binds nothing)
+        # each (two device files that are no GPUs: Slurm schedules --gres=gpu:N there, and binds nothing).
+        # ReturnToService=1: a node set down (scontrol update state=down reason=...) stays down, with its
+        # reason, until it is resumed, as a failed node does; one that only stopped answering comes back.
         gpu_nodes = [f"n{n}" for n in range(max(1, self.nodes - 1), self.nodes + 1)]
         nodes = "\n".join(f"NodeName=n{n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()} "
                           f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" + (" Gres=gpu:2" if f"n{n}" in gpu_nodes else "")
@@ -168,7 +170,7 @@ MpiDefault=none
 GresTypes=gpu
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-ReturnToService=2
+ReturnToService=1
 SlurmUser={user}
 SlurmdUser={user}
 SlurmctldPidFile={root}/slurmctld.pid

@@ -12,10 +12,10 @@ import textwrap
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, once, once_running, run,
-                     slurm_listed, slurm_queue, wait_until)
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, node_down, once, once_running,
+                     ranks_running, run, slurm_listed, slurm_queue, wait_until)
 
-from mpi_magic.errors import JobTimeoutError, RemoteRankError, SlurmSetupError
+from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
 
 pytestmark = needs_slurm()
 
@@ -114,6 +114,20 @@ def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
         run(slurm, "--backend slurm -i 2 -g 1 --out job", "import time\ntime.sleep(300)")
     job = slurm.user_ns["job"]
     assert job.status == "stopped"
+    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+@pytest.mark.parametrize("line", ["", "--slurm-args --requeue"])
+def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(slurm, slurm_cluster, line):
+    """Slurm ends the job (NODE_FAIL) as its node goes down; left to itself it would requeue the job
+    and run the cell again minutes later, with nobody watching (a job that asks to be requeued is
+    cancelled once its cell has ended)."""
+    with node_down(slurm_cluster, "n2", "disk on fire", lambda: ranks_running(slurm)), \
+            pytest.raises(RankExitError) as raised:
+        run(slurm, f"--backend slurm -i 2 -g 1 {line} --out job", "import time\ntime.sleep(300)")
+    assert str(raised.value) == ("ranks [0, 1] stopped before the cell finished: node n2 of the job failed "
+                                 "(NODE_FAIL; Slurm's reason: disk on fire)")
+    job = slurm.user_ns["job"]
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
@@ -263,6 +277,16 @@ def test_the_clusters_words_read_as_they_are_written():
     a_year_ahead = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 365 * 86400))
     (unplanned,) = parse(f"11|PENDING|Resources|{a_year_ahead}|1:00:00|1:00:00|\n").values()
     assert unplanned.starts is None, "Slurm's year-ahead estimate means it cannot plan the job: not shown"
+
+
+def test_a_node_failure_names_each_node_down_with_slurms_reason():
+    from mpi_magic.backends.slurm.batch_job import node_failure
+
+    assert node_failure({"n2": "Not responding", "n3": "Not responding"}) == (
+        "nodes n2, n3 of the job failed (NODE_FAIL; Slurm's reason: Not responding)")
+    assert node_failure({"n2": "Not responding", "n3": "Kill task failed"}) == (
+        "nodes n2, n3 of the job failed (NODE_FAIL; Slurm's reasons: n2: Not responding; n3: Kill task failed)")
+    assert node_failure({}) == "a node of the job failed (NODE_FAIL)"  # (sinfo no longer holds it down)
 
 
 def test_a_flood_of_output_arrives_whole_and_in_order_through_the_job_folder(slurm, slurm_cluster):

@@ -9,11 +9,11 @@ import os
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, once, run, slurm_listed,
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, node_down, once, run, slurm_listed,
                      slurm_queue, wait_until)
 from IPython.core.error import UsageError
 
-from mpi_magic.errors import JobTimeoutError
+from mpi_magic.errors import JobError, JobTimeoutError
 
 pytestmark = needs_slurm()
 
@@ -69,6 +69,17 @@ def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):
     session = slurm.user_ns["s"]
     assert wait_until(lambda: session.status == "stopped", 30)
     assert "idle for 2s" in session.ended_reason
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def test_a_failed_node_ends_the_session_naming_it_and_the_allocation_never_runs_again(slurm, sessions, slurm_cluster):
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --out s")
+    session = slurm.user_ns["s"]
+    with node_down(slurm_cluster, "n2", "disk on fire", lambda: session.status == "running"), \
+            pytest.raises(JobError) as raised:
+        run(slurm, "--quiet", "import time\ntime.sleep(300)")
+    assert "node n2 of the job failed (NODE_FAIL; Slurm's reason: disk on fire)" in str(raised.value)
+    assert session.status == "stopped" and "node n2" in session.ended_reason
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 

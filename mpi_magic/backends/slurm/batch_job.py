@@ -22,7 +22,7 @@ from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput,
 from ...shared.layout import RESULTS
 from .. import launcher as launchers
 from . import cluster, commands
-from .queue import WATCHER, JobState, QueueWatcher
+from .queue import WAITING, WATCHER, JobState, QueueWatcher, look
 from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch_argv, shape
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ READ_CHUNK = 1 << 16
 # polled: a rank flooding its output makes the file grow on the shared filesystem, not this process.
 READ_MOST, QUEUE_SIZE = 64 * READ_CHUNK, 16
 # Why Slurm ended a job, in the user's words: by its state in squeue, or by what slurmstepd wrote into the
-# job's error file ("*** JOB 40 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***").
+# job's error file ("*** JOB 40 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***", "... DUE TO
+# NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"); a failed node is named where sinfo still holds it down.
 ENDED_BY_SLURM = {
     "TIMEOUT": "the job reached its Slurm time limit (--time)",
     "CANCELLED": "the job was cancelled in Slurm (scancel) from outside this notebook",
@@ -49,8 +50,9 @@ ENDED_BY_SLURM = {
     "PREEMPTED": "Slurm preempted the job for another",
     "BOOT_FAIL": "a node failed to boot (BOOT_FAIL)",
     "DEADLINE": "the job passed its deadline",
+    "REQUEUED": "Slurm put the job back in its queue to run it again later, and it was cancelled",
 }
-_STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:, [^*]*)? \*\*\*")
 _DUE_TO = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 
 
@@ -166,7 +168,9 @@ class SlurmJob:
         self._allocation_lock = threading.Lock()  # set by the queue's thread, taken by poll
         self._finished = self._cancelled = False
         self._state: JobState | None = None  # squeue's latest
-        self._ended: JobState | None = None  # Slurm says it ended (a state, or "gone from squeue")
+        self._ended: JobState | None = None  # Slurm says it ended (a state, "REQUEUED", or "gone from squeue")
+        self._nodes = ""  # the job's nodes, once squeue said where it runs
+        self._hosts: set[str] = set()  # the nodes its ranks said they started on (Slurm's names)
         self._started: set[int] = set()
         self._reported: set[int] = set()
         self._failure_seen = False
@@ -186,12 +190,16 @@ class SlurmJob:
         if state is None:  # no longer listed: ended long ago, or purged
             self._ended = self._ended or JobState("GONE")
             return
+        ran = bool(self._nodes or self._started)
+        self._nodes = state.nodes or self._nodes
         if state != self._state:
             self._state = state
             with self._allocation_lock:
                 self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
         if state.ended:
             self._ended = state
+        elif state.state in WAITING and ran:  # requeued (a node failed): this run is over, and the job is cancelled
+            self._ended = self._ended or JobState("REQUEUED", state.reason)
 
     # -- what the launcher says --------------------------------------------------------------
 
@@ -225,8 +233,11 @@ class SlurmJob:
                 self._wake.clear()
                 nap = READ_AT_ONCE
         self._watcher.forget(self.job_id)
+        end = self._end(exit_path)
+        if self._ended is not None and self._ended.state == "REQUEUED":
+            commands.run("scancel", self.job_id)  # the job never runs again by itself, with nobody watching
         _release(self._watchdog)
-        self._queue.put([*self._decoder.rejections(), self._end(exit_path)])
+        self._queue.put([*self._decoder.rejections(), end])
         self.over.set()
 
     def _ask_if_stalled(self) -> None:
@@ -245,6 +256,7 @@ class SlurmJob:
         for event in decoded:
             if isinstance(event, RankStarted):
                 self._started.add(event.rank)
+                self._hosts.add(event.host)
             elif isinstance(event, RankFinished):
                 self._reported.add(event.rank)
                 self._failure_seen = self._failure_seen or not event.ok
@@ -263,6 +275,8 @@ class SlurmJob:
                 returncode: int | None = int(f.read().strip() or "0")
         except (OSError, ValueError):
             returncode = None
+        if returncode and not self._failure_seen and not self._cancelled:
+            self._ask_slurm()  # the launcher failed and no rank said why: Slurm may have ended the job (a node failed)
         said = self._slurm_said()
         if returncode is not None and said is None:
             gone = set() if self._failure_seen else self._started - self._reported
@@ -270,7 +284,10 @@ class SlurmJob:
         state = said or (self._ended.state if self._ended else "GONE")
         if self._cancelled:
             return LauncherExited(returncode)
-        if state in ENDED_BY_SLURM:
+        if state == "NODE_FAIL":
+            nodes = ",".join(filter(None, [self._nodes, *sorted(self._hosts)]))  # (before squeue saw it run)
+            reason = node_failure(cluster.down_nodes(nodes) if nodes else {})
+        elif state in ENDED_BY_SLURM:
             reason = ENDED_BY_SLURM[state]
         elif not self._started:
             reason = (f"the job ended ({state}) before its launcher started: is the job folder {self.job_dir} on a "
@@ -278,6 +295,12 @@ class SlurmJob:
         else:
             reason = f"the job ended ({state}) without its launcher's exit status"
         return LauncherExited(None, reason=reason)
+
+    def _ask_slurm(self) -> None:
+        """Slurm's word on the job now, not at the queue's next poll."""
+        states = look([self.job_id])
+        if states is not None:
+            self._on_state(states.get(self.job_id))
 
     def new_cell(self) -> None:
         """A session's next cell was sent: its ranks report anew, and are asked for their stacks if
@@ -396,6 +419,19 @@ class _Tail:
             file.close()
             self._file = None
         return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
+
+
+def node_failure(down: dict[str, str]) -> str:
+    """Why a NODE_FAIL ended the job, naming the nodes Slurm holds down ({node: Slurm's reason}):
+    "node n2 of the job failed (NODE_FAIL; Slurm's reason: Not responding)"."""
+    if not down:
+        return ENDED_BY_SLURM["NODE_FAIL"]
+    reasons = set(down.values())
+    if len(reasons) == 1:
+        said = f"Slurm's reason: {reasons.pop()}"
+    else:
+        said = "Slurm's reasons: " + "; ".join(f"{node}: {reason}" for node, reason in down.items())
+    return f"{'node' if len(down) == 1 else 'nodes'} {', '.join(down)} of the job failed (NODE_FAIL; {said})"
 
 
 def _watchdog(job_id: str) -> subprocess.Popen:

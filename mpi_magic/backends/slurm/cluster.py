@@ -90,3 +90,18 @@ def chosen(options: LaunchOptions, known: dict[str, Partition]) -> Partition:
         raise SlurmSetupError(f"--time {settings['time']} is over partition {partition.name}'s limit of "
                               f"{clock(partition.max_time)}; lower --time or choose another --partition")
     return partition
+
+
+def down_nodes(nodes: str) -> dict[str, str]:
+    """Which of ``nodes`` (Slurm's node list, "n[1-2]") are down, drained or failing, each with Slurm's
+    reason ({"n2": "Not responding"}); {} where sinfo cannot say."""
+    try:
+        shown = commands.run("sinfo", "-h", "-R", "-N", "-n", nodes, "-o", "%N|%E")
+    except SlurmSetupError:
+        return {}
+    found = {}
+    for line in shown.stdout.splitlines():  # (a row per node and partition)
+        node, _, reason = line.strip().partition("|")
+        if node:
+            found[node] = reason
+    return found

@@ -22,6 +22,8 @@ NO_LIMIT = 365 * 86400.0
 UNPLANNED = 300 * 86400.0
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT"})
+# back in the queue after it ran (Slurm requeued it: a failed node, where the cluster requeues jobs)
+WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,17 @@ def parse(text: str) -> dict[str, JobState]:
         time_left = math.inf if limit_seconds is None or limit_seconds >= NO_LIMIT else seconds(left)
         found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), time_left, nodes)
     return found
+
+
+def look(job_ids: list[str]) -> dict[str, JobState] | None:
+    """The jobs' states, from one ``squeue``; None when it could not answer (slurmctld busy)."""
+    try:
+        shown = commands.run("squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", FORMAT)
+    except Exception:  # noqa: BLE001 - a slow controller: the caller asks again later
+        return None
+    if shown.returncode != 0:
+        return {} if "Invalid job id" in shown.stderr else None  # every one of them is gone from its memory
+    return parse(shown.stdout)
 
 
 def _epoch(text: str) -> float | None:
@@ -107,15 +120,8 @@ class QueueWatcher:
             self._wake.wait(wait)
 
     def _poll(self, job_ids: list[str]) -> dict[str, JobState] | None:
-        """The jobs' states; None when squeue could not answer (slurmctld busy: asked again later)."""
         self.calls += 1
-        try:
-            shown = commands.run("squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", FORMAT)
-        except Exception:  # noqa: BLE001 - a slow controller: the next poll asks again
-            return None
-        if shown.returncode != 0:
-            return {} if "Invalid job id" in shown.stderr else None  # every one of them is gone from its memory
-        return parse(shown.stdout)
+        return look(job_ids)
 
 
 WATCHER = QueueWatcher()

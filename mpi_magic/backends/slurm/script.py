@@ -20,8 +20,10 @@ SCRIPT_FILE = "batch.sh"
 
 
 def sbatch_argv(sbatch: str, job_dir: str, job_name: str, options: LaunchOptions, gpus_per_node: int) -> list[str]:
-    """``sbatch --parsable`` of the job's script, its output going into the job folder."""
-    return [sbatch, "--parsable", f"--job-name={job_name}", f"--chdir={os.getcwd()}",
+    """``sbatch --parsable`` of the job's script, its output going into the job folder. ``--no-requeue``:
+    where a cluster requeues a job whose node failed (``JobRequeue=1``, Slurm's default), the cell
+    would run again later by itself, with nobody watching."""
+    return [sbatch, "--parsable", "--no-requeue", f"--job-name={job_name}", f"--chdir={os.getcwd()}",
             f"--output={os.path.join(job_dir, OUTPUT)}", f"--error={os.path.join(job_dir, ERRORS)}",
             *shape(options, gpus_per_node), os.path.join(job_dir, SCRIPT_FILE)]
 
