@@ -30,6 +30,12 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 PACKAGES = "slurmctld slurmd slurm-client munge libpmix-dev"  # libpmix-dev: for srun --mpi=pmix
 PIDS = "daemons.pids"  # in the root: one pid per line, each its process group's leader
 UP_LIMIT = 60.0  # seconds the daemons get to come up and report every node idle
+# Run before each task of a job where the nodes together declare more CPUs than this machine has: Open
+# MPI, which Slurm tells each node's CPUs, would busy-poll while it waits, each rank taking a core that
+# others need (a collective-heavy cell then runs several times slower). A job's own value stays.
+TASK_PROLOG = """#!/bin/sh
+[ -n "${OMPI_MCA_mpi_yield_when_idle+set}" ] || echo export OMPI_MCA_mpi_yield_when_idle=1
+"""
 
 
 class ClusterError(RuntimeError):
@@ -55,6 +61,11 @@ class SlurmCluster:
     @property
     def conf(self) -> str:
         return os.path.join(self.root, "slurm.conf")
+
+    @property
+    def oversubscribed(self) -> bool:
+        """Whether the nodes declare more CPUs together than this machine has: their ranks share cores."""
+        return self.nodes * self.cpus > (os.cpu_count() or 1)
 
     @property
     def environ(self) -> dict[str, str]:
@@ -158,6 +169,11 @@ class SlurmCluster:
                           for n in range(1, self.nodes + 1))
         with open(self._path("gres.conf"), "w") as f:
             f.write("".join(f"NodeName={node} Name=gpu File=/dev/null,/dev/zero\n" for node in gpu_nodes))
+        task_prolog = ""
+        if self.oversubscribed:
+            with open(os.open(self._path("task_prolog.sh"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755), "w") as f:
+                f.write(TASK_PROLOG)
+            task_prolog = f"TaskProlog={self._path('task_prolog.sh')}\n"
         with open(self.conf, "w") as f:
             f.write(f"""\
 ClusterName=mpimagic
@@ -170,7 +186,7 @@ MpiDefault=none
 GresTypes=gpu
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-ReturnToService=1
+{task_prolog}ReturnToService=1
 SlurmUser={user}
 SlurmdUser={user}
 SlurmctldPidFile={root}/slurmctld.pid
