@@ -104,6 +104,40 @@ def leader_log(aws, job_name: str) -> list[str]:
         token = reply["nextForwardToken"]
 
 
+
+def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool = False) -> threading.Event:
+    """Someone who may read and write a SageMaker session's prefix (``uri``), from a thread: once the
+    notebook's message for ``cell`` is there (with ``after_rank0``, once rank 0's end record of the
+    cell is there too), ``forgery`` is put where that record goes; the event returned is set then."""
+    import json
+
+    from mpi_magic.shared import s3channel
+    from mpi_magic.shared.layout import split_s3
+
+    s3, forged = aws.client("s3"), threading.Event()
+
+    def found(at: str) -> bytes | None:
+        bucket, key = split_s3(at)
+        try:
+            return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            return None
+
+    def forge():
+        message = s3channel.message_uri(uri, cell)
+        if not wait_until(lambda: found(message) is not None, 60):
+            return
+        body = json.loads(json.loads(found(message))["body"])  # readable, if not forgeable
+        record = s3channel.end_uri(uri, cell, body["end_nonce"])
+        if after_rank0 and not wait_until(lambda: found(record) is not None, 60):
+            return
+        bucket, key = split_s3(record)
+        s3.put_object(Bucket=bucket, Key=key, Body=forgery)
+        forged.set()
+
+    threading.Thread(target=forge, name="end record forger", daemon=True).start()
+    return forged
+
 def job_story(aws, job_name: str) -> str:
     """What a job went through, for a failing assertion: its status, transitions and each stream's last lines."""
     job = described(aws, job_name)

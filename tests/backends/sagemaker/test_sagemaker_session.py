@@ -13,17 +13,15 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
-from helpers import BUCKET, described, leader_log, once, run, start_session, wait_until
+from helpers import BUCKET, described, forge_end_record, leader_log, once, run, start_session, wait_until
 from IPython.core.error import UsageError
 
 import mpi_magic
 from mpi_magic.shared import payload, s3channel
-from mpi_magic.shared.layout import split_s3
 from mpi_magic.backends.sagemaker import session_ranks
 from mpi_magic.backends.sagemaker.pricing import PRICES
 from mpi_magic.shared.cost import dollars
@@ -154,34 +152,6 @@ def test_a_cell_whose_log_tells_its_end_before_its_record_is_read_still_gets_its
     assert [job.logs(rank).splitlines() for rank in range(2)] == [["hello from 0"], ["hello from 1"]]
 
 
-def _forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool, done):
-    """Someone who may read and write the session's prefix: once the notebook's message for ``cell``
-    is there (or, with ``after_rank0``, once rank 0 wrote the cell's end record), ``forgery`` is put
-    where that record goes; ``done`` is set then."""
-    s3 = aws.client("s3")
-
-    def found(key_uri: str) -> bytes | None:
-        bucket, key = split_s3(key_uri)
-        try:
-            return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except s3.exceptions.NoSuchKey:
-            return None
-
-    def forge():
-        assert wait_until(lambda: found(s3channel.message_uri(uri, cell)) is not None, 60)
-        message = json.loads(json.loads(found(s3channel.message_uri(uri, cell)))["body"])  # readable, if not forgeable
-        record = s3channel.end_uri(uri, cell, message["end_nonce"])
-        if after_rank0:
-            assert wait_until(lambda: found(record) is not None, 60)
-        bucket, key = split_s3(record)
-        s3.put_object(Bucket=bucket, Key=key, Body=forgery)
-        done.set()
-
-    worker = threading.Thread(target=forge, daemon=True)
-    worker.start()
-    return worker
-
-
 def test_an_end_record_someone_else_put_never_costs_a_cell_its_results(cloud_sessions, aws, monkeypatch):
     """Objects put where a cell's end record goes (signed by another key, unsigned, over 16 MiB)
     are refused. Put while the cell runs, rank 0's record replaces them and the notebook, which
@@ -200,26 +170,23 @@ def test_an_end_record_someone_else_put_never_costs_a_cell_its_results(cloud_ses
                  f"larger than {s3channel.MAX_END_RECORD} bytes": b"{" * (s3channel.MAX_END_RECORD + 1)}
     for reason, forgery in forgeries.items():
         cell = s.cells + 1
-        forged = threading.Event()
-        forger = _forge_end_record(aws, uri, cell, forgery, after_rank0=False, done=forged)
+        forged = forge_end_record(aws, uri, cell, forgery)
         run(ip, "--quiet --gather --out job", f"time.sleep(1.5)\nvalue = ({cell}, mpi_magic.rank())")
-        forger.join()
         assert forged.is_set()
         assert ip.user_ns["value"] == [(cell, 0), (cell, 1)], reason
         assert [note for note in ip.user_ns["job"].model.notes if "refused" in note and reason in note], \
             f"the notebook read the forgery ({reason}) before rank 0's record"
 
     cell = s.cells + 1
-    forged = threading.Event()
+    forged = forge_end_record(aws, uri, cell, forgeries["not a signed message"], after_rank0=True)
     end_record = s3channel.NotebookEnd.end_record
     with monkeypatch.context() as late:
         late.setattr(session_ranks, "RECORD_WAIT", 3.0)  # (20 s) for the record that cannot come any more
         late.setattr(s3channel.NotebookEnd, "end_record",
                      lambda self, *args, **kwargs: end_record(self, *args, **kwargs) if forged.is_set() else None)
-        forger = _forge_end_record(aws, uri, cell, forgeries["not a signed message"], after_rank0=True, done=forged)
         with pytest.raises(mpi_magic.MpiMagicError) as lost:
             run(ip, "--quiet --gather", f"value = ({cell}, mpi_magic.rank())\nalso = 'new'")
-        forger.join()
+    assert forged.is_set()
     said = str(lost.value)
     assert said.startswith(f"the results of cell {cell} could not be read: the object where its end record goes is "
                            "not rank 0's record (not a signed message") and "\n" not in said, said

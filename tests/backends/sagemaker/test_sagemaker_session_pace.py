@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import time
 
-from helpers import BUCKET, run, start_session, uploaded, wait_until
+from helpers import BUCKET, forge_end_record, run, start_session, uploaded, wait_until
 
 from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
+from mpi_magic.shared import s3channel
 from mpi_magic.testing.aws_pace import AWS
 
 AWS_PACE = "aws"  # the module's servers (conftest's local_aws_env)
@@ -62,3 +63,20 @@ def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_s
     assert took >= AWS.log_visible, "without the record the end waits for CloudWatch"
     assert ip.user_ns["said"] == [(rank, "third") for rank in range(4)] and len(_said(job, "third")) == 8
     assert wait_until(lambda: s.status == "idle", 10)
+
+
+def test_an_object_someone_else_put_where_the_record_goes_costs_the_cell_neither_its_results_nor_its_speed(
+        cloud_sessions, aws):
+    """At AWS's pace the forgery, put as soon as the cell's message can be read, is what the
+    notebook reads first; refused, it is looked past, and rank 0's record still ends the cell
+    before the log could."""
+    ip = cloud_sessions
+    s = start_session(ip, "-i 1 -g 2")
+    root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
+    uri = s3channel.session_uri(f"s3://{BUCKET}/{root}/{s.job_name}")
+    forged = forge_end_record(aws, uri, s.cells + 1, b"{}")
+    started = time.monotonic()
+    run(ip, "--quiet --gather --out job", "import mpi_magic, time\ntime.sleep(1)\nsaid = mpi_magic.rank()")
+    assert time.monotonic() - started < AWS.log_visible, "the end came from rank 0's record, not from the log"
+    assert forged.is_set() and ip.user_ns["said"] == [0, 1]
+    assert [note for note in ip.user_ns["job"].model.notes if "refused" in note and "not a signed message" in note]
