@@ -128,7 +128,8 @@ def _keep_locals(frames: list[dict]) -> None:
     of their own while this one keeps the time, so that whatever a local's repr or pickle does,
     this returns within ``TIME_LIMIT``: one that runs past ``LOCAL_TIME_LIMIT`` is stopped (or,
     where it will not stop, left behind) and comes as unavailable, and the next go on on a fresh
-    thread; those not reached in ``TIME_LIMIT`` come as their type."""
+    thread; one whose code raises comes at once as unavailable with what it raised; those not
+    reached in ``TIME_LIMIT`` come as their type."""
     todo = [(frame["locals"], name, value) for frame in frames for name, value in frame["locals"].items()]
     budget = {"bytes": TOTAL_LIMIT}
     until = time.monotonic() + TIME_LIMIT
@@ -164,7 +165,7 @@ class _Worker:
                     self.changed.wait(min(local_until, self.until) - now)
                     continue
                 self.abandoned = True  # the thread stores nothing more
-                if self.working:  # in the local's code: it stores nothing without this lock
+                if self.working and thread.is_alive():  # still in this local's code: it cannot leave without this lock
                     _stop(thread)
                 place, name, value = self.todo[self.index]
                 if self.working and local_until < self.until:
@@ -186,11 +187,16 @@ class _Worker:
                         return
                     self.index, self.since, self.shown, self.working = index, time.monotonic(), None, True
                 entry: tuple[str, object, str]
-                if id(value) in self.slow:
-                    entry = _unavailable(value, None, _took_too_long())
-                else:
-                    self.shown = _shown(value)
-                    entry = _value(value, self.shown, self.budget)
+                try:
+                    if id(value) in self.slow:
+                        entry = _unavailable(value, None, _took_too_long())
+                    else:
+                        self.shown = _shown(value)
+                        entry = _value(value, self.shown, self.budget)
+                except _TookTooLong:
+                    raise
+                except BaseException as error:  # noqa: BLE001 - its code raised (a lazy proxy's __getattr__)
+                    entry = _unavailable(value, self.shown, _raised(error))
                 with self.changed:
                     if self.abandoned:
                         return
@@ -213,6 +219,11 @@ def _stop(thread: threading.Thread) -> None:
 
 def _took_too_long() -> str:
     return f"unavailable: took longer than {LOCAL_TIME_LIMIT:g} s"
+
+
+def _raised(error: BaseException) -> str:
+    message = _safe(lambda: str(error), "")
+    return f"unavailable: it raised {_type_name(error)}" + (f": {message[:REPR_LIMIT]}" if message else "")
 
 
 def _unavailable(value, shown: str | None, why: str) -> tuple[str, None, str]:

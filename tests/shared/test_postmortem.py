@@ -137,3 +137,21 @@ def test_many_bad_locals_take_the_time_for_all_of_them_at_most_and_the_rest_come
     assert frame["s0"][2] == slow
     assert {frame[f"s{i}"][2] for i in range(6)} == {slow, ran_out.format("Spinning")}
     assert frame["last"] == (postmortem.REPR, None, ran_out.format("int"))
+
+
+def test_a_local_that_raises_while_it_is_worked_out_comes_at_once_with_what_it_raised(monkeypatch):
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 5.0)
+    monkeypatch.setattr(postmortem, "TIME_LIMIT", 60.0)
+    record, took = timed_capture("class Lazy:\n    def __getattr__(self, name):\n"  # a proxy that loads on use
+                                 "        raise RuntimeError('not loaded yet')\n"
+                                 "class Classless:\n    @property\n    def __class__(self):\n"
+                                 "        raise ValueError('no class')\n"
+                                 "lazy, classless, word = Lazy(), Classless(), 'kept'\nraise ValueError\n", {})
+    assert took < postmortem.LOCAL_TIME_LIMIT, "neither waited for its time to run out"
+    frame = record["frames"][0]["locals"]
+    assert re.fullmatch(r"<\S*Lazy object at 0x\w+> \(its value unavailable: it raised RuntimeError: not loaded yet\)",
+                        frame["lazy"][2])
+    assert re.fullmatch(r"<\S*Classless object at 0x\w+> \(its value unavailable: it raised ValueError: no class\)",
+                        frame["classless"][2])
+    assert frame["lazy"][:2] == frame["classless"][:2] == (postmortem.REPR, None)
+    assert pickle.loads(frame["word"][1]) == "kept"
