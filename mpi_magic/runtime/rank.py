@@ -306,7 +306,9 @@ def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -
         return {"post_mortem_lost": f"keeping them failed: {error}"}
     if not done.acquire(timeout=POST_MORTEM_LIMIT):
         return {"post_mortem_lost": f"keeping them took longer than {POST_MORTEM_LIMIT:g} s"}
-    return {"post_mortem": kept[0]} if kept else {"post_mortem_lost": lost[0]}
+    if kept:
+        return {"post_mortem": kept[0]}
+    return {"post_mortem_lost": lost[0] if lost else "keeping them failed, and so did working out why"}
 
 
 def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
