@@ -274,6 +274,13 @@ def test_the_clusters_words_read_as_they_are_written():
     assert running.nodes == "n[1-2]" and pending.nodes == ""
     # without a limit, squeue's limit is UNLIMITED or a year (Slurm 22.05, MaxTime=INFINITE), counting down
     assert unlimited.time_left == a_year.time_left == math.inf
+    infinite, beyond, invalid, not_set, unreadable = parse("12|RUNNING|None|N/A|INFINITE|INFINITE|n1\n"
+                                                           "13|RUNNING|None|N/A|400-00:00:00|399-23:59:00|n1\n"
+                                                           "14|RUNNING|None|N/A|INVALID|INVALID|n1\n"
+                                                           "15|RUNNING|None|N/A|NOT_SET|NOT_SET|n1\n"
+                                                           "16|RUNNING|None|N/A|N/A|N/A|n1\n").values()
+    assert infinite.time_left == beyond.time_left == math.inf
+    assert invalid.time_left is not_set.time_left is unreadable.time_left is None, "unknown, not \"no time limit\""
     a_year_ahead = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 365 * 86400))
     (unplanned,) = parse(f"11|PENDING|Resources|{a_year_ahead}|1:00:00|1:00:00|\n").values()
     assert unplanned.starts is None, "Slurm's year-ahead estimate means it cannot plan the job: not shown"

@@ -22,7 +22,7 @@ from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput,
 from ...shared.layout import RESULTS
 from .. import launcher as launchers
 from . import cluster, commands
-from .queue import WAITING, WATCHER, JobState, QueueWatcher, look
+from .queue import REQUEUED_STATES, WATCHER, JobState, QueueWatcher, look
 from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch_argv, shape
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class SlurmJob:
         if state is None:  # no longer listed: ended long ago, or purged
             self._ended = self._ended or JobState("GONE")
             return
-        ran = bool(self._nodes or self._started)
+        had_run = bool(self._nodes or self._started)  # before this state
         self._nodes = state.nodes or self._nodes
         if state != self._state:
             self._state = state
@@ -198,7 +198,7 @@ class SlurmJob:
                 self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
         if state.ended:
             self._ended = state
-        elif state.state in WAITING and ran:  # requeued (a node failed): this run is over, and the job is cancelled
+        elif state.state in REQUEUED_STATES and had_run:  # requeued (a node failed): the run is over, the job cancelled
             self._ended = self._ended or JobState("REQUEUED", state.reason)
 
     # -- what the launcher says --------------------------------------------------------------

@@ -15,15 +15,17 @@ from . import commands
 
 FIRST, LONGEST, GROWTH = 2.0, 30.0, 1.5  # seconds between polls: the first, the longest, and the step
 FORMAT = "%i|%T|%r|%S|%l|%L|%N"  # job id, state, reason, (estimated) start, time limit, time left, nodes
-# Slurm writes a job without a time limit as one of a year (365-00:00:00, counting down), or UNLIMITED
-NO_LIMIT = 365 * 86400.0
+# Slurm writes a job without a time limit as UNLIMITED (INFINITE), or as one of a year (365-00:00:00,
+# counting down); with a limit it cannot tell (INVALID, NOT_SET, N/A), the time left is unknown
+NO_LIMIT, NO_LIMIT_WORDS = 365 * 86400.0, frozenset({"UNLIMITED", "INFINITE"})
 # Slurm's backfill puts a job it cannot plan (one waiting behind jobs without a time limit) a year
 # ahead: an estimate this far out says "unknown", and is not shown
 UNPLANNED = 300 * 86400.0
 ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT"})
-# back in the queue after it ran (Slurm requeued it: a failed node, where the cluster requeues jobs)
-WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+# a job listed in one of these after it ran is back in the queue: Slurm requeued it (a failed node, where
+# the cluster requeues jobs)
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,18 @@ def parse(text: str) -> dict[str, JobState]:
         if len(fields) != 7:
             continue
         job_id, state, reason, start, limit, left, nodes = fields
-        limit_seconds = seconds(limit)
-        time_left = math.inf if limit_seconds is None or limit_seconds >= NO_LIMIT else seconds(left)
-        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), time_left, nodes)
+        found[job_id] = JobState(state.split()[0] if state else "", reason, _epoch(start), _time_left(limit, left),
+                                 nodes)
     return found
+
+
+def _time_left(limit: str, left: str) -> float | None:
+    """squeue's time left in seconds; math.inf for a job without a time limit; None where Slurm's
+    figures cannot be read."""
+    limit_seconds = seconds(limit)
+    if limit.strip().upper() in NO_LIMIT_WORDS or (limit_seconds is not None and limit_seconds >= NO_LIMIT):
+        return math.inf
+    return None if limit_seconds is None else seconds(left)
 
 
 def look(job_ids: list[str]) -> dict[str, JobState] | None:
