@@ -105,10 +105,12 @@ def leader_log(aws, job_name: str) -> list[str]:
 
 
 
-def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool = False) -> threading.Event:
+def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool = False,
+                     marker: str | None = None) -> threading.Event:
     """Someone who may read and write a SageMaker session's prefix (``uri``), from a thread: once the
     notebook's message for ``cell`` is there (with ``after_rank0``, once rank 0's end record of the
-    cell is there too), ``forgery`` is put where that record goes; the event returned is set then."""
+    cell is there too), ``forgery`` is put where that record goes; the event returned is set then,
+    and the file ``marker`` made, which a cell can wait for (``waiting_for(marker)``)."""
     import json
 
     from mpi_magic.shared import s3channel
@@ -134,9 +136,18 @@ def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool
         bucket, key = split_s3(record)
         s3.put_object(Bucket=bucket, Key=key, Body=forgery)
         forged.set()
+        if marker:
+            open(marker, "w").close()
 
     threading.Thread(target=forge, name="end record forger", daemon=True).start()
     return forged
+
+def waiting_for(marker: str, seconds: float = 30) -> str:
+    """Cell code that waits (``seconds`` at most) until the file ``marker`` exists: a cell's end
+    ordered after something a test does meanwhile, on however loaded a machine."""
+    return (f"import os as _os, time as _time\nfor _ in range({int(seconds / 0.05)}):\n"
+            f"    if _os.path.exists({marker!r}):\n        break\n    _time.sleep(0.05)\n")
+
 
 def job_story(aws, job_name: str) -> str:
     """What a job went through, for a failing assertion: its status, transitions and each stream's last lines."""

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, MutableMapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from IPython.core.error import UsageError
 
@@ -103,7 +103,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
                 clock, deliver)
 
 
-def run_in_session(session: Session, source: str, namespace: MutableMapping[str, Any], options: LaunchOptions,
+def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
                    config: Config, on_job: Callable[[Job], None] = lambda job: None,
                    echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Run ``source`` on the session's ranks, sending only the values they do not hold."""
@@ -194,7 +194,7 @@ class SessionCellRoute:
     """A cell on a session's ranks: only the values they do not hold are sent; what it assigns
     and could not come back stays there, and a cell the ranks cannot get back from ends the session."""
 
-    def __init__(self, session: Session, code: capture.CellCode, namespace: MutableMapping[str, Any],
+    def __init__(self, session: Session, code: capture.CellCode, namespace: Mapping[str, Any],
                  options: LaunchOptions, echo: ConsoleEcho):
         self.session, self.code, self.namespace, self.options, self.echo = session, code, namespace, options, echo
         self.backend_name, self.world_size = session.backend, session.world_size
@@ -252,14 +252,12 @@ class SessionCellRoute:
         return run
 
     def _left_on_ranks(self) -> str:
-        """After a cell that ran but whose results were lost: what it assigned is the ranks' own, and
-        the notebook's old values of those names go rather than stand for what the ranks hold now."""
+        """After a cell that ran but whose results were lost: what it assigned is the ranks' own. The
+        notebook's values of those names are left as they were, and are not sent over the ranks' values."""
         names = self.code.assigns
-        for name in names:
-            self.namespace.pop(name, None)
         self.session.holdings.assigned(names, {}, names, self.namespace)
-        return (f"; {', '.join(names)} stay on the ranks for later cells, and their old values here were removed"
-                if names else "")
+        return (f"; here {', '.join(names)} keep what they held before the cell, and later cells use the ranks' "
+                "values (rebind a name here to send yours)" if names else "")
 
 
 class AttachedJob:

@@ -249,9 +249,9 @@ class SageMakerSessionRanks:
                                  for rank in missing))
         lost = [rank for rank in missing if not os.path.exists(result_path(job_dir, rank, kind))]
         if kind == RESULTS and lost and self._record_uri is not None:
-            why = (f"the object where its end record goes is not rank 0's record ({self._refused}) and rank 0's never "
-                   f"replaced it, so someone else writes to {self.channel.uri}/ (allow only this notebook and the "
-                   "job's role to)" if self._refused else
+            why = (f"the object where its end record goes is not rank 0's record ({self._refused}): someone else "
+                   f"writes to {self.channel.uri}/ and replaced rank 0's record, or put theirs and rank 0's never came "
+                   "(allow only this notebook and the job's role to write there)" if self._refused else
                    f"rank 0's end record, which holds them, did not come within {RECORD_WAIT:g}s")
             raise ResultsLost(f"the results of cell {self._cell} could not be read: {why}")
 

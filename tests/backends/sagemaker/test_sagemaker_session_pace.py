@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from helpers import BUCKET, forge_end_record, run, start_session, uploaded, wait_until
+from helpers import BUCKET, forge_end_record, run, start_session, uploaded, wait_until, waiting_for
 
 from mpi_magic.backends.sagemaker.session_ranks import SageMakerSessionRanks
 from mpi_magic.shared import s3channel
@@ -66,7 +66,7 @@ def test_a_cell_ends_from_its_record_before_the_log_could_say_so_and_each_line_s
 
 
 def test_an_object_someone_else_put_where_the_record_goes_costs_the_cell_neither_its_results_nor_its_speed(
-        cloud_sessions, aws):
+        cloud_sessions, aws, tmp_path):
     """At AWS's pace the forgery, put as soon as the cell's message can be read, is what the
     notebook reads first; refused, it is looked past, and rank 0's record still ends the cell
     before the log could."""
@@ -74,9 +74,12 @@ def test_an_object_someone_else_put_where_the_record_goes_costs_the_cell_neither
     s = start_session(ip, "-i 1 -g 2")
     root = os.environ["MPI_MAGIC_S3_ROOT"].split(BUCKET + "/")[1]
     uri = s3channel.session_uri(f"s3://{BUCKET}/{root}/{s.job_name}")
-    forged = forge_end_record(aws, uri, s.cells + 1, b"{}")
+    marker = str(tmp_path / "forged")
+    forged = forge_end_record(aws, uri, s.cells + 1, b"{}", marker=marker)
     started = time.monotonic()
-    run(ip, "--quiet --gather --out job", "import mpi_magic, time\ntime.sleep(1)\nsaid = mpi_magic.rank()")
+    # the cell ends once the forgery is there and the notebook has had time for a look at it
+    run(ip, "--quiet --gather --out job", "import mpi_magic, time\n" + waiting_for(marker) + "time.sleep(1)\n"
+        "said = mpi_magic.rank()")
     assert time.monotonic() - started < AWS.log_visible, "the end came from rank 0's record, not from the log"
     assert forged.is_set() and ip.user_ns["said"] == [0, 1]
     assert [note for note in ip.user_ns["job"].model.notes if "refused" in note and "not a signed message" in note]
