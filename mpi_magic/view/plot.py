@@ -186,6 +186,8 @@ def _short(value: float, digits: int = 3) -> str:
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
     rounded = float(f"{value:.{digits}g}")  # first, so that 999,999 reads 1M, not 1000k
+    if not math.isfinite(rounded):  # the largest floats round up past them
+        rounded = value
     size = abs(rounded)
     if 1e-3 <= size < 1e3:
         return f"{rounded:.{digits}g}"

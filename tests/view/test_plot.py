@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import xml.etree.ElementTree as ElementTree
 
 from mpi_magic.view.plot import EACH_RANK_UP_TO, _ticks, charts, metric_lines, svg
@@ -117,7 +118,8 @@ def test_values_of_any_size_read_as_numbers_a_person_reads():
              (999.96, "1k"), (1e3, "1k"), (1234.5, "1.234k"), (-1234567, "-1.235M"), (999_999, "1M"), (1e9, "1G"),
              (1e12, "1T"), (999.95e12, "1×10¹⁵"), (1e15, "1×10¹⁵"), (2 ** 60, "1.153×10¹⁸"), (1e21, "1×10²¹"),
              (1e24, "1×10²⁴"), (-2.5e30, "-2.5×10³⁰"), (1.5e-4, "1.5×10⁻⁴"), (-3e-5, "-3×10⁻⁵"),
-             (5e-324, "4.941×10⁻³²⁴"), (1e308, "1×10³⁰⁸"), (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan")]
+             (5e-324, "4.941×10⁻³²⁴"), (1e308, "1×10³⁰⁸"), (sys.float_info.max, "1.798×10³⁰⁸"),
+             (-sys.float_info.max, "-1.798×10³⁰⁸"), (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan")]
     assert [(value, shown(value)) for value, _ in cases] == cases
     labels = [t.text for t in parsed(svg("x", {0: [(0, 0.0), (1, 2.0 ** 60)]})).findall(f"{NS}text")]
     assert "1×10¹⁸" in labels and not any("e+" in label or "e-" in label for label in labels)
