@@ -200,8 +200,7 @@ class Job:
             time.sleep(0.1)
         found = {rank: in_cell_words(frames) for rank, frames in fresh.items()}
         missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
-        missing.update({s.rank: f"it has {s.status}" for s in self.ranks
-                        if s.status not in ACTIVE and s.rank not in found})
+        missing.update({s.rank: f"it has {s.status}" for s in self.ranks if s.status not in ACTIVE})
         return found, missing
 
     def take_reported_roll_call(self) -> None:
