@@ -104,7 +104,6 @@ def leader_log(aws, job_name: str) -> list[str]:
         token = reply["nextForwardToken"]
 
 
-
 def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool = False,
                      marker: str | None = None) -> threading.Event:
     """Someone who may read and write a SageMaker session's prefix (``uri``), from a thread: once the
@@ -141,6 +140,7 @@ def forge_end_record(aws, uri: str, cell: int, forgery: bytes, after_rank0: bool
 
     threading.Thread(target=forge, name="end record forger", daemon=True).start()
     return forged
+
 
 def waiting_for(marker: str, seconds: float = 30) -> str:
     """Cell code that waits (``seconds`` at most) until the file ``marker`` exists: a cell's end
