@@ -15,6 +15,7 @@ from helpers import run
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import RemoteRankError
+from mpi_magic.runtime.rank import POST_MORTEM_LIMIT
 from mpi_magic.shared import postmortem
 from mpi_magic.shared.layout import POST_MORTEM, result_path
 
@@ -165,7 +166,10 @@ BAD_LOCALS = (
     "    def __getstate__(self):\n"
     "        time.sleep(600)\n"
     "        return {}\n"
-    "spinning, sleepy, numbers, word = Spinning(), Sleepy(), [1, 2, 3], 'kept'\n"
+    "class Lazy:\n"
+    "    def __getattr__(self, name):\n"
+    "        raise RuntimeError('not loaded yet')\n"
+    "spinning, sleepy, lazy, numbers, word = Spinning(), Sleepy(), Lazy(), [1, 2, 3], 'kept'\n"
     "def step(item, k):\n"
     "    total = k * 2\n"
     "    if mpi_magic.rank() == 0:\n"
@@ -183,14 +187,17 @@ def test_a_local_whose_repr_or_pickle_never_ends_costs_only_itself_and_the_failu
     with pytest.raises(RemoteRankError, match="ValueError: bad locals") as raised:
         run(ip, "-g 2 --quiet", BAD_LOCALS)
     took = time.time() - float((tmp_path / "raised_at").read_text())
-    assert took < postmortem.TIME_LIMIT + 3, f"the failure came {took:.1f} s after the raise"
+    # a loaded machine may add seconds to the limit; a rank waiting on its locals reports after POST_MORTEM_LIMIT or never
+    assert took < postmortem.TIME_LIMIT + 8 < POST_MORTEM_LIMIT, f"the failure came {took:.1f} s after the raise"
     assert raised.value.debuggable == [0]
-    out = debug(ip, capsys, "", ["p total, k", "p item", "up", "p numbers, word", "p spinning", "p sleepy"],
+    out = debug(ip, capsys, "", ["p total, k", "p item", "up", "p numbers, word", "p spinning", "p sleepy", "p lazy"],
                 monkeypatch)
     assert "(42, 21)" in out and "([1, 2, 3], 'kept')" in out  # the good locals of both frames
     unavailable = f"unavailable: took longer than {postmortem.LOCAL_TIME_LIMIT:g} s"
     assert out.count(f"<Spinning: {unavailable}>") == 2  # item and spinning: its repr never ended
     assert re.search(rf"<__main__\.Sleepy object at 0x\w+> \(its value {unavailable}\)", out)  # its pickle
+    assert re.search(r"<__main__\.Lazy object at 0x\w+> \(its value unavailable: it raised RuntimeError: not loaded yet\)",
+                     out)  # at once, with what its __getattr__ raised
 
 
 def test_a_rank_that_could_not_keep_its_frames_says_why(ip):
