@@ -209,7 +209,8 @@ class _Worker:
 
 def _stop(thread: threading.Thread) -> None:
     """Raise ``_TookTooLong`` in ``thread`` at its next Python instruction: a repr looping in Python
-    ends there; one waiting in C (a sleep) ends when its wait does, left behind meanwhile."""
+    ends there, unless it catches that and goes on (it is left behind, looping); one waiting in C
+    (a sleep) ends when its wait does, left behind meanwhile."""
     try:
         import ctypes
     except ImportError:  # a Python built without it: the thread is only left behind
