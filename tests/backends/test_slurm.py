@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import signal
 import textwrap
 import time
 
@@ -15,6 +16,7 @@ import pytest
 from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, node_down, once, once_running,
                      ranks_running, run, slurm_listed, slurm_queue, wait_until)
 
+from mpi_magic.backends.slurm import commands
 from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
 
 pytestmark = needs_slurm()
@@ -129,6 +131,103 @@ def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(
                                  "(NODE_FAIL; Slurm's reason: disk on fire)")
     job = slurm.user_ns["job"]
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def _controller(cluster) -> int:
+    """slurmctld's pid: SIGSTOP makes it a controller too busy to answer (Slurm's commands wait for
+    it), SIGCONT brings it back."""
+    with open(os.path.join(cluster.root, "slurmctld.pid")) as f:
+        return int(f.read())
+
+
+def test_ranks_asked_for_their_stacks_while_slurmctld_does_not_answer_still_end_their_cell(slurm, slurm_cluster,
+                                                                                           monkeypatch):
+    """After stall_after seconds of quiet the ranks are asked for their stacks (scancel --signal=URG)
+    while slurmctld is stopped: the ask times out, and the cell ends when its ranks do."""
+    monkeypatch.setattr(commands, "CALL_LIMIT", 1.0)
+    slurm.run_line_magic("mpirun_config", "stall_after=2")
+    controller = _controller(slurm_cluster)
+
+    def unanswered():
+        os.kill(controller, signal.SIGSTOP)
+        time.sleep(4)  # (the ask comes 2 s after the ranks started, and gives up 1 s later)
+        os.kill(controller, signal.SIGCONT)
+
+    with once_running(slurm, unanswered, pause=0):
+        run(slurm, "--backend slurm -i 1 -g 1 --timeout 25 --out job", "import time\ntime.sleep(8)\nanswer = 42")
+    assert slurm.user_ns["answer"] == 42
+
+
+def _followed(cluster, folder, *sbatch_args: str, watcher=None):
+    """A batch job of ``sbatch_args`` followed as a cell's job is (its folder ``folder``), once squeue
+    says it runs: its id, and the ``SlurmJob``."""
+    from mpi_magic.backends.slurm.batch_job import SlurmJob
+    from mpi_magic.backends.slurm.queue import WATCHER
+    from mpi_magic.shared import wire
+    from mpi_magic.shared.events import StreamDecoder
+
+    job_id = cluster.run("sbatch", "--parsable", f"--output={folder}/slurm.out", *sbatch_args).stdout.strip()
+    job = SlurmJob(job_id, "followed", str(folder), StreamDecoder(wire.new_token()), watcher=watcher or WATCHER)
+    assert wait_until(lambda: job.state is not None and job.state.state == "RUNNING", 30), slurm_queue(cluster)
+    return job_id, job
+
+
+def test_a_requeued_job_that_slurmctld_does_not_cancel_still_ends_saying_so(slurm_cluster, tmp_path, monkeypatch):
+    """Slurm requeued the job, and cancelling it (it would run again with nobody watching) meets a
+    slurmctld that does not answer (stopped once squeue listed the job back in the queue): the end
+    comes all the same, and says how to cancel the job."""
+    from mpi_magic.backends.slurm.queue import REQUEUED_STATES, QueueWatcher
+    from mpi_magic.shared.events import LauncherExited
+
+    monkeypatch.setattr(commands, "CALL_LIMIT", 1.0)
+    controller = _controller(slurm_cluster)
+
+    class StopsTheController(QueueWatcher):
+        ran = False
+
+        def _poll(self, job_ids):
+            states = super()._poll(job_ids)
+            state = (states or {}).get(job_ids[0])
+            self.ran = self.ran or (state is not None and state.state == "RUNNING")
+            if self.ran and state is not None and state.state in REQUEUED_STATES:
+                os.kill(controller, signal.SIGSTOP)
+            return states
+
+    watcher = StopsTheController()
+    job_id, job = _followed(slurm_cluster, tmp_path, "--requeue", "--wrap", "sleep 300", watcher=watcher)
+    try:
+        slurm_cluster.run("scontrol", "requeue", job_id)
+        watcher.hurry()
+        assert job.over.wait(30), "the job's end never came"
+        ends = [event for event in job.poll(0) if isinstance(event, LauncherExited)]
+    finally:
+        os.kill(controller, signal.SIGCONT)
+        slurm_cluster.run("scancel", job_id)
+    assert [end.reason for end in ends] == [
+        "Slurm put the job back in its queue to run it again later, and cancelling it failed: scancel did not "
+        f"answer within 1s: is slurmctld up? (scontrol ping says); cancel it with scancel {job_id}"]
+
+
+def test_a_stopped_job_whose_cancel_slurmctld_does_not_answer_is_cancelled_all_the_same(slurm_cluster, tmp_path,
+                                                                                         monkeypatch):
+    """Its processes ignore the SIGINT of a stop, and slurmctld does not answer the cancel when the
+    grace after it is over (stopped): no thread dies of it, and the job is cancelled once it answers."""
+    from mpi_magic.backends.slurm import batch_job
+
+    monkeypatch.setattr(commands, "CALL_LIMIT", 1.0)
+    monkeypatch.setattr(batch_job, "INTERRUPT_GRACE", 1.0)
+    controller = _controller(slurm_cluster)
+    job_id, job = _followed(slurm_cluster, tmp_path, "--wrap", "trap '' INT; sleep 300")
+    try:
+        job.cancel()
+        os.kill(controller, signal.SIGSTOP)
+        time.sleep(3)  # (the cancel 1 s after the SIGINT gives up 1 s later, and is tried again after 1 s)
+        os.kill(controller, signal.SIGCONT)
+        assert job.over.wait(30), slurm_queue(slurm_cluster)
+    finally:
+        os.kill(controller, signal.SIGCONT)
+        slurm_cluster.run("scancel", job_id)
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 @pytest.mark.parametrize("line, said", [("--partition short --time 5", "time left 4:"),

@@ -7,6 +7,7 @@ how much of its time is left. A process beside the notebook cancels the job if t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import re
@@ -52,6 +53,8 @@ ENDED_BY_SLURM = {
     "DEADLINE": "the job passed its deadline",
     "REQUEUED": "Slurm put the job back in its queue to run it again later, and it was cancelled",
 }
+REQUEUED_NOT_CANCELLED = ("Slurm put the job back in its queue to run it again later, and cancelling it failed: "
+                          "{why}; cancel it with scancel {job_id}")
 _STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:, [^*]*)? \*\*\*")
 _DUE_TO = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 
@@ -235,7 +238,7 @@ class SlurmJob:
         self._watcher.forget(self.job_id)
         end = self._end(exit_path)
         if self._ended is not None and self._ended.state == "REQUEUED":
-            commands.run("scancel", self.job_id)  # the job never runs again by itself, with nobody watching
+            end = self._cancel_requeued(end)
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), end])
         self.over.set()
@@ -247,7 +250,10 @@ class SlurmJob:
         if (self._in_cell and self._asked_at != quiet_since and self._started - self._reported and self._ended is None
                 and time.monotonic() - quiet_since > self.stall_after):
             self._asked_at = quiet_since
-            self.request_stacks()
+            try:
+                self.request_stacks()
+            except SlurmSetupError:
+                pass  # slurmctld did not answer: the ranks are asked at their next quiet spell
 
     def _deliver(self, lines: list[str], stream: str) -> None:
         if not lines:
@@ -295,6 +301,26 @@ class SlurmJob:
         else:
             reason = f"the job ended ({state}) without its launcher's exit status"
         return LauncherExited(None, reason=reason)
+
+    def _cancel_requeued(self, end: LauncherExited) -> LauncherExited:
+        """The job Slurm requeued is cancelled: it would run again later by itself, with nobody watching.
+        Where Slurm does not take the cancel, the end says so and how to cancel it."""
+        why = self._cancel_from_thread()
+        if why is None:
+            return end
+        said = REQUEUED_NOT_CANCELLED.format(why=why, job_id=self.job_id)
+        if end.reason and end.reason != ENDED_BY_SLURM["REQUEUED"]:
+            said = f"{end.reason}; {said}"
+        return dataclasses.replace(end, reason=said)
+
+    def _cancel_from_thread(self) -> str | None:
+        """``scancel`` the job from a thread that must go on whatever Slurm says; None once Slurm
+        took it, else why not (a busy slurmctld that did not answer within ``commands.CALL_LIMIT``)."""
+        try:
+            cancelled = commands.run("scancel", self.job_id)
+        except SlurmSetupError as exc:
+            return str(exc)
+        return None if cancelled.returncode == 0 else commands.said(cancelled)
 
     def _ask_slurm(self) -> None:
         """Slurm's word on the job now, not at the queue's next poll."""
@@ -363,15 +389,22 @@ class SlurmJob:
             commands.run("scancel", self.job_id)
         else:
             commands.run("scancel", "--full", "--signal=INT", self.job_id)
-            timer = threading.Timer(INTERRUPT_GRACE, self._cancel_if_running)
-            timer.daemon = True
-            timer.start()
+            self._cancel_after_grace()
         self._watcher.hurry()
 
+    def _cancel_after_grace(self) -> None:
+        """In INTERRUPT_GRACE seconds, the job is cancelled if it still runs; where Slurm does not take
+        the cancel (a busy slurmctld), it is tried again after another grace, until the job ends."""
+        timer = threading.Timer(INTERRUPT_GRACE, self._cancel_if_running)
+        timer.daemon = True
+        timer.start()
+
     def _cancel_if_running(self) -> None:
-        if not self._finished and self._ended is None:
-            commands.run("scancel", self.job_id)
-            self._watcher.hurry()
+        if self._finished or self._ended is not None or self.over.is_set():
+            return
+        if self._cancel_from_thread() is not None:
+            self._cancel_after_grace()
+        self._watcher.hurry()
 
     def request_stacks(self) -> bool:
         """SIGURG to every process of the job (``scancel --signal``): each rank sends its stack as an event."""

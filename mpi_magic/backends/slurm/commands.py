@@ -22,13 +22,14 @@ def client(name: str) -> str:
     return path
 
 
-def run(name: str, *args: str, timeout: float = CALL_LIMIT) -> subprocess.CompletedProcess:
-    """``name args...``, its output as text. Its exit status is the caller's to read."""
+def run(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``name args...``, its output as text; ``SlurmSetupError`` where it takes over ``CALL_LIMIT``
+    seconds. Its exit status is the caller's to read."""
     try:
         return subprocess.run([client(name), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=CALL_LIMIT)
     except subprocess.TimeoutExpired:
-        raise SlurmSetupError(f"{name} did not answer within {timeout:g}s: is slurmctld up? "
+        raise SlurmSetupError(f"{name} did not answer within {CALL_LIMIT:g}s: is slurmctld up? "
                               "(scontrol ping says)") from None
 
 
