@@ -123,13 +123,22 @@ def test_ctrl_c_stops_the_running_job(slurm, slurm_cluster):
 def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(slurm, slurm_cluster, line):
     """Slurm ends the job (NODE_FAIL) as its node goes down; left to itself it would requeue the job
     and run the cell again minutes later, with nobody watching (a job that asks to be requeued is
-    cancelled once its cell has ended)."""
-    with node_down(slurm_cluster, "n2", "disk on fire", lambda: ranks_running(slurm)), \
-            pytest.raises(RankExitError) as raised:
-        run(slurm, f"--backend slurm -i 2 -g 1 {line} --out job", "import time\ntime.sleep(300)")
+    cancelled once its cell has ended). Its other node, drained for maintenance just before, failed
+    nothing, and is not named."""
+    def drain():
+        slurm_cluster.run("scontrol", "update", "nodename=n1", "state=drain", "reason=maintenance")
+
+    try:
+        with once(lambda: ranks_running(slurm), drain, pause=0), \
+                node_down(slurm_cluster, "n2", "disk on fire", lambda: ranks_running(slurm)), \
+                pytest.raises(RankExitError) as raised:
+            run(slurm, f"--backend slurm -i 2 -g 1 {line} --out job", "import time\ntime.sleep(300)")
+    finally:
+        slurm_cluster.run("scontrol", "update", "nodename=n1", "state=resume")
     assert str(raised.value) == ("ranks [0, 1] stopped before the cell finished: node n2 of the job failed "
                                  "(NODE_FAIL; Slurm's reason: disk on fire)")
     job = slurm.user_ns["job"]
+    assert [r.host for r in job.ranks] == ["n1", "n2"]
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 

@@ -42,7 +42,7 @@ READ_CHUNK = 1 << 16
 READ_MOST, QUEUE_SIZE = 64 * READ_CHUNK, 16
 # Why Slurm ended a job, in the user's words: by its state in squeue, or by what slurmstepd wrote into the
 # job's error file ("*** JOB 40 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***", "... DUE TO
-# NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"); a failed node is named where sinfo still holds it down.
+# NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"); a failed node is named where sinfo lists it down or failing.
 ENDED_BY_SLURM = {
     "TIMEOUT": "the job reached its Slurm time limit (--time)",
     "CANCELLED": "the job was cancelled in Slurm (scancel) from outside this notebook",

@@ -93,10 +93,10 @@ def chosen(options: LaunchOptions, known: dict[str, Partition]) -> Partition:
 
 
 def down_nodes(nodes: str) -> dict[str, str]:
-    """Which of ``nodes`` (Slurm's node list, "n[1-2]") are down, drained or failing, each with Slurm's
-    reason ({"n2": "Not responding"}); {} where sinfo cannot say."""
+    """Which of ``nodes`` (Slurm's node list, "n[1-2]") are down or failing, each with Slurm's reason
+    ({"n2": "Not responding"}); {} where sinfo cannot say. A node drained (for maintenance) did not fail."""
     try:
-        shown = commands.run("sinfo", "-h", "-R", "-N", "-n", nodes, "-o", "%N|%E")
+        shown = commands.run("sinfo", "-h", "-R", "-N", "-t", "down,fail", "-n", nodes, "-o", "%N|%E")
     except SlurmSetupError:
         return {}
     found = {}
