@@ -68,23 +68,39 @@ class ResultsLost(JobError):
     """A session's cell ran, but its results could not be read here; what it assigned stays on the ranks."""
 
 
+# What a rank raises when another rank went away first: its failure is a consequence, never the cause.
+PEER_LOSS = (
+    "Connection closed by peer",  # gloo (torch.distributed on CPU)
+    "NCCL communicator was aborted",  # NCCL, after a peer's failure aborted the communicator
+    "remote process exited",  # NCCL
+    "ERR_PROC_FAILED",  # MPI (Open MPI's MPI_ERR_PROC_FAILED, MPICH's MPIX_ERR_PROC_FAILED, mpi4py's MPI.Exception)
+    "ERR_PROC_ABORTED",  # Open MPI
+)
+
+
 class RankFailure:
-    """What one rank reported (or what the launcher said) when it failed.
+    """What one rank reported (or what the launcher said) when it failed, and when (``at``, by the
+    notebook's clock: the rank's own time, corrected for its instance's clock; None where unknown).
 
     A plain class: this module is imported on every rank, where dataclasses cost milliseconds."""
 
-    __slots__ = ("rank", "instance", "host", "error_type", "message", "traceback")
+    __slots__ = ("rank", "instance", "host", "error_type", "message", "traceback", "at")
 
     def __init__(self, rank: int, instance: int, host: str = "", error_type: str = "", message: str = "",
-                 traceback: str = ""):
+                 traceback: str = "", at: float | None = None):
         self.rank, self.instance, self.host = rank, instance, host
-        self.error_type, self.message, self.traceback = error_type, message, traceback
+        self.error_type, self.message, self.traceback, self.at = error_type, message, traceback, at
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RankFailure and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
 
     def __repr__(self) -> str:
         return "RankFailure(%s)" % ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+
+    @property
+    def lost_a_peer(self) -> bool:
+        """It failed because another rank went away (``PEER_LOSS``)."""
+        return any(words in self.message or words in self.error_type for words in PEER_LOSS)
 
     def headline(self) -> str:
         where = f"rank {self.rank} (instance {self.instance}{', ' + self.host if self.host else ''})"
@@ -93,27 +109,32 @@ class RankFailure:
         return f"{where} {self.message or 'exited without reporting'}"
 
 
+def first_failed_first(failures: list[RankFailure]) -> list[RankFailure]:
+    """The failures by when they happened; a peer's loss after every other failure, whatever its clock says."""
+    return sorted(failures, key=lambda f: (f.lost_a_peer, f.at is None, f.at or 0.0, f.rank))
+
+
 class RankExitError(JobError):
     """Ranks ended without reporting a Python exception (killed by a signal, os._exit)."""
 
     def __init__(self, failures: list[RankFailure], summary: str = ""):
-        self.failures = failures
-        lines = [f.headline() for f in failures] or [summary or "the launcher failed"]
+        self.failures = first_failed_first(failures)
+        lines = [f.headline() for f in self.failures] or [summary or "the launcher failed"]
         super().__init__("; ".join(lines))
 
 
 class RemoteRankError(JobError):
     """One or more ranks raised. IPython shows the remote traceback, not the launcher's.
 
-    ``rank``, ``instance``, ``error_type`` and ``message`` describe the first failing rank;
-    ``failures`` holds every rank that reported an exception; ``debuggable`` the ranks whose
-    frames ``%mpirun_debug`` can open.
+    ``rank``, ``instance``, ``error_type`` and ``message`` describe the rank that failed first
+    (``first_failed_first``); ``failures`` holds every rank that reported an exception, in that
+    order; ``debuggable`` the ranks whose frames ``%mpirun_debug`` can open.
     """
 
     def __init__(self, failures: list[RankFailure], world_size: int, debuggable: list[int] | None = None):
         if not failures:
             raise ValueError("RemoteRankError needs at least one failure")
-        self.failures = sorted(failures, key=lambda f: f.rank)
+        self.failures = first_failed_first(failures)
         self.world_size = world_size
         first = self.failures[0]
         self.rank, self.instance, self.host = first.rank, first.instance, first.host
@@ -123,12 +144,14 @@ class RemoteRankError(JobError):
         super().__init__(self._summary())
 
     def _summary(self) -> str:
-        first = self.failures[0]
+        first, then = self.failures[0], self.failures[1:]
         text = first.headline()
-        others = len(self.failures) - 1
-        if others:
-            ranks = compact_ranks([f.rank for f in self.failures[1:]])
-            text += f" (and {others} more of {self.world_size} ranks: {ranks})"
+        if then:
+            text += f" (then {ranks_phrase([f.rank for f in then])} of {self.world_size} failed"
+            times = [f.at for f in then if f.at is not None]
+            if first.at is not None and times:
+                text += f" within {max(0.0, max(times) - first.at):.1f} s"
+            text += ")"
         return text
 
     def _render_traceback_(self) -> list[str]:
@@ -137,18 +160,25 @@ class RemoteRankError(JobError):
         lines = [f"{_RED}RemoteRankError{_RESET}: {self._summary()}", ""]
         lines.append(f"--- traceback of {first.headline().split(' raised')[0]} ---")
         lines.extend(first.traceback.rstrip("\n").splitlines() or [f"{first.error_type}: {first.message}"])
-        kinds: dict[tuple[str, str], list[int]] = {}
+        kinds: dict[tuple[bool, str, str], list[int]] = {}  # in the order they failed
         for failure in self.failures[1:]:
-            kinds.setdefault((failure.error_type, failure.message), []).append(failure.rank)
-        for (error_type, message), ranks in kinds.items():
-            lines.append(f"ranks {compact_ranks(ranks)} also raised {error_type}: {message}")
+            kinds.setdefault((failure.lost_a_peer, failure.error_type, failure.message), []).append(failure.rank)
+        for (lost_a_peer, error_type, message), ranks in kinds.items():
+            lines.append(f"then {ranks_phrase(ranks)} {'lost a peer:' if lost_a_peer else 'raised'} "
+                         f"{error_type}: {message}")
         if self.debuggable:
-            lines.append(f"%mpirun_debug opens the debugger on rank {self.debuggable[0]}'s frames and locals"
+            opened = next((f.rank for f in self.failures if f.rank in self.debuggable), self.debuggable[0])
+            lines.append(f"%mpirun_debug opens the debugger on rank {opened}'s frames and locals"
                          + (" (%mpirun_debug N on rank N)" if len(self.debuggable) > 1 else ""))
         return lines
 
 
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+def ranks_phrase(ranks: list[int]) -> str:
+    """[2] -> 'rank 2'; [0, 1, 3] -> 'ranks 0-1, 3'."""
+    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {compact_ranks(ranks)}"
 
 
 def compact_ranks(ranks: list[int]) -> str:

@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .notebook import debugger, pipeline
-from .errors import BackendNotAvailable, JobError, LauncherNotFound
+from .errors import BackendNotAvailable, JobError, LauncherNotFound, ranks_phrase
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
 from .notebook.job import Job
@@ -306,7 +306,7 @@ class MpiMagics(Magics):
         failed = debugger.failed_ranks(job)
         others = [r for r in failed if r != rank]
         print(f"job {job.name}: rank {rank} raised {record['error_type']}: {record['message']}"
-              + (f" (also raised: ranks {', '.join(map(str, others))}; %mpirun_debug N opens rank N)" if others else ""))
+              + (f" (also raised: {ranks_phrase(others)}; %mpirun_debug N opens rank N)" if others else ""))
         debugger.interact(debugger.traceback_of(record, job.cell_lines), self.shell.debugger_cls, args.command)
 
     @line_magic

@@ -48,11 +48,12 @@ class RankFailed(Exception):
 
 
 def failed_ranks(job: Job) -> list[int]:
-    return [state.rank for state in job.ranks if state.failure is not None and state.failure.error_type]
+    """The ranks that raised, the one that failed first first (``JobModel.failed_first``)."""
+    return [state.rank for state in job.model.failed_first() if state.failure is not None and state.failure.error_type]
 
 
 def load(job: Job, rank: int | None) -> tuple[int, dict]:
-    """(rank, its record) for ``rank``, or the first failed rank; ``JobError`` says why there is none."""
+    """(rank, its record) for ``rank``, or the rank that failed first; ``JobError`` says why there is none."""
     failed = failed_ranks(job)
     if not failed:
         raise JobError(f"no rank of job {job.name} raised an exception: there is nothing to debug")
@@ -60,7 +61,7 @@ def load(job: Job, rank: int | None) -> tuple[int, dict]:
         rank = failed[0]
     elif rank not in failed:
         raise JobError(f"rank {rank} of job {job.name} did not raise; the ranks that did: "
-                       f"{', '.join(map(str, failed))}")
+                       f"{', '.join(map(str, sorted(failed)))}")
     digest = job.ranks[rank].post_mortem
     if not digest:
         why = job.ranks[rank].post_mortem_lost or "it failed before or outside the cell's code"

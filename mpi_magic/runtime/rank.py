@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import os
 import sys
+import time
 import types
 from ..shared import envvars
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
@@ -89,12 +90,14 @@ def main(argv: list[str]) -> int:
     try:
         value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
+        failed_at = time.time()  # keeping the frames may take seconds: the failure is when it was raised
+
         def publish(path: str) -> None:
             if results_uri:
                 upload(path, result_uri(results_uri, place.rank, POST_MORTEM))
 
         _fail(emitter, reporter, exc, keep_post_mortem(exc, _scratch_dir() if results_uri else job_dir, place.rank,
-                                                       publish))
+                                                       publish), failed_at)
     reporter.flush()
     unreturned: dict[str, str] = {}
     results_digest = ""
@@ -312,19 +315,20 @@ def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -
 
 
 def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
-          post_mortem: dict[str, str] | None = None) -> NoReturn:
+          post_mortem: dict[str, str] | None = None, failed_at: float | None = None) -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
     ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
     try:
-        report_failure(emitter, reporter, exc, post_mortem)
+        report_failure(emitter, reporter, exc, post_mortem, failed_at)
     finally:
         os._exit(1)
 
 
 def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
-                   post_mortem: dict[str, str] | None = None) -> None:
-    """Report how the cell failed, with what ``keep_post_mortem`` said of its frames. Nothing here
-    may depend on the cell's objects behaving."""
+                   post_mortem: dict[str, str] | None = None, failed_at: float | None = None) -> None:
+    """Report how the cell failed, with what ``keep_post_mortem`` said of its frames, stamped
+    ``failed_at`` (when it was raised; now if not given). Nothing here may depend on the cell's
+    objects behaving."""
     try:
         try:
             reporter.flush()
@@ -335,7 +339,7 @@ def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: Bas
         else:
             error_type, message, trace = describe_failure(exc, emitter.rank)
             emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace,
-                         **(post_mortem or {}))
+                         **(post_mortem or {}), **({"time": failed_at} if failed_at else {}))
     finally:
         flush_streams()
 

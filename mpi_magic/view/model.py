@@ -16,7 +16,7 @@ from typing import Callable
 from ..shared import events
 from ..shared.cost import Cost, estimate
 from ..shared.metrics import MetricStore
-from ..errors import JobError, RankExitError, RankFailure, RemoteRankError
+from ..errors import JobError, RankExitError, RankFailure, RemoteRankError, first_failed_first
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
@@ -58,6 +58,7 @@ class RankState:
     started_at: float | None = None
     ended_at: float | None = None
     failed_at: float | None = None  # by the notebook's clock, for stopping the others after a grace
+    failed_here: float | None = None  # by its own clock: which rank failed first
     gone: bool = False  # its process vanished without reporting; settled when the launcher exits
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
@@ -165,6 +166,9 @@ class JobModel:
         self._stacks_news = False  # stacks arrived that no roll-call counts yet
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
         self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
+        # per instance, the least an event took from its clock to ours: its clock's offset from ours
+        # (its skew and the least delay), so ranks' times on different instances can be compared
+        self.clock_offsets: dict[int, float] = {}
 
     @property
     def num_instances(self) -> int:
@@ -198,6 +202,7 @@ class JobModel:
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
             bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
+            self._clocked(state.instance, event.time)
             if event.desc:
                 bar.desc = event.desc
             if state.status == "starting":
@@ -229,6 +234,7 @@ class JobModel:
                 return
             state = self.ranks[event.rank]
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
+            self._clocked(state.instance, event.time)
             if state.status == "starting":
                 state.status = "running"
             if self.phase in BEFORE_RANKS:
@@ -305,8 +311,16 @@ class JobModel:
             return
         self.version += 1
 
+    def _clocked(self, instance: int, time: float) -> None:
+        """An event of ``instance`` stamped ``time`` by its clock arrived now, by ours."""
+        if time > 0:  # 0: not stamped
+            offset = self.clock() - time
+            if offset < self.clock_offsets.get(instance, offset + 1):
+                self.clock_offsets[instance] = offset
+
     def _finished(self, event: events.RankFinished) -> None:
         state = self.ranks[event.rank]
+        self._clocked(state.instance, event.time)
         if state.status in ENDED:
             return  # a rank ends once
         state.ended_at, state.gone = event.time, False
@@ -320,7 +334,7 @@ class JobModel:
             state.status = "stopped"
         else:
             state.status = "failed"
-            state.failed_at = self.clock()
+            state.failed_at, state.failed_here = self.clock(), event.time or None
             state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
                                         event.message, event.traceback)
             state.post_mortem, state.post_mortem_lost = event.post_mortem, event.post_mortem_lost
@@ -348,11 +362,21 @@ class JobModel:
             elif state.failure is not None and not state.failure.error_type and report:
                 state.failure.message = report  # "exited before the cell finished" -> its exit status
 
+    def failed_first(self) -> list[RankState]:
+        """The ranks that failed, the first first: by when each failed by its own clock, corrected
+        to ours by its instance's offset (``clock_offsets``); a failure that is a peer's loss after
+        the others. Sets each failure's ``at``."""
+        failures = [state.failure for state in self.ranks if state.failure is not None]
+        for failure in failures:
+            state, offset = self.ranks[failure.rank], self.clock_offsets.get(failure.instance)
+            failure.at = state.failed_at if state.failed_here is None or offset is None else state.failed_here + offset
+        return [self.ranks[failure.rank] for failure in first_failed_first(failures)]
+
     def error(self) -> JobError | None:
         """What the cell raises for how the job ended (None while running, stopped, or all ok)."""
         if self.exit is None or self.stop_reason is not None or all(s.status == "completed" for s in self.ranks):
             return None  # every rank reported success: how the launcher ended does not matter
-        failed = [s.failure for s in self.ranks if s.failure is not None]
+        failed = [s.failure for s in self.failed_first() if s.failure is not None]
         raised = [f for f in failed if f.error_type]
         if raised:
             return RemoteRankError(raised, self.world_size, [s.rank for s in self.ranks if s.post_mortem])

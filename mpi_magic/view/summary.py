@@ -193,11 +193,9 @@ class Summary:
         lines += [f"  {line}" for line in last_metrics(self.model)] + ([f"  {peaks}"] if peaks else [])
         if self.model.phase == "completed":
             return "\n".join(lines)
-        for state in self.model.ranks:
-            if state.failure is not None:
-                lines.append(f"  {state.failure.headline()}")
-            elif state.status != "completed":
-                lines.append(f"  rank {state.rank} (instance {state.instance}) {state.status}")
+        lines += [f"  {state.failure.headline()}" for state in self.model.failed_first() if state.failure is not None]
+        lines += [f"  rank {state.rank} (instance {state.instance}) {state.status}" for state in self.model.ranks
+                  if state.failure is None and state.status != "completed"]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -213,7 +211,7 @@ class Summary:
             table = (f"<details{' open' if model.phase != 'completed' else ''}><summary>ranks</summary>"
                      f"<table>{head}{''.join(rows.values())}</table></details>")
         else:
-            failed = [s.rank for s in model.ranks if s.failure is not None]
+            failed = [s.rank for s in model.failed_first()]
             others = {status: n for status, n in model.counts().items() if n and status != "failed"}
             table = (f"<table>{head}{''.join(rows[r] for r in failed)}</table>" if failed else "") + (
                 f"<div>{', '.join(f'{n} {status}' for status, n in others.items())}</div>" if failed else "") + (
@@ -257,7 +255,7 @@ class Summary:
 
     def _failed_html(self) -> str:
         """What the failed ranks' panes showed: their last lines and where their logs are."""
-        failed = [(s, s.failure) for s in self.model.ranks if s.failure is not None]
+        failed = [(s, s.failure) for s in self.model.failed_first() if s.failure is not None]
         parts = []
         for state, failure in failed[:FAILED_SHOWN]:
             lines = [("[stderr] " if stream == "stderr" else "") + text for stream, text in list(state.tail)[-LAST_LINES:]]

@@ -315,7 +315,7 @@ class WidgetView:
     def _named_html(self) -> str:
         """Failed and stopped ranks by name (a red square alone says nothing to a reader), then the slowest."""
         lines = []
-        failed = [s for s in self.model.ranks if s.status == "failed"]
+        failed = [s for s in self.model.failed_first() if s.status == "failed"]  # the first failure first
         for state in failed[:NAMED_FAILURES]:
             failure = state.failure
             what = (f"{failure.error_type}: {failure.message}" if failure.error_type else failure.message) \

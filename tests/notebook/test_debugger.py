@@ -18,6 +18,7 @@ from mpi_magic.errors import RemoteRankError
 from mpi_magic.runtime.rank import POST_MORTEM_LIMIT
 from mpi_magic.shared import postmortem
 from mpi_magic.shared.layout import POST_MORTEM, result_path
+from mpi_magic.view.summary import Summary
 
 ANSI = re.compile("\x1b\\[[0-9;]*m")
 
@@ -68,8 +69,9 @@ def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fa
     assert error.debuggable == [1, 3]
     out = debug(ip, capsys, "3", ["p x"], monkeypatch)
     assert "rank 3 raised ZeroDivisionError" in out and "\n13\n" in out.replace("ipdb> ", "\n")
-    out = debug(ip, capsys, "", ["p x"], monkeypatch)
-    assert "rank 1 raised" in out and "also raised: ranks 3; %mpirun_debug N opens rank N" in out
+    out = debug(ip, capsys, "", ["p x"], monkeypatch)  # the rank that failed first, of two that fail alike
+    other = 4 - error.rank
+    assert f"rank {error.rank} raised" in out and f"also raised: rank {other}; %mpirun_debug N opens rank N" in out
     with pytest.raises(UsageError, match="rank 0 of job .* did not raise; the ranks that did: 1, 3"):
         ip.run_line_magic("mpirun_debug", "0")
     with pytest.raises(UsageError, match="usage: %mpirun_debug"):
@@ -78,6 +80,44 @@ def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fa
     ip.run_line_magic("mpirun_debug", "3 -c 'p x' -c up -c 'p label'")  # headless: no stdin is read
     out = ANSI.sub("", capsys.readouterr().out)
     assert "\n13\n" in out.replace("ipdb> ", "\n") and "'rank 3'" in out
+
+
+def test_the_rank_that_failed_first_is_named_debugged_and_the_others_read_as_what_followed(sessions, capsys,
+                                                                                           monkeypatch):
+    ip = sessions  # a session's failed ranks go back to waiting, so the others report what followed
+    ip.run_line_magic("mpirun_session", "start --instances 1 --gpus 4 --quiet")
+    error = fail_on_rank_2_first(ip)
+    assert (error.rank, error.error_type, error.message) == (2, "ValueError", "root cause on rank 2")
+    assert "root cause on rank 2" in error.remote_traceback and "collateral" not in error.remote_traceback
+    assert len(error.failures) == 4, "every rank raised"
+    assert re.search(r"\(then ranks 0-1, 3 of 4 failed within 0\.[3-9] s\)$", str(error)), str(error)
+    rendered = error._render_traceback_()
+    assert "--- traceback of rank 2 (instance 0" in "\n".join(rendered)
+    assert "%mpirun_debug opens the debugger on rank 2's frames and locals (%mpirun_debug N on rank N)" in rendered
+    assert sum(line.startswith("then rank") and "raised RuntimeError: collateral on rank" in line
+               for line in rendered) == 3
+    failures = [line for line in repr(Summary(ip.user_ns["job"].model, "")).splitlines() if " raised " in line]
+    assert failures[0].startswith("  rank 2 (instance 0") and len(failures) == 4
+    out = debug(ip, capsys, "", ["p mpi_magic.rank()"], monkeypatch)
+    assert "rank 2 raised ValueError: root cause on rank 2 (also raised: ranks 0-1, 3;" in out
+
+
+def fail_on_rank_2_first(ip) -> RemoteRankError:
+    """Rank 2 raises, the others 0.3 s later. Rank 2's frames hold a local that takes a second to
+    keep (as a large model's might), so its report arrives after theirs."""
+    with pytest.raises(RemoteRankError) as raised:
+        run(ip, "--quiet --out job",
+            "import time, mpi_magic\n"
+            "class Weights:\n"
+            "    def __reduce__(self):\n"
+            "        time.sleep(1)\n"
+            "        return (int, ())\n"
+            "if mpi_magic.rank() == 2:\n"
+            "    weights = Weights()\n"
+            "    raise ValueError('root cause on rank 2')\n"
+            "time.sleep(0.3)\n"
+            "raise RuntimeError(f'collateral on rank {mpi_magic.rank()}: peer went away')\n")
+    return raised.value
 
 
 def test_an_mpi_object_among_the_locals_stays_on_the_rank(ip, capsys):

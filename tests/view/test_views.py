@@ -6,7 +6,8 @@ import io
 
 import pytest
 
-from mpi_magic.shared.events import Output, Phase, Progress, RankFinished, RankStarted, Resources, StreamDecoder, encode
+from mpi_magic.shared.events import (LauncherExited, Output, Phase, Progress, RankFinished, RankStarted, Resources,
+                                      StreamDecoder, encode)
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.summary import Summary
 from mpi_magic.view.text import TextView
@@ -263,7 +264,8 @@ def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
     summary = out.getvalue().splitlines()[-4:]
     assert summary[0].startswith("mpi_magic: job job-2 (local, 2 x 1) failed")
     assert summary[1] == "  progress: ranks 0:100% 1:50%", "where each rank's bar ended, kept after the job"
-    assert summary[2:] == ["  rank 0 (instance 0) stopped", "  rank 1 (instance 1, h) raised OSError: disk"]
+    assert summary[2:] == ["  rank 1 (instance 1, h) raised OSError: disk", "  rank 0 (instance 0) stopped"], \
+        "the failures first, then the ranks that did not complete"
 
 
 def test_when_no_rank_reports_the_views_say_who_waits(world):
@@ -655,3 +657,63 @@ def test_a_job_without_a_time_limit_says_so_rather_than_counting_down_slurms_yea
     (running,) = parse("9|RUNNING|None|2026-12-05T18:40:00|365-00:00:00|364-23:59:52|n[1-2]\n").values()
     model.fold(Allocation(running.state, running.reason, running.starts, running.time_left))
     assert "no time limit" in headline(model) and "time left" not in headline(model), headline(model)
+
+
+def failed(rank, error_type, message, at, seq=1):
+    return RankFinished(rank=rank, ok=False, error_type=error_type, message=message, traceback=f"tb of {rank}",
+                        seq=seq, time=at)
+
+
+def test_the_rank_that_failed_first_by_its_own_clock_is_named_though_its_report_came_last(world):
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])  # every rank's clock: 90 s behind the notebook's
+    clock.now += 1.0
+    for rank in (0, 1, 3):  # their reports arrive first
+        clock.now += 0.1
+        wire(model, decoder, failed(rank, "RuntimeError", "collateral: peer went away", 10.5 + rank / 10))
+    clock.now += 0.5
+    wire(model, decoder, failed(2, "ValueError", "root cause on rank 2", 10.2))
+    model.fold(LauncherExited(1))
+    error = model.error()
+    assert (error.rank, error.error_type, error.remote_traceback) == (2, "ValueError", "tb of 2")
+    assert str(error) == "rank 2 (instance 1, h) raised ValueError: root cause on rank 2 " \
+                         "(then ranks 0-1, 3 of 4 failed within 0.6 s)"
+    assert "then ranks 0-1, 3 raised RuntimeError: collateral: peer went away" in error._render_traceback_()
+    assert [s.rank for s in model.failed_first()] == [2, 0, 1, 3]
+    assert repr(Summary(model, "")).splitlines()[-4] == "  rank 2 (instance 1, h) raised ValueError: root cause on rank 2"
+
+
+def test_a_peers_loss_never_outranks_the_root_cause_even_when_its_clock_says_it_came_first(world):
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[started(r) for r in range(4)])
+    clock.now += 0.1
+    wire(model, decoder, failed(1, "RuntimeError", "[gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                                                   "[127.0.0.1]:4242", 10.0))
+    clock.now += 0.1
+    wire(model, decoder, failed(3, "RuntimeError", "NCCL communicator was aborted on rank 3", 10.05))
+    clock.now += 0.1
+    wire(model, decoder, failed(2, "ValueError", "root cause on rank 2", 10.3))
+    model.fold(LauncherExited(1))
+    error = model.error()
+    assert error.rank == 2
+    lines = error._render_traceback_()
+    assert "then rank 1 lost a peer: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer " \
+           "[127.0.0.1]:4242" in lines
+    assert "then rank 3 lost a peer: RuntimeError: NCCL communicator was aborted on rank 3" in lines
+
+
+def test_clocks_of_instances_that_differ_are_corrected_by_how_their_events_arrive():
+    clock = Clock()
+    model = JobModel("job-1", "local", 4, 2, clock)
+    decoder = StreamDecoder(TOKEN)
+    ahead = {0: 0.0, 1: 30.0}  # instance 1's clock runs 30 s ahead of instance 0's
+    for rank in range(4):
+        wire(model, decoder, RankStarted(rank=rank, instance=rank // 2, local_rank=rank % 2, world_size=4, host="h",
+                                         pid=1000 + rank, seq=0, time=50.0 + ahead[rank // 2]))
+    clock.now += 1.0  # rank 2 (instance 1) fails first; instance 0's ranks 0.4 s later, though by their clock 29.6 s earlier
+    wire(model, decoder, failed(2, "ValueError", "root cause on rank 2", 81.0))
+    clock.now += 0.4
+    wire(model, decoder, failed(0, "RuntimeError", "collateral", 51.4), failed(1, "RuntimeError", "collateral", 51.4))
+    model.fold(LauncherExited(1))
+    error = model.error()
+    assert error.rank == 2 and str(error).endswith("(then ranks 0-1 of 4 failed within 0.4 s)")
