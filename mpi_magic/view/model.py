@@ -275,6 +275,7 @@ class JobModel:
             self.unreturned.clear()
             self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
             self.reported_stacks.clear()
+            self.clock_offsets.clear()  # the attempt runs on new instances, with clocks of their own
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.metrics = MetricStore()
             self.last_activity = self.clock()

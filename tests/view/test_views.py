@@ -7,7 +7,7 @@ import io
 import pytest
 
 from mpi_magic.shared.events import (LauncherExited, Output, Phase, Progress, RankFinished, RankStarted, Resources,
-                                      StreamDecoder, encode)
+                                      Restarted, StreamDecoder, encode)
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.summary import Summary
 from mpi_magic.view.text import TextView
@@ -717,3 +717,22 @@ def test_clocks_of_instances_that_differ_are_corrected_by_how_their_events_arriv
     model.fold(LauncherExited(1))
     error = model.error()
     assert error.rank == 2 and str(error).endswith("(then ranks 0-1 of 4 failed within 0.4 s)")
+
+
+def test_instances_started_again_have_their_clocks_measured_anew():
+    clock = Clock()
+    model = JobModel("job-1", "sagemaker", 4, 2, clock)
+    decoder = StreamDecoder(TOKEN)
+    wire(model, decoder, *[started(r) for r in range(4)])  # the first attempt's instances: 90 s behind ours
+    model.fold(Restarted(2, "spot interruption", "restarting"))
+    clock.now += 10.0  # the new instance 0's clock is 105 s behind ours, instance 1's 90 s
+    for rank in range(4):
+        wire(model, decoder, RankStarted(rank=rank, instance=rank // 2, local_rank=rank % 2, world_size=4, host="h",
+                                         pid=2000 + rank, seq=100, time=5.0 if rank < 2 else 20.0))
+    clock.now += 1.0  # rank 2 fails first; ranks 0 and 1 0.4 s later
+    wire(model, decoder, failed(2, "ValueError", "root cause on rank 2", 21.0, seq=101))
+    clock.now += 0.4
+    wire(model, decoder, failed(0, "RuntimeError", "collateral", 6.4, seq=101),
+         failed(1, "RuntimeError", "collateral", 6.4, seq=101))
+    model.fold(LauncherExited(1))
+    assert model.error().rank == 2 and str(model.error()).endswith("(then ranks 0-1 of 4 failed within 0.4 s)")
