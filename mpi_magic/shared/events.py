@@ -552,3 +552,21 @@ class StreamDecoder:
             self._complete.setdefault(rank, complete)
             ahead.add(seq)
         return True
+
+
+class ClockOffsets(dict):
+    """Per instance, the least time any of its events took from its clock to ours: its clock's
+    offset from ours (the skew between the two, plus the least delay), so times stamped on
+    different instances compare. A plain dict, {instance: offset}."""
+
+    def heard(self, instance: int, stamped: float, now: float) -> None:
+        """An event of ``instance`` stamped ``stamped`` by its clock arrived at ``now`` by ours."""
+        if stamped > 0:  # 0: not stamped
+            offset = now - stamped
+            if offset < self.get(instance, offset + 1):
+                self[instance] = offset
+
+    def ours(self, instance: int, stamped: float | None) -> float | None:
+        """``stamped`` by ``instance``'s clock, by ours (None where either is not known)."""
+        offset = self.get(instance)
+        return None if stamped is None or offset is None else stamped + offset

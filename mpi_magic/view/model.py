@@ -166,9 +166,7 @@ class JobModel:
         self._stacks_news = False  # stacks arrived that no roll-call counts yet
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
         self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
-        # per instance, the least an event took from its clock to ours: its clock's offset from ours
-        # (its skew and the least delay), so ranks' times on different instances can be compared
-        self.clock_offsets: dict[int, float] = {}
+        self.clock_offsets = events.ClockOffsets()  # so ranks' times on different instances compare
 
     @property
     def num_instances(self) -> int:
@@ -202,7 +200,7 @@ class JobModel:
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
             bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
-            self._clocked(state.instance, event.time)
+            self.clock_offsets.heard(state.instance, event.time, self.clock())
             if event.desc:
                 bar.desc = event.desc
             if state.status == "starting":
@@ -234,7 +232,7 @@ class JobModel:
                 return
             state = self.ranks[event.rank]
             state.host, state.pid, state.started_at = event.host, event.pid, event.time
-            self._clocked(state.instance, event.time)
+            self.clock_offsets.heard(state.instance, event.time, self.clock())
             if state.status == "starting":
                 state.status = "running"
             if self.phase in BEFORE_RANKS:
@@ -312,16 +310,9 @@ class JobModel:
             return
         self.version += 1
 
-    def _clocked(self, instance: int, time: float) -> None:
-        """An event of ``instance`` stamped ``time`` by its clock arrived now, by ours."""
-        if time > 0:  # 0: not stamped
-            offset = self.clock() - time
-            if offset < self.clock_offsets.get(instance, offset + 1):
-                self.clock_offsets[instance] = offset
-
     def _finished(self, event: events.RankFinished) -> None:
         state = self.ranks[event.rank]
-        self._clocked(state.instance, event.time)
+        self.clock_offsets.heard(state.instance, event.time, self.clock())
         if state.status in ENDED:
             return  # a rank ends once
         state.ended_at, state.gone = event.time, False
@@ -369,8 +360,8 @@ class JobModel:
         the others. Sets each failure's ``at``."""
         failures = [state.failure for state in self.ranks if state.failure is not None]
         for failure in failures:
-            state, offset = self.ranks[failure.rank], self.clock_offsets.get(failure.instance)
-            failure.at = state.failed_at if state.failed_here is None or offset is None else state.failed_here + offset
+            state = self.ranks[failure.rank]
+            failure.at = self.clock_offsets.ours(failure.instance, state.failed_here) or state.failed_at
         return [self.ranks[failure.rank] for failure in first_failed_first(failures)]
 
     def error(self) -> JobError | None:

@@ -142,7 +142,7 @@ def lead(hosts, interface=None):
         say("running " + " ".join(shlex.quote(a) for a in argv))
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: stop(mpirun))
-        failures: list[str] = []
+        failures: list = []  # a RankFailure for each rank that raised
         relayed: dict = {"at": time.monotonic(), "whole_lines": True, "active": set(), "activity": time.monotonic()}
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
@@ -157,7 +157,7 @@ def lead(hosts, interface=None):
             relay.join(timeout=0.1)
         if not relay.is_alive() or time.monotonic() < until:
             print(("" if relayed["whole_lines"] else "\n") + ALL_RELAYED, flush=True)  # a line of its own
-        failure = failures[0] if failures else None
+        failure = first_failure(failures)
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1
     finally:
@@ -327,13 +327,23 @@ def forwarded_signals(major, user_args=()):
     return ["--mca", "ess_base_forward_signals", stacks.SIGNAL_NAME]
 
 
+def first_failure(failures):
+    """The failure to give SageMaker: the rank that failed first, as the notebook names it."""
+    from mpi_magic.errors import first_failed_first  # the job's code, unpacked by now
+
+    first = first_failed_first(failures)[0] if failures else None
+    return first and "rank %d raised %s: %s" % (first.rank, first.error_type, first.message)
+
+
 def relay_output(output, failures, relayed):
-    """Copy mpirun's output to this instance's log; note the ranks that failed, when the last
-    line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
+    """Copy mpirun's output to this instance's log; note the ranks that failed (and when, by this
+    instance's clock: ``ClockOffsets``), when the last line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
     (``relayed["active"]``) and when one last printed or reported (``relayed["activity"]``; a
     stack it was asked for is no sign of life)."""
-    from mpi_magic.shared.events import (RankFinished, RankStacks, RankStarted, Resources,  # the job's code,
-                                         StreamDecoder)  # unpacked by now
+    from mpi_magic.errors import RankFailure  # the job's code, unpacked by now
+    from mpi_magic.shared.events import ClockOffsets, RankFinished, RankStacks, RankStarted, Resources, StreamDecoder
+
+    clocks, instance_of = ClockOffsets(), {}
 
     # Open MPI 4's tags differ from 5's by a space the events do not depend on
     decoder = StreamDecoder(os.environ.get(envvars.EVENT_TOKEN, ""))
@@ -347,10 +357,14 @@ def relay_output(output, failures, relayed):
                 relayed["activity"] = relayed["at"]
             if isinstance(event, RankStarted):
                 relayed["active"].add(event.rank)
-            elif isinstance(event, RankFinished):
+                instance_of[event.rank] = event.instance
+            instance = instance_of.get(getattr(event, "rank", -1), -1)
+            clocks.heard(instance, getattr(event, "time", 0.0), relayed["at"])
+            if isinstance(event, RankFinished):
                 relayed["active"].discard(event.rank)
                 if not event.ok:
-                    failures.append("rank %d raised %s: %s" % (event.rank, event.error_type, event.message))
+                    failures.append(RankFailure(event.rank, instance, error_type=event.error_type,
+                                                message=event.message, at=clocks.ours(instance, event.time)))
 
 
 if __name__ == "__main__":

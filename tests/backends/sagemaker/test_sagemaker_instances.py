@@ -443,3 +443,39 @@ def test_watching_a_job_without_live_tail_makes_at_most_30_calls_a_minute_from_s
     minutes = (time.monotonic() - job.created_at) / 60  # (an upper bound of the time to its end)
     assert job.calls_at_end is not None and job.calls_at_end / minutes <= 30, (job.calls_at_end, minutes, job.calls)
     assert job.calls["GetLogEvents"] >= 5, "the log was read while the ranks reported"
+
+
+def test_the_failure_reason_names_the_rank_that_failed_first_by_its_instances_corrected_clock(monkeypatch, capsys):
+    """The leader relays every rank's events as mpirun passes them on; instance 1's clock runs 30 s
+    ahead of the leader's. Rank 2 (instance 1) raised first, though its report came last (it was
+    keeping its frames); rank 3 lost a peer, and its clock says it came before rank 2."""
+    from mpi_magic.backends.sagemaker import bootstrap
+    from mpi_magic.shared.events import RankFinished, RankStarted, encode
+
+    token = "0123456789abcdef"
+    monkeypatch.setenv("MPI_MAGIC_EVENT_TOKEN", token)
+    raised = time.time() + 0.4  # when rank 2 raised, by instance 0's clock
+    ahead = {0: 0.0, 1: 30.0}
+    timeline = [(raised - 0.3, RankStarted(rank=r, instance=r // 2, local_rank=r % 2, world_size=4, host="h", pid=r,
+                                          seq=0, time=raised - 0.32 + ahead[r // 2])) for r in range(4)]
+    timeline += [  # (when it comes, the event)
+        (raised + 0.05, RankFinished(rank=3, ok=False, error_type="RuntimeError", message="Connection closed by peer",
+                                     seq=1, time=raised - 0.1 + 30.0)),
+        (raised + 0.15, RankFinished(rank=0, ok=False, error_type="RuntimeError", message="collateral", seq=1,
+                                     time=raised + 0.1)),
+        (raised + 0.3, RankFinished(rank=2, ok=False, error_type="ValueError", message="root cause", seq=1,
+                                    time=raised + 30.0))]
+
+    class Mpirun:
+        def readline(self):
+            if not timeline:
+                return b""
+            comes, event = timeline.pop(0)
+            time.sleep(max(0.0, comes - time.time()))
+            return f"[1,{event.rank}]<stdout>: {encode(event, token)}\n".encode()
+
+    failures: list = []
+    bootstrap.relay_output(Mpirun(), failures, {"at": 0.0, "whole_lines": True, "active": set(), "activity": 0.0})
+    capsys.readouterr()
+    assert [f.rank for f in failures] == [3, 0, 2], "as they came"
+    assert bootstrap.first_failure(failures) == "rank 2 raised ValueError: root cause"
