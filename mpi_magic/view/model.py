@@ -56,9 +56,8 @@ class RankState:
     bars: dict[int, Bar] = field(default_factory=dict)
     last_line: str = ""
     started_at: float | None = None
-    ended_at: float | None = None
+    ended_at: float | None = None  # by its own clock: which rank failed first is judged by it
     failed_at: float | None = None  # by the notebook's clock, for stopping the others after a grace
-    failed_here: float | None = None  # by its own clock: which rank failed first
     gone: bool = False  # its process vanished without reporting; settled when the launcher exits
     tail: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_TAIL))
     outputs: int = 0  # lines seen, so a view knows when its tail changed
@@ -200,12 +199,13 @@ class JobModel:
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
             bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
-            self.clock_offsets.heard(state.instance, event.time, self.clock())
+            now = self.clock()
+            self.clock_offsets.heard(state.instance, event.time, now)
             if event.desc:
                 bar.desc = event.desc
             if state.status == "starting":
                 state.status = "running"
-            self.last_activity = self.clock()
+            self.last_activity = now
         elif isinstance(event, events.Output):
             if not self._valid(event.rank):
                 return
@@ -326,7 +326,7 @@ class JobModel:
             state.status = "stopped"
         else:
             state.status = "failed"
-            state.failed_at, state.failed_here = self.clock(), event.time or None
+            state.failed_at = self.clock()
             state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
                                         event.message, event.traceback)
             state.post_mortem, state.post_mortem_lost = event.post_mortem, event.post_mortem_lost
@@ -361,7 +361,7 @@ class JobModel:
         failures = [state.failure for state in self.ranks if state.failure is not None]
         for failure in failures:
             state = self.ranks[failure.rank]
-            failure.at = self.clock_offsets.ours(failure.instance, state.failed_here) or state.failed_at
+            failure.at = self.clock_offsets.ours(failure.instance, state.ended_at or None) or state.failed_at
         return [self.ranks[failure.rank] for failure in first_failed_first(failures)]
 
     def error(self) -> JobError | None:
