@@ -53,12 +53,13 @@ def failed_ranks(job: Job) -> list[int]:
 
 
 def load(job: Job, rank: int | None) -> tuple[int, dict]:
-    """(rank, its record) for ``rank``, or the rank that failed first; ``JobError`` says why there is none."""
+    """(rank, its record) for ``rank``, or the rank that failed first of those that kept their frames;
+    ``JobError`` says why there is none."""
     failed = failed_ranks(job)
     if not failed:
         raise JobError(f"no rank of job {job.name} raised an exception: there is nothing to debug")
-    if rank is None:
-        rank = failed[0]
+    if rank is None:  # the first to fail that kept its frames, as the error says %mpirun_debug opens
+        rank = next((r for r in failed if job.ranks[r].post_mortem), failed[0])
     elif rank not in failed:
         raise JobError(f"rank {rank} of job {job.name} did not raise; the ranks that did: "
                        f"{', '.join(map(str, sorted(failed)))}")
