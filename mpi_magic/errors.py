@@ -176,9 +176,14 @@ class RemoteRankError(JobError):
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
 
-def ranks_phrase(ranks: list[int]) -> str:
-    """[2] -> 'rank 2'; [0, 1, 3] -> 'ranks 0-1, 3'."""
-    return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {compact_ranks(ranks)}"
+def ranks_phrase(ranks: list[int], shown: int = 8) -> str:
+    """'rank 2', 'ranks 0, 1, 3'; past `shown` ranks by spans: 'ranks 0-31, 40-63', 'ranks 0, 2, 4, ... (40 in all)'."""
+    ranks = sorted(set(ranks))
+    if len(ranks) <= shown:
+        return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(str(r) for r in ranks)}"
+    pieces = compact_ranks(ranks).split(", ")
+    listed = ", ".join(pieces[:shown]) + (f", ... ({len(ranks)} in all)" if len(pieces) > shown else "")
+    return f"ranks {listed}"
 
 
 def compact_ranks(ranks: list[int]) -> str:

@@ -24,12 +24,12 @@ from ..shared import events, jobdir
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
-from ..errors import JobError, SessionStartError
+from ..errors import JobError, SessionStartError, ranks_phrase
 from .holdings import Holdings
 from .job import CELL, ask_ranks
 from ..options import ONE_OFF, LaunchOptions, refused_on_session
 from ..shared.slurmtime import clock
-from ..view.model import JobModel, ranks_phrase
+from ..view.model import JobModel
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000

@@ -325,15 +325,17 @@ class Snapshot:
 
     def lines(self, frames: bool = False) -> list[str]:
         """One line per group; with ``frames``, each followed by its first rank's frames, outermost first."""
+        from ..errors import ranks_phrase  # only where a snapshot is read, never on a rank
+
         lines = []
         for ranks, where in self.groups():
-            lines.append(f"{_ranks(ranks)} {where}")
+            lines.append(f"{ranks_phrase(ranks)} {where}")
             if frames:
                 lines += [f"    {text}" for text in self._frames(self.stacks[ranks[0]])]
         reasons: dict[str, list[int]] = {}
         for rank, why in sorted(self.missing.items()):
             reasons.setdefault(why, []).append(rank)
-        return lines + [f"{_ranks(ranks)} gave no stack: {why}" for why, ranks in reasons.items()]
+        return lines + [f"{ranks_phrase(ranks)} gave no stack: {why}" for why, ranks in reasons.items()]
 
     def _frames(self, frames: list[Frame]) -> list[str]:
         """A rank's frames as a traceback shows them, from the cell's outermost frame on where
@@ -353,6 +355,3 @@ class Snapshot:
 
     __repr__ = __str__
 
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)

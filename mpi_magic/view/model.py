@@ -16,7 +16,7 @@ from typing import Callable
 from ..shared import events
 from ..shared.cost import Cost, estimate
 from ..shared.metrics import MetricStore
-from ..errors import JobError, RankExitError, RankFailure, RemoteRankError, first_failed_first
+from ..errors import JobError, RankExitError, RankFailure, RemoteRankError, first_failed_first, ranks_phrase
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
@@ -479,11 +479,3 @@ class JobModel:
                     "completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
                 others.setdefault(verb, []).append(state.rank)
         return "; ".join([text] + [f"{ranks_phrase(ranks)} {verb}" for verb, ranks in others.items()])
-
-
-def ranks_phrase(ranks: list[int], shown: int = 8) -> str:
-    """'rank 2', 'ranks 0, 1, 3', 'ranks 0, 1, 2, ... (40 in all)'."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    listed = ", ".join(str(r) for r in ranks[:shown])
-    return f"ranks {listed}" + (f", ... ({len(ranks)} in all)" if len(ranks) > shown else "")

@@ -677,8 +677,8 @@ def test_the_rank_that_failed_first_by_its_own_clock_is_named_though_its_report_
     error = model.error()
     assert (error.rank, error.error_type, error.remote_traceback) == (2, "ValueError", "tb of 2")
     assert str(error) == "rank 2 (instance 1, h) raised ValueError: root cause on rank 2 " \
-                         "(then ranks 0-1, 3 of 4 failed within 0.6 s)"
-    assert "then ranks 0-1, 3 raised RuntimeError: collateral: peer went away" in error._render_traceback_()
+                         "(then ranks 0, 1, 3 of 4 failed within 0.6 s)"
+    assert "then ranks 0, 1, 3 raised RuntimeError: collateral: peer went away" in error._render_traceback_()
     assert [s.rank for s in model.failed_first()] == [2, 0, 1, 3]
     assert repr(Summary(model, "")).splitlines()[-4] == "  rank 2 (instance 1, h) raised ValueError: root cause on rank 2"
 
@@ -716,7 +716,7 @@ def test_clocks_of_instances_that_differ_are_corrected_by_how_their_events_arriv
     wire(model, decoder, failed(0, "RuntimeError", "collateral", 51.4), failed(1, "RuntimeError", "collateral", 51.4))
     model.fold(LauncherExited(1))
     error = model.error()
-    assert error.rank == 2 and str(error).endswith("(then ranks 0-1 of 4 failed within 0.4 s)")
+    assert error.rank == 2 and str(error).endswith("(then ranks 0, 1 of 4 failed within 0.4 s)")
 
 
 def test_instances_started_again_have_their_clocks_measured_anew():
@@ -735,4 +735,14 @@ def test_instances_started_again_have_their_clocks_measured_anew():
     wire(model, decoder, failed(0, "RuntimeError", "collateral", 6.4, seq=101),
          failed(1, "RuntimeError", "collateral", 6.4, seq=101))
     model.fold(LauncherExited(1))
-    assert model.error().rank == 2 and str(model.error()).endswith("(then ranks 0-1 of 4 failed within 0.4 s)")
+    assert model.error().rank == 2 and str(model.error()).endswith("(then ranks 0, 1 of 4 failed within 0.4 s)")
+
+
+def test_ranks_read_one_by_one_until_there_are_too_many_then_by_spans():
+    from mpi_magic.errors import ranks_phrase
+
+    assert ranks_phrase([3, 1, 0]) == "ranks 0, 1, 3"
+    assert ranks_phrase([5]) == "rank 5"
+    assert ranks_phrase(list(range(64))) == "ranks 0-63", "a whole job reads as one span"
+    assert ranks_phrase([r for r in range(64) if r != 40]) == "ranks 0-39, 41-63"
+    assert ranks_phrase(list(range(0, 80, 2))) == "ranks 0, 2, 4, 6, 8, 10, 12, 14, ... (40 in all)"
