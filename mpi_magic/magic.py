@@ -14,7 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .notebook import debugger, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound, ranks_phrase
 from .backends import default_gpus, get_attachable
-from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line
+from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
 from .notebook.job import Job
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
@@ -105,7 +105,7 @@ class MpiMagics(Magics):
 
     @line_magic
     @magic_arguments()
-    @launch_arguments
+    @session_start_arguments
     @argument("--idle-timeout", default=None, metavar="SECONDS",
               help="End the session after this many seconds without a cell (sagemaker: 1800 unless set).")
     @argument("--detach", action="store_true",

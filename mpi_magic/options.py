@@ -7,6 +7,7 @@ naming the problem and the fix, raised before anything is packed or launched.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import keyword
 import os
@@ -318,6 +319,15 @@ def launch_arguments(func):
     """The options of %%mpirun_remote as IPython's argument decorators (the help is generated from them)."""
     for option in reversed(OPTIONS):
         func = argument(*option.flags, **option.declaration)(func)
+    return func
+
+
+def session_start_arguments(func):
+    """The options of ``%mpirun_session start``, as ``launch_arguments``: a cell's own (CELL, ONE_OFF) are
+    parsed, to be refused with a sentence that says where they go, but left out of the help."""
+    for option in reversed(OPTIONS):
+        hidden = {"help": argparse.SUPPRESS} if option.dest in CELL_ONLY else {}
+        func = argument(*option.flags, **{**option.declaration, **hidden})(func)
     return func
 
 

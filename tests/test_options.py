@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import tracemalloc
 
@@ -13,7 +14,7 @@ from mpi_magic.backends import default_gpus
 from mpi_magic.magic import MpiMagics
 from mpi_magic.notebook import pipeline
 from mpi_magic.notebook.session import Session
-from mpi_magic.options import CELL, JOB, LINE, OPTIONS, SETTINGS, Config, LaunchOptions, Option, parse_line
+from mpi_magic.options import CELL, JOB, LINE, ONE_OFF, OPTIONS, SETTINGS, Config, LaunchOptions, Option, parse_line
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -221,3 +222,26 @@ def test_a_session_cell_gives_its_own_options_except_those_of_a_one_off_job(opti
     else:
         assert refusal == (f"{option.flag} applies to one-off cells, not to a session's; run the cell as a "
                            "one-off job with --no-session")
+
+
+def _named(flag: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+def test_session_help_lists_only_the_options_start_takes(ip):
+    """``%mpirun_session?`` shows, in its usage and its list of options, what ``%mpirun_session start``
+    accepts: a cell's own options (CELL and ONE_OFF, which start refuses) are not among them."""
+    doc = ip.magics_manager.magics["line"]["mpirun_session"].__doc__
+    usage, _, rest = doc.partition("\n\n")
+    listed = usage + rest[rest.index("\noptions:"):]
+    assert {o.flag for o in OPTIONS if _named(o.flag, listed)} == {o.flag for o in OPTIONS if o.scope in (LINE, JOB)}
+    assert _named("--idle-timeout", listed) and _named("--detach", listed)
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope in (CELL, ONE_OFF)], ids=lambda o: o.flag)
+def test_a_cells_own_option_on_session_start_says_where_it_goes(ip, option):
+    value = "" if option.declaration.get("action") == "store_true" else " 7"
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("mpirun_session", f"start {option.flag}{value}")
+    assert str(caught.value) == (f"{option.flag} applies to cells, not to %mpirun_session start; give it on a "
+                                 "%%mpirun_remote cell's line")
