@@ -176,6 +176,11 @@ class RemoteRankError(JobError):
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
 
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """'1 cell', '2 cells'; ``plural`` where an s is not it: counted(1, "process", "processes")."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def ranks_phrase(ranks: list[int], shown: int = 8) -> str:
     """'rank 2', 'ranks 0, 1, 3'; past `shown` ranks by spans: 'ranks 0-31, 40-63', 'ranks 0, 2, 4, ... (40 in all)'."""
     ranks = sorted(set(ranks))

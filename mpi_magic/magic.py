@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .notebook import debugger, pipeline
-from .errors import BackendNotAvailable, JobError, LauncherNotFound, ranks_phrase
+from .errors import BackendNotAvailable, JobError, LauncherNotFound, counted, ranks_phrase
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
 from .notebook.job import Job
@@ -147,8 +147,8 @@ class MpiMagics(Magics):
                 print("no session is running")
                 return None
             session.stop()
-            print("\n".join([f"session {session.name} stopped: {session.cells} cells run, nothing of it is left "
-                             "running", *session.facts()]))
+            print("\n".join([f"session {session.name} stopped: {counted(session.cells, 'cell')} run, nothing of it "
+                             "is left running", *session.facts()]))
             return None
         if action == "restart":
             if session is None:

@@ -24,7 +24,7 @@ from ..shared import events, jobdir
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
-from ..errors import JobError, SessionStartError, ranks_phrase
+from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from .holdings import Holdings
 from .job import CELL, ask_ranks
 from ..options import ONE_OFF, LaunchOptions, refused_on_session
@@ -165,7 +165,10 @@ class Session:
         if ranks is None or self.status == "stopped":
             return
         self._told_ended = True  # the user's own choice: later cells need not be told
-        if self.status == "idle":
+        idle = self.status == "idle"
+        with self._lock:  # why it ended is the notebook's reason, not what reaches it last of the ranks' end
+            self.model.fold(events.StopRequested(reason))
+        if idle:
             try:
                 ranks.send({"kind": "stop", "reason": reason})
             except OSError:
@@ -207,8 +210,8 @@ class Session:
                 "or %mpirun_session stop and start one that fits")
 
     def __repr__(self) -> str:
-        return (f"<mpi_magic.Session {self.name} {self.backend} {self.status}: {self.world_size} ranks "
-                f"({self.instances} x {self.procs_per_instance}), {self.cells} cells run>")
+        return (f"<mpi_magic.Session {self.name} {self.backend} {self.status}: {counted(self.world_size, 'rank')} "
+                f"({self.instances} x {self.procs_per_instance}), {counted(self.cells, 'cell')} run>")
 
     # -- life cycle -------------------------------------------------------------------------
 

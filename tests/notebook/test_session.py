@@ -305,7 +305,8 @@ def test_status_restart_and_stop(sessions, capsys):
     with pytest.raises(RemoteRankError, match="NameError"):
         run(ip, "--quiet", "del kept\nprint(kept)")  # a new session: the ranks' state is new
     ip.run_line_magic("mpirun_session", "stop")
-    assert fresh.status == "stopped" and "stopped: 1 cells run" in capsys.readouterr().out
+    assert fresh.status == "stopped" and "stopped: 1 cell run" in capsys.readouterr().out
+    assert (s.ended_reason, fresh.ended_reason) == ("restarted", "stopped from the notebook")
 
 
 def test_forged_session_events_from_a_cell_are_not_believed(sessions):

@@ -8,6 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from ...errors import counted
 from ...shared import wire
 from ...shared.layout import split_s3
 from ...shared.payload import PAYLOAD_FILE
@@ -48,9 +49,10 @@ class SageMakerBackend:
             return []
         count, kind = known
         if count == 0:
-            return [f"{instance_type} has no GPU; its {options.gpus} processes per instance run on its CPUs"]
+            return [f"{instance_type} has no GPU: its {counted(options.gpus, 'process', 'processes')} per instance "
+                    f"{'runs' if options.gpus == 1 else 'run'} on its CPUs"]
         if options.gpus > count:
-            return [f"{instance_type} has {count} {kind}{'s' if count != 1 else ''} but --gpus asks for "
+            return [f"{instance_type} has {counted(count, kind)} but --gpus asks for "
                     f"{options.gpus} processes per instance; they will share"]
         return []
 

@@ -92,6 +92,13 @@ def test_each_cells_session_reads_credentials_afresh_and_botocores_models_from_o
     assert len(set(second_loader.search_paths)) == len(second_loader.search_paths), "no folder searched twice"
 
 
+def test_an_instance_without_gpus_says_its_processes_run_on_its_cpus(ip, cloud, capsys):
+    run(ip, "-g 1 --dry-run", "x = 1\n")
+    assert "ml.m5.xlarge has no GPU: its 1 process per instance runs on its CPUs" in capsys.readouterr().err
+    run(ip, "-g 2 --dry-run", "x = 1\n")
+    assert "ml.m5.xlarge has no GPU: its 2 processes per instance run on its CPUs" in capsys.readouterr().err
+
+
 def test_more_processes_than_gpus_is_a_warning(ip, cloud, capsys):
     ip.run_line_magic("mpirun_config", "instance_type=ml.g5.xlarge")
     run(ip, "-g 2 --dry-run", "x = 1\n")

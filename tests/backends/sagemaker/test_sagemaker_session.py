@@ -72,6 +72,7 @@ def test_a_4x2_session_keeps_state_sends_a_value_once_and_stop_ends_in_stopped(c
     shown = capsys.readouterr().out
     assert "stopped: 5 cells run" in shown and f"training job: {s.job_name}, Stopped" in shown
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
+    assert s.ended_reason == "stopped from the notebook", "as a local session's says"
 
 
 def test_failures_interrupts_and_a_cell_not_signed_by_the_notebook(cloud_sessions, aws, tmp_path, capsys, monkeypatch):
