@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import doctest
 import glob
+import importlib.util
 import io
 import os
 import pathlib
@@ -113,7 +114,7 @@ def debugger_commands(shown: str) -> list[str]:
 
 @contextlib.contextmanager
 def typed_in(lines: list[str]):
-    """stdin, for a cell that reads it (the debugger): ``lines`` then quit, each echoed as a terminal would."""
+    """stdin, for a cell that reads it (the debugger): ``lines``, each echoed as a terminal would."""
 
     class Typed(io.StringIO):
         def readline(self, *args):
@@ -122,7 +123,7 @@ def typed_in(lines: list[str]):
             return line
 
     before = sys.stdin
-    sys.stdin = Typed("".join(f"{line}\n" for line in lines + ["q"]))
+    sys.stdin = Typed("".join(f"{line}\n" for line in lines))
     try:
         yield
     finally:
@@ -161,7 +162,7 @@ def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtes
     document = SYBIL.parse(pathlib.Path(ROOT, page))
     scratch = tempfile.mkdtemp(prefix="docs_", dir=tmp_path)
     monkeypatch.chdir(scratch)  # the notebook's folder: what a cell writes beside it lands here
-    document.namespace.update(ip=sessions, scratch=scratch)
+    document.namespace.update(ip=sessions, scratch=scratch, installed=lambda name: importlib.util.find_spec(name) is not None)
     for example in document.examples():
         with subtests.test(msg=f"{page}, line {example.line}"):
             example.evaluate()
