@@ -175,6 +175,10 @@ class RemoteRankError(JobError):
 
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
+# What a sentence about a missing package of the SageMaker backend says to run: the packages of the
+# ``sagemaker`` extra (pyproject.toml), by their names on the package index, where mpi_magic is not.
+INSTALL_SAGEMAKER = "pip install boto3 sagemaker cryptography"
+
 
 def counted(count: int, noun: str, plural: str = "") -> str:
     """'1 cell', '2 cells'; ``plural`` where an s is not it: counted(1, "process", "processes")."""

@@ -191,6 +191,37 @@ def test_every_fenced_block_is_run_compared_or_marked_text():
                 f"{document.line_column(region.start)} of {page}: a ```{language} block is neither run nor text"
 
 
+# -- installing ------------------------------------------------------------------------------------
+
+def extras() -> dict[str, list[str]]:
+    """pyproject.toml's extras: the names of the packages each installs."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["optional-dependencies"]
+    return {extra: [re.split(r"[<>=!~;\[ ]", requirement)[0] for requirement in requirements]
+            for extra, requirements in declared.items()}
+
+
+def test_an_install_a_page_or_message_names_works():
+    """mpi_magic is not on the package index: nothing says to install it from there, and every extra
+    named is one pyproject.toml declares."""
+    texts = PAGES + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb"))
+                     + glob.glob(os.path.join(ROOT, "mpi_magic", "**", "*.py"), recursive=True)]
+    for path in texts:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            text = f.read()
+        assert not re.search(r"pip install \S*mpi-magic", text), f"{path} installs mpi-magic from the package index"
+        for named in re.findall(r"mpi_magic\[([\w,]+)\]", text):
+            assert set(named.split(",")) <= set(extras()), f"{path} names an extra pyproject.toml lacks: {named}"
+
+
+def test_a_missing_package_of_the_sagemaker_backend_is_named_with_the_extras_packages():
+    from mpi_magic.errors import INSTALL_SAGEMAKER
+
+    assert INSTALL_SAGEMAKER == "pip install " + " ".join(extras()["sagemaker"])
+
+
 # -- the option reference ----------------------------------------------------------------------------
 
 def option_help() -> str:

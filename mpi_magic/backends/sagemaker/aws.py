@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import BackendNotAvailable
+from ...errors import INSTALL_SAGEMAKER, BackendNotAvailable
 
 
 def import_boto3() -> Any:
@@ -14,7 +14,7 @@ def import_boto3() -> Any:
         import boto3
     except ImportError:
         raise BackendNotAvailable(
-            "the sagemaker backend needs boto3, which is not installed: pip install 'mpi-magic[sagemaker]'"
+            f"the sagemaker backend needs boto3, which is not installed: {INSTALL_SAGEMAKER}"
         ) from None
     return boto3
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from ...errors import INSTALL_SAGEMAKER
+
 
 class SdkMissing(ImportError):
     pass
@@ -17,7 +19,7 @@ def _need_sdk(what: str):
         import sagemaker.core  # noqa: F401
     except ImportError:
         raise SdkMissing(
-            f"{what} comes from the SageMaker SDK, which is not installed: pip install 'mpi-magic[sagemaker]'"
+            f"{what} comes from the SageMaker SDK, which is not installed: {INSTALL_SAGEMAKER}"
         ) from None
 
 

@@ -131,7 +131,7 @@ def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir)
     from IPython.core.error import UsageError
 
     monkeypatch.setitem(sys.modules, "boto3", None)  # what an install without the extra looks like
-    with pytest.raises(UsageError, match=r"pip install 'mpi-magic\[sagemaker\]'"):
+    with pytest.raises(UsageError, match=r"needs boto3, which is not installed: pip install boto3 sagemaker cryptography$"):
         run(ip, "--backend sagemaker", "x = 1\n")
 
 
