@@ -32,16 +32,18 @@ def _models_session() -> Any:
     return _models
 
 
-def aws_clients(region: str | None = None) -> Any:
+def aws_clients(region: str | None = None, client_config: Any = None) -> Any:
     """boto3's handle (a ``boto3.Session``) for one cell. Credentials, region and endpoints are read afresh, as they may
     have changed since the last cell; botocore's service models, megabytes of JSON that take a
-    third of a second to parse, are read once, by the loader every such handle shares."""
+    third of a second to parse, are read once, by the loader every such handle shares. ``client_config``
+    (a ``botocore.config.Config``): what every client of the handle gets, unless it is given its own."""
     boto3 = import_boto3()
     import botocore.session
 
     loader = _models_session().get_component("data_loader")
     core = botocore.session.get_session()
     core.register_component("data_loader", loader)
+    core.set_default_client_config(client_config)
     session = boto3.session.Session(botocore_session=core, region_name=region)
     loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))  # boto3 adds its folder again each time
     return session

@@ -96,16 +96,17 @@ def instance_gpus(instance_type: str) -> int | None:
     return None if counted is None else counted[0]
 
 
-def _from_sdk(find, *args):
-    """A default the SageMaker SDK finds; a clear sentence when it cannot."""
-    *arguments, option = args
+def _from_sdk(missing: str, option: str, setting: str, find, *arguments):
+    """A default the SageMaker SDK finds; where it cannot, one sentence: what is missing, where the SDK
+    looked (or that it is not installed), and the option that gives it."""
+    fix = f"pass {option} (or set it once with %mpirun_config {setting}=...)"
     try:
         return find(*arguments)
     except (sdk.SdkMissing, LookupError) as exc:
-        raise SageMakerSetupError(f"{exc}; or pass {option}") from None
+        raise SageMakerSetupError(f"no {missing}: {exc}; {fix}") from None
     except Exception as exc:  # noqa: BLE001 - the SDK raises many kinds; the user needs the option
-        raise SageMakerSetupError(f"the SageMaker SDK could not find a default ({type(exc).__name__}: {exc}); "
-                                  f"pass {option}") from None
+        raise SageMakerSetupError(f"no {missing}: the SageMaker SDK could not find one ({type(exc).__name__}: "
+                                  f"{exc}); {fix}") from None
 
 
 def _check_bucket(s3, bucket: str, option: str) -> None:
@@ -130,13 +131,12 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
     if not instance_type:
         raise SageMakerSetupError("no instance type: pass --instance-type, for example ml.g5.12xlarge")
     instance_gpus(instance_type)
-    role = values.get("role") or _from_sdk(sdk.execution_role, aws, "--role arn:aws:iam::ACCOUNT:role/NAME")
-    if not role:
-        raise SageMakerSetupError("no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME "
-                                  "(or set it once with %mpirun_config role=...)")
+    role = values.get("role") or _from_sdk("execution role", "--role arn:aws:iam::ACCOUNT:role/NAME", "role",
+                                           sdk.execution_role, aws)
     if not _ROLE_ARN.match(role):
         raise SageMakerSetupError(f"--role {role!r} is not an IAM role ARN like arn:aws:iam::123456789012:role/Name")
-    image_uri = values.get("image_uri") or _from_sdk(sdk.default_image, region, instance_type, "--image-uri")
+    image_uri = values.get("image_uri") or _from_sdk("training image", "--image-uri URI", "image_uri",
+                                                     sdk.default_image, region, instance_type)
     tagged = re.search(r"-py3(\d+)-?", image_uri)
     if tagged and int(tagged.group(1)) != sys.version_info[1]:
         raise SageMakerSetupError(
@@ -145,7 +145,8 @@ def resolve(values: dict) -> tuple[CloudSettings, object]:
             f"{sys.version_info[1]} image")
     s3_root = (values.get("s3_root") or "").rstrip("/")
     if not s3_root:
-        s3_root = f"s3://{_from_sdk(sdk.default_bucket, aws, '--s3-root s3://your-bucket/prefix')}/mpi-magic"
+        bucket = _from_sdk("--s3-root", "--s3-root s3://your-bucket/prefix", "s3_root", sdk.default_bucket, aws)
+        s3_root = f"s3://{bucket}/mpi-magic"
     try:
         bucket, _ = split_s3(s3_root)
     except ValueError as exc:

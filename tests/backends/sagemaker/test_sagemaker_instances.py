@@ -4,8 +4,14 @@ SageMaker names, prices and billing. Over real HTTP to the rehearsal cloud, as `
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -28,7 +34,6 @@ def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, prefix, capsys
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("role=", "pass --role arn:aws:iam::ACCOUNT:role/NAME"),
     ("role=my-role", "'my-role' is not an IAM role ARN"),
     ("instance_type=ml.p4dd.24xlarge", "did you mean ml.p4d.24xlarge?"),
     ("s3_root=s3://no-such-bucket/x", "the bucket 'no-such-bucket' of --s3-root cannot be used"),
@@ -39,6 +44,109 @@ def test_bad_cloud_settings_are_one_sentence_before_anything_isuploaded(ip, clou
         run(ip, "", "x = 1\n")
     assert "\n" not in str(caught.value)
     assert uploaded(cloud, prefix) == []
+
+
+@contextlib.contextmanager
+def aws_out_of_reach(monkeypatch):
+    """HTTPS from this process goes through a proxy that closes every connection at once, as on a
+    machine that cannot reach AWS (the rehearsal cloud, plain HTTP on loopback, still answers);
+    yields the list of connections tried, which grows."""
+    proxy = socket.create_server(("127.0.0.1", 0))
+    proxy.settimeout(0.05)
+    tried: list[tuple] = []
+    done = threading.Event()
+
+    def refuse():
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                connection, peer = proxy.accept()
+                tried.append(peer)
+                connection.close()
+
+    thread = threading.Thread(target=refuse)
+    thread.start()
+    for name in ("https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    try:
+        yield tried
+    finally:
+        done.set()
+        thread.join()
+        proxy.close()
+
+
+STUDIO = "/opt/ml/metadata/resource-metadata.json"
+
+
+@pytest.mark.parametrize(("setting", "refusal"), [
+    ("role=", "no execution role: the SageMaker SDK looks for SageMaker Studio's role in {studio} (not on this "
+              "machine), then asks STS which role these credentials act as, and that failed ({failure}); pass "
+              "--role arn:aws:iam::ACCOUNT:role/NAME (or set it once with %mpirun_config role=...)"),
+    ("s3_root=", "no --s3-root: the SageMaker SDK makes its default bucket, sagemaker-us-east-1-ACCOUNT, with the "
+                 "account's number from STS, and that failed ({failure}); pass --s3-root s3://your-bucket/prefix "
+                 "(or set it once with %mpirun_config s3_root=...)"),
+])
+def test_with_the_sdk_a_default_it_cannot_find_is_refused_after_one_try_saying_where_it_looked(
+        ip, cloud, prefix, monkeypatch, setting, refusal):
+    """The SageMaker SDK is installed (the [sagemaker] extra brings it) and this is not SageMaker Studio:
+    its defaults need STS, which is out of reach, so the cell is refused after one try, not botocore's
+    five, in one sentence."""
+    import sagemaker.core  # noqa: F401 - imported before the clock starts: the import takes seconds
+
+    assert not os.path.exists(STUDIO)
+    ip.run_line_magic("mpirun_config", setting)
+    with aws_out_of_reach(monkeypatch) as tried:
+        started = time.monotonic()
+        with pytest.raises(mpi_magic.MpiMagicError) as caught:
+            run(ip, "", "x = 1\n")
+        took = time.monotonic() - started
+    said, why = refusal.format(studio=STUDIO, failure="\0").split("\0")
+    failure = re.fullmatch(re.escape(said) + "(.+)" + re.escape(why), str(caught.value))
+    assert failure and "https://sts.us-east-1.amazonaws.com" in failure[1], str(caught.value)
+    assert len(tried) == 1, f"{len(tried)} tries"
+    assert took < 3, f"refused after {took:.1f}s"
+    assert uploaded(cloud, prefix) == []
+
+
+NO_SDK = """
+import importlib.abc, sys
+
+class NoSageMakerSdk(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "sagemaker":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoSageMakerSdk())
+from IPython.core.interactiveshell import InteractiveShell
+
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "mpi_magic")
+ip.run_line_magic("mpirun_config", sys.argv[1])
+try:
+    ip.run_cell_magic("mpirun_remote", "--dry-run", "x = 1")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+@pytest.mark.parametrize(("setting", "refusal"), [
+    (f"s3_root=s3://{BUCKET}/x role=", "no execution role: the default (SageMaker Studio's role) comes from the "
+     "SageMaker SDK, which is not installed (pip install 'mpi-magic[sagemaker]'); pass "
+     "--role arn:aws:iam::ACCOUNT:role/NAME (or set it once with %mpirun_config role=...)"),
+    (f"role={ROLE} s3_root=", "no --s3-root: the default (the bucket sagemaker-REGION-ACCOUNT) comes from the "
+     "SageMaker SDK, which is not installed (pip install 'mpi-magic[sagemaker]'); pass "
+     "--s3-root s3://your-bucket/prefix (or set it once with %mpirun_config s3_root=...)"),
+    (f"role={ROLE} s3_root=s3://{BUCKET}/x image_uri=", "no training image: the default (the newest PyTorch "
+     "training image for this Python) comes from the SageMaker SDK, which is not installed "
+     "(pip install 'mpi-magic[sagemaker]'); pass --image-uri URI (or set it once with %mpirun_config image_uri=...)"),
+])
+def test_without_the_sdk_a_missing_default_says_to_pass_it(aws, setting, refusal):
+    """The SDK is installed here: a Python whose imports of it are refused stands in for one without it,
+    running the cell in a real InteractiveShell against the rehearsal cloud."""
+    line = f"backend=sagemaker instance_type=ml.m5.xlarge image_uri=local/emulated {setting}"
+    shown = subprocess.run([sys.executable, "-c", NO_SDK, line], capture_output=True, text=True, timeout=120)
+    assert shown.stdout.strip() == f"SageMakerSetupError: {refusal}", shown.stderr[-2000:]
 
 
 def test_checkpoint_s3_maps_sagemakers_checkpoint_channel_and_a_bad_one_is_one_sentence(ip, cloud, prefix, capsys):
