@@ -73,14 +73,20 @@ class MpiMagics(Magics):
         session = self._session_for(options)
         try:
             if session is not None:
-                run = pipeline.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle)
+                run = pipeline.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle,
+                                              cell_names=self._cell_name)
             else:
                 run = pipeline.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
-                                       deliver=user_ns.update)
+                                       deliver=user_ns.update, cell_names=self._cell_name)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         user_ns.update(run.values)
         return run.output if run.has_output else None
+
+    def _cell_name(self, filename: str) -> str | None:
+        """The name IPython's tracebacks give the cell compiled as ``filename`` ("Cell In[3]"); None for other code."""
+        named = self.shell.compile.format_code_name(filename)
+        return " ".join(named) if named else None
 
     def _session_for(self, options) -> Session | None:
         """The session this cell runs on: None for a one-off job (no session, --no-session, or

@@ -206,6 +206,86 @@ def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
     assert {r.status for r in job.ranks if r.rank != 2} == {"stopped"}
 
 
+EARLIER_CELL = (  # a notebook cell of its own, run before the %%mpirun_remote cells that call it
+    "import warnings\n"                                # 1
+    "class Model:\n"                                   # 2
+    "    def step(self, x):\n"                         # 3
+    "        warnings.warn(f'step {x} is slow')\n"     # 4
+    "        inverse = lambda v: 1 // v\n"             # 5
+    "        def check():\n"                           # 6
+    "            return inverse(x)\n"                  # 7
+    "        return check()\n"                         # 8
+)
+
+
+def _notebook_cell(ip, source: str) -> str:
+    """Run ``source`` as the notebook's next numbered cell; its name as IPython's tracebacks give it."""
+    assert ip.run_cell(source, store_history=True).success
+    return f"Cell In[{ip.execution_count - 1}]"
+
+
+def _frames_of_the_earlier_cell(cell_name: str) -> list[str]:
+    """The lines a rank's traceback gives the frames of EARLIER_CELL's method, its closure and its lambda."""
+    return [f"  {cell_name}, line 8, in step", "    return check()",
+            f"  {cell_name}, line 7, in check", "    return inverse(x)",
+            f"  {cell_name}, line 5, in <lambda>", "    inverse = lambda v: 1 // v"]
+
+
+def _in_order(lines: list[str], expected: list[str]) -> bool:
+    """Whether ``expected`` are among ``lines`` in this order (a traceback may add ^^^ lines between)."""
+    found = iter(lines)
+    return all(any(line == wanted for line in found) for wanted in expected)
+
+
+def test_code_from_an_earlier_cell_shows_that_cell_its_lines_and_source_in_a_ranks_traceback_and_warnings(ip, capsys):
+    cell_name = _notebook_cell(ip, EARLIER_CELL)
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-g 2 --out job", "import mpi_magic\nModel().step(mpi_magic.rank() - 1)\n")  # rank 1 divides by 0
+    error = caught.value
+    assert (error.rank, error.error_type) == (1, "ZeroDivisionError")
+    rendered = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in error._render_traceback_()]
+    assert _in_order(rendered, ['  File "<mpirun_remote cell>", line 3, in <module>',
+                                "    Model().step(mpi_magic.rank() - 1)", *_frames_of_the_earlier_cell(cell_name)]), \
+        "\n".join(rendered)
+    assert "<dynamic-code>" not in "\n".join(rendered)
+    said = capsys.readouterr().err  # (rank 0 may be stopped before it warns: rank 1 warned before it raised)
+    assert f"[rank 1] {cell_name}:4: UserWarning: step 0 is slow\n[rank 1]   warnings.warn(f'step {{x}} is slow')\n" \
+           in said, "a warning names the cell and line as the notebook does, over the line's source"
+
+
+def test_only_code_from_the_notebooks_cells_keeps_its_cells_file_and_lines_on_the_ranks(ip):
+    _notebook_cell(ip, EARLIER_CELL)
+    exec(compile("def elsewhere():\n    pass\n", "<string>", "exec"), ip.user_ns)  # notebook code, but no cell's
+    run(ip, "--quiet", (
+        "import linecache\n"
+        "step = Model.step.__code__\n"
+        "nested = [const.co_filename for const in step.co_consts if hasattr(const, 'co_filename')]\n"
+        "files = (step.co_filename, sorted(set(nested)), len(nested), elsewhere.__code__.co_filename)\n"
+        "line = linecache.getline(step.co_filename, 4)\n"
+    ))
+    filename = ip.user_ns["Model"].step.__code__.co_filename
+    assert ip.user_ns["files"] == (filename, [filename], 2, "<dynamic-code>"), "the lambda's and closure's code too"
+    assert ip.user_ns["line"] == "        warnings.warn(f'step {x} is slow')\n"
+
+
+def test_code_from_earlier_cells_shows_those_cells_in_a_sessions_tracebacks_cell_after_cell(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_session", "start -g 2 --quiet")
+    model_cell = _notebook_cell(ip, EARLIER_CELL)
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "--quiet", "import mpi_magic\nModel().step(mpi_magic.rank() - 1)\n")
+    assert _in_order(caught.value.remote_traceback.splitlines(), _frames_of_the_earlier_cell(model_cell))
+    later_cell = _notebook_cell(ip, "def halve(n):\n    assert n % 2 == 0, f'{n} is odd'\n    return n // 2\n")
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:  # the ranks hold Model; halve comes now
+        run(ip, "--quiet", "import mpi_magic\nhalve(mpi_magic.rank() + 1)\n")  # rank 0 halves 1
+    assert _in_order(caught.value.remote_traceback.splitlines(), [
+        '  File "<mpirun_remote cell>", line 3, in <module>', "    halve(mpi_magic.rank() + 1)",
+        f"  {later_cell}, line 2, in halve", "    assert n % 2 == 0, f'{n} is odd'"])
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:  # and Model, held since the first cell, still reads
+        run(ip, "--quiet", "Model().step(0)\n")
+    assert _in_order(caught.value.remote_traceback.splitlines(), _frames_of_the_earlier_cell(model_cell))
+
+
 def test_several_failing_ranks_are_summarised(ip):
     with pytest.raises(mpi_magic.RemoteRankError) as caught:
         run(ip, "-g 4", "import mpi_magic, time\nif mpi_magic.rank() != 0:\n    raise KeyError(mpi_magic.rank())\ntime.sleep(30)\n")

@@ -9,7 +9,9 @@ so a value that cannot travel is reported with its type, the reason and what to 
 from __future__ import annotations
 
 import ast
+import functools
 import io
+import linecache
 import pickle
 import socket
 import symtable
@@ -22,7 +24,7 @@ from typing import Any, Callable, Mapping, cast
 
 import cloudpickle
 
-from ..shared import cell, payload
+from ..shared import cell, notebook_cells, payload
 from ..errors import CaptureError
 
 # Names IPython puts in every namespace; the ranks have their own (or no use for them).
@@ -210,10 +212,13 @@ class Captured:
 
 
 def capture(code: CellCode, namespace: Mapping[str, Any],
-            held: Callable[[str, Any], bool] = lambda name, value: False) -> Captured:
+            held: Callable[[str, Any], bool] = lambda name, value: False,
+            cell_names: CellNames = lambda filename: None) -> Captured:
     """Pack every name ``code`` reads from ``namespace`` (except those ``held(name, value)``
-    says the ranks have); raise ``CaptureError`` listing those that cannot travel."""
+    says the ranks have); raise ``CaptureError`` listing those that cannot travel. Code from
+    the notebook's cells (``cell_names``) keeps its cell's name and lines (``notebook_cells``)."""
     captured = Captured()
+    pickler = functools.partial(_Pickler, cell_names=cell_names)
     problems = []
     for name in sorted(code.reads):
         if name in _SHELL_NAMES or name not in namespace:
@@ -224,7 +229,7 @@ def capture(code: CellCode, namespace: Mapping[str, Any],
             continue
         captured.kinds[name] = type(value).__name__
         try:
-            captured.packed.append(_pack(name, value))
+            captured.packed.append(_pack(name, value, pickler))
         except _CannotTravel as exc:
             problems.append(f"{name} ({_type_name(value)}) cannot be sent to the ranks: {exc}")
     if problems:
@@ -260,19 +265,39 @@ class _FileFound(pickle.PicklingError):
         self.file = file
 
 
+CellNames = Callable[[str], str | None]  # a code file name -> the notebook's name of its cell ("Cell In[3]"), if one
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, refusing every file wherever it is: cloudpickle would send a copy of what is
-    left to read of a file opened for reading, and refuse one opened for writing."""
+    left to read of a file opened for reading, and refuse one opened for writing. Code compiled
+    from one of the notebook's cells (``cell_names``) travels with that cell's name and text."""
+
+    def __init__(self, file, *args, cell_names: CellNames = lambda filename: None, **kwargs):
+        super().__init__(file, *args, **kwargs)
+        self._cell_names = cell_names
+        self._cells: dict[str, tuple[str, str] | None] = {}  # each file looked up once, its text pickled once
 
     def reducer_override(self, obj):
         if _is_file(obj):
             raise _FileFound(obj)
+        if isinstance(obj, types.CodeType):
+            cell = self._cell(obj.co_filename)
+            if cell is not None:
+                return notebook_cells.reduce_code(obj, *cell)
         return super().reducer_override(obj)
 
+    def _cell(self, filename: str) -> tuple[str, str] | None:
+        """(name, text) of the notebook's cell that ``filename`` is; None for other code."""
+        if filename not in self._cells:
+            name = self._cell_names(filename)
+            self._cells[filename] = None if name is None else (name, "".join(linecache.getlines(filename)))
+        return self._cells[filename]
 
-def _pack(name: str, value: Any) -> payload.Packed:
+
+def _pack(name: str, value: Any, pickler: Callable[..., pickle.Pickler] = _Pickler) -> payload.Packed:
     try:
-        return payload.pack(name, value, _Pickler)
+        return payload.pack(name, value, pickler)
     except Exception as exc:  # noqa: BLE001 - every pickling failure is reported the same way
         culprit = _culprit(value) if isinstance(value, types.FunctionType) else None
         if culprit is not None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import builtins
 import io
 import linecache
-import os
 import pickle
 import sys
 import types
 from typing import Any, Callable
 
 from ..errors import JobError
-from ..shared import cell, postmortem
+from ..shared import cell, notebook_cells, postmortem
 from ..shared.layout import POST_MORTEM, result_path
 from .job import Job
 
@@ -91,10 +90,10 @@ def traceback_of(record: dict, cell_lines: list[str]) -> types.TracebackType:
         if frame["in_cell"] and frame["name"] == "<module>":
             cell_globals = values  # the cell's own frame: its locals are its globals
             namespace, local = values, values
-        elif frame["in_cell"]:
+        elif frame["in_cell"] or notebook_cells.name_of(frame["filename"]):  # its globals are the cell's on the rank
             namespace, local = cell_globals if cell_globals is not None else {}, values
         else:
-            if frame["source"] and not os.path.exists(frame["filename"]):
+            if frame["source"] and not linecache.getlines(frame["filename"]):  # not a file here, nor a notebook's cell
                 start, lines = frame["source"]
                 _remember(frame["filename"], [""] * (start - 1) + [line.rstrip("\n") for line in lines])
             namespace, local = {"__name__": frame["filename"]}, values

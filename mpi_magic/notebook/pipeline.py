@@ -91,25 +91,29 @@ class CellRoute(Protocol):
 def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, config: Config,
              on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
              clock: Callable[[], float] = time.monotonic,
-             deliver: Callable[[dict], None] = lambda values: None) -> CellRun:
+             deliver: Callable[[dict], None] = lambda values: None,
+             cell_names: capture.CellNames = lambda filename: None) -> CellRun:
     """Run ``source`` (plain Python) as ``options.world_size`` ranks, as a job of its own.
 
     With ``options.run_async`` it returns once the job is submitted and ``deliver`` receives
-    the values when the job has succeeded.
+    the values when the job has succeeded. ``cell_names`` names the notebook's cells that the
+    code it sends comes from, as the notebook's tracebacks do.
     """
     code = capture.analyze(source)
     backend = get_backend(options.backend, config, options)
-    return _run(OneOffCell(backend, code, namespace, options), options, config, on_job, echo or ConsoleEcho(),
-                clock, deliver)
+    return _run(OneOffCell(backend, code, namespace, options, cell_names), options, config, on_job,
+                echo or ConsoleEcho(), clock, deliver)
 
 
 def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
                    config: Config, on_job: Callable[[Job], None] = lambda job: None,
-                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic) -> CellRun:
+                   echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic,
+                   cell_names: capture.CellNames = lambda filename: None) -> CellRun:
     """Run ``source`` on the session's ranks, sending only the values they do not hold."""
     code = capture.analyze(source)
     echo = echo or ConsoleEcho()
-    return _run(SessionCellRoute(session, code, namespace, options, echo), options, config, on_job, echo, clock)
+    return _run(SessionCellRoute(session, code, namespace, options, echo, cell_names), options, config, on_job,
+                echo, clock)
 
 
 def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None,
@@ -161,8 +165,10 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
 class OneOffCell:
     """A cell run as a job of its own on ``backend``: everything it reads is packed and sent."""
 
-    def __init__(self, backend: Backend, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions):
+    def __init__(self, backend: Backend, code: capture.CellCode, namespace: Mapping[str, Any], options: LaunchOptions,
+                 cell_names: capture.CellNames):
         self.backend, self.code, self.namespace, self.options = backend, code, namespace, options
+        self.cell_names = cell_names
         self.backend_name, self.world_size = backend.name, options.world_size
         self.procs_per_instance = options.procs_per_instance
 
@@ -171,7 +177,7 @@ class OneOffCell:
         for warning in backend.check(options):
             echo.say(warning)
         job_name = options.job_name or jobdir.new_job_name()
-        captured = capture.capture(self.code, self.namespace)
+        captured = capture.capture(self.code, self.namespace, cell_names=self.cell_names)
         _announce_large(captured, options.world_size, echo)
         return _pack(config, job_name, captured.packed, _meta(self.code, options), options, self.code.assigns,
                      pin=backend.pins_digest, reuse=False,
@@ -195,8 +201,9 @@ class SessionCellRoute:
     and could not come back stays there, and a cell the ranks cannot get back from ends the session."""
 
     def __init__(self, session: Session, code: capture.CellCode, namespace: Mapping[str, Any],
-                 options: LaunchOptions, echo: ConsoleEcho):
+                 options: LaunchOptions, echo: ConsoleEcho, cell_names: capture.CellNames):
         self.session, self.code, self.namespace, self.options, self.echo = session, code, namespace, options, echo
+        self.cell_names = cell_names
         self.backend_name, self.world_size = session.backend, session.world_size
         self.procs_per_instance = session.procs_per_instance
         self.selection: Selection | None = None
@@ -205,7 +212,7 @@ class SessionCellRoute:
     def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
         session, options, code = self.session, self.options, self.code
         holdings = session.holdings
-        captured = capture.capture(code, self.namespace, holdings.keeps)
+        captured = capture.capture(code, self.namespace, holdings.keeps, self.cell_names)
         self.selection = selection = holdings.select(captured.packed, self.namespace)
         _announce_large(captured, session.world_size, echo, {item.name for item in selection.send})
         kept = sorted(captured.kept + selection.same)

@@ -385,4 +385,6 @@ def format_traceback(exc: BaseException) -> str:
         tb = tb.tb_next
     import traceback  # only when a cell fails
 
-    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    from ..shared import notebook_cells
+
+    return notebook_cells.renamed("".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__)))

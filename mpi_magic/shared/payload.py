@@ -50,7 +50,7 @@ class Packed:
         return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
-def pack(name: str, value: Any, pickler: type[pickle.Pickler] | None = None) -> Packed:
+def pack(name: str, value: Any, pickler: Callable[..., pickle.Pickler] | None = None) -> Packed:
     """Pickle ``value`` with cloudpickle (or the given pickler); raises what pickling raises.
 
     cloudpickle is imported here, not with the module: most ranks only read a payload, and

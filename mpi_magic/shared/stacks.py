@@ -281,10 +281,12 @@ def parse(dump: str, main_thread: str | None) -> list[Frame]:
 
 
 def place(frames: list[Frame], cell_file: str, cell_lines: list[str]) -> str:
-    """Where a rank is, in the cell's words: "at cell line 7 in allreduce" (the innermost cell
-    frame's line, and the function running there: the Python one it called, else the call the
-    line makes, as a C function such as MPI's has no frame of its own)."""
-    at = max((i for i, frame in enumerate(frames) if frame[0] == cell_file), default=None)
+    """Where a rank is, in the notebook's words: "at cell line 7 in allreduce", or "at Cell In[3],
+    line 4 in sleep" inside a function from an earlier cell (the innermost frame of the notebook's
+    code, and the function running there: the Python one it called, else the call the line makes,
+    as a C function such as MPI's has no frame of its own)."""
+    at = max((i for i, (filename, line, _) in enumerate(frames) if _named_line(filename, line, cell_file)),
+             default=None)
     if at is None:
         if not frames:
             return "in no Python frame"
@@ -292,14 +294,32 @@ def place(frames: list[Frame], cell_file: str, cell_lines: list[str]) -> str:
             return "waiting for a cell"
         filename, line, function = frames[-1]
         return f"at {os.path.basename(filename)}:{line} in {function}"
-    line = frames[at][1]
-    inner = frames[at + 1][2] if at + 1 < len(frames) else _called(cell_lines, line)
-    return f"at cell line {line}" + (f" in {inner}" if inner else "")
+    filename, line, _ = frames[at]
+    inner = frames[at + 1][2] if at + 1 < len(frames) else _called(_source_line(filename, line, cell_file, cell_lines))
+    return f"at {_named_line(filename, line, cell_file)}" + (f" in {inner}" if inner else "")
 
 
-def _called(cell_lines: list[str], line: int) -> str:
-    """The last function a cell line calls (``comm.allreduce(x)`` -> ``allreduce``)."""
-    text = cell_lines[line - 1] if 0 < line <= len(cell_lines) else ""
+def _named_line(filename: str, line: int, cell_file: str) -> str | None:
+    """A line of the notebook's code as the roll-call names it, "cell line 7" in the cell, "Cell In[3],
+    line 4" in a function from an earlier cell; None for other code."""
+    if filename == cell_file:
+        return f"cell line {line}"
+    from .notebook_cells import name_of  # only where stacks are read, never on a rank
+
+    name = name_of(filename)
+    return None if name is None else f"{name}, line {line}"
+
+
+def _source_line(filename: str, line: int, cell_file: str, cell_lines: list[str]) -> str:
+    if filename == cell_file:
+        return cell_lines[line - 1] if 0 < line <= len(cell_lines) else ""
+    import linecache  # where the notebook keeps its cells' lines
+
+    return linecache.getline(filename, line)
+
+
+def _called(text: str) -> str:
+    """The last function a line calls (``comm.allreduce(x)`` -> ``allreduce``)."""
     names = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", text)
     return names[-1] if names else ""
 
@@ -343,9 +363,10 @@ class Snapshot:
         first = next((i for i, frame in enumerate(frames) if frame[0] == self._cell_file), 0)
         lines = []
         for filename, line, function in frames[first:]:
-            if filename == self._cell_file:
-                code = self._cell_lines[line - 1].strip() if 0 < line <= len(self._cell_lines) else ""
-                lines.append(f"cell line {line} in {function}" + (f": {code}" if code else ""))
+            named = _named_line(filename, line, self._cell_file)
+            if named:
+                code = _source_line(filename, line, self._cell_file, self._cell_lines).strip()
+                lines.append(f"{named} in {function}" + (f": {code}" if code else ""))
             else:
                 lines.append(f"{filename}:{line} in {function}")
         return lines

@@ -61,6 +61,30 @@ def test_the_failed_ranks_frames_open_with_their_locals_up_down_and_the_cells_li
     assert "<mpirun_remote cell>(5)step()" in out  # where lists both frames
 
 
+def test_a_function_from_an_earlier_cell_reads_in_where_and_list_as_the_notebooks_own_debug_reads_it(
+        ip, capsys, monkeypatch):
+    assert ip.run_cell("import math\ndef step(x, k):\n    scale = x * k\n    return scale // (k - 2)\n",
+                       store_history=True).success
+    assert not ip.run_cell("step(10, 2)", store_history=True).success  # the same failure in the notebook
+    here = debug_here(ip, capsys, ["where", "list"], monkeypatch)
+    with pytest.raises(RemoteRankError):
+        run(ip, "-g 2 --quiet", "import mpi_magic\nlabel = 'on a rank'\nstep(10 + mpi_magic.rank(), 2 + mpi_magic.rank())\n")
+    there = debug(ip, capsys, "", ["where", "list", "p scale, label"], monkeypatch)
+    step_frame = f"{ip.user_ns['step'].__code__.co_filename}(4)step()"
+    assert step_frame in here and step_frame in there, "where names the frame as %debug names it"
+    listed = here[here.index("      1 import math"):].split("\nipdb>")[0]
+    assert "----> 4     return scale // (k - 2)" in listed and listed in there, "list shows the cell's lines alike"
+    assert "(20, 'on a rank')" in there, "the function's globals are the cell's"
+
+
+def debug_here(ip, capsys, commands: list[str], monkeypatch) -> str:
+    """What the notebook's own %debug printed for ``commands`` on its last traceback (then ``q``)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(commands + ["q"]) + "\n"))
+    capsys.readouterr()
+    ip.run_line_magic("debug", "")
+    return ANSI.sub("", capsys.readouterr().out)
+
+
 def test_several_failed_ranks_one_is_picked_by_number_and_a_rank_that_did_not_fail_is_refused(sessions, capsys,
                                                                                               monkeypatch):
     ip = sessions  # a session's failed ranks go back to waiting, so both report (a one-off job's launcher may stop

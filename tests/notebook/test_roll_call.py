@@ -117,6 +117,25 @@ def test_job_stacks_and_mpirun_stacks_show_a_background_jobs_ranks_in_the_cells_
         ip.run_line_magic("mpirun_stacks", "job")
 
 
+def test_a_rank_inside_a_function_from_an_earlier_cell_is_shown_in_that_cells_words(ip, capsys):
+    assert ip.run_cell("import time\ndef settle():\n    time.sleep(60)\n", store_history=True).success
+    cell_name = f"Cell In[{ip.execution_count - 1}]"
+    filename = ip.user_ns["settle"].__code__.co_filename  # the notebook's own, which its linecache reads
+    run(ip, "-g 2 --async --quiet --out job", "settle()\n")
+    job = ip.user_ns["job"]
+    try:
+        stacks = _in_cell(job, dict.fromkeys([0, 1], [("<cell>", 2, "<module>"), (filename, 3, "settle")]))
+        assert all(frames[-2:] == [("<cell>", 2, "<module>"), (filename, 3, "settle")] for frames in stacks.values())
+        ip.run_line_magic("mpirun_stacks", "--frames")
+        assert capsys.readouterr().out.splitlines()[1:] == [
+            f"  ranks 0, 1 at {cell_name}, line 3 in sleep", "      cell line 2 in <module>: settle()",
+            f"      {cell_name}, line 3 in settle: time.sleep(60)"]
+    finally:
+        job.cancel()
+        with pytest.raises(Exception, match="cancelled"):
+            job.wait()
+
+
 def test_a_rank_that_ignores_the_request_or_has_finished_is_named_and_the_others_answer(ip):
     run(ip, "-g 3 --async --quiet --out job", (
         "import mpi_magic, signal, time\n"                                         # 2

@@ -60,6 +60,18 @@ def test_a_failing_rank_fails_the_job_with_its_traceback_and_releases_every_inst
     assert "[3, 3, 3]" in capsys.readouterr().out
 
 
+def test_a_function_from_an_earlier_cell_shows_that_cell_and_its_lines_from_an_instance(ip, cloud, capsys):
+    assert ip.run_cell("import warnings\ndef shard_of(rank):\n    warnings.warn(f'rank {rank} reads slowly')\n"
+                       "    return [1, 2, 3][rank]\n", store_history=True).success
+    cell_name = f"Cell In[{ip.execution_count - 1}]"
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-i 2 -g 2", "import mpi_magic\nshard = shard_of(mpi_magic.rank())\n")
+    assert f"  {cell_name}, line 4, in shard_of\n    return [1, 2, 3][rank]\n" in caught.value.remote_traceback
+    said = capsys.readouterr().err  # (rank 3, the one that fails, warned before it raised)
+    assert f"[rank 3] {cell_name}:3: UserWarning: rank 3 reads slowly\n" \
+           "[rank 3]   warnings.warn(f'rank {rank} reads slowly')\n" in said, said
+
+
 def test_quiet_ranks_on_every_instance_send_their_stacks_through_the_log_as_the_roll_call(ip, cloud, capsys):
     import _thread
 
