@@ -171,9 +171,9 @@ class Job:
     def stacks(self, limit: float | None = None) -> dict[int, list[dumps.Frame]]:
         """Where every rank is now: {rank: [(filename, line, function), ...]}, innermost last, the
         cell's frames named ``<cell>`` with its lines numbered as the cell shows them (the magic
-        line is line 1). A rank that gives none within ``limit`` seconds (3 locally, 30 through a
-        SageMaker job's log) is left out; ``roll_call()``
-        says why."""
+        line is line 1), those of code from the notebook's earlier cells by the file name IPython
+        compiled that cell under. A rank that gives none within ``limit`` seconds (3 locally, 30
+        through a SageMaker job's log) is left out; ``roll_call()`` says why."""
         return self._ask(limit)[0]
 
     def roll_call(self, limit: float | None = None, stall: bool = False) -> dumps.Snapshot:

@@ -1,19 +1,18 @@
 """Code from the notebook's own cells, read on the ranks as the notebook reads it.
 
-cloudpickle renames the code of every function it pickles by value ``<dynamic-code>``, so a
-function, method or lambda defined in an earlier cell would run on a rank with no file, no
-source line and no cell. Pickled for the ranks, such code keeps the file name IPython compiled
-its cell under (``<ipython-input-3-...>``, a kernel's ``/tmp/ipykernel_.../....py``) and carries
-the cell's name as IPython's tracebacks give it ("Cell In[3]") and its text. Each code object,
-nested ones included, is pickled so, which is what reaches closures, class bodies' methods and
-lambdas alike; names cannot be mapped after unpickling, as nothing then tells which code came
-from which cell.
+cloudpickle names the code of every function it pickles by value ``<dynamic-code>``, so a
+function, method, lambda or closure defined in an earlier cell would run on a rank with no
+file, no source line and no cell. Pickled for the ranks, each of its code objects (nested ones
+too, which is what reaches closures, methods and lambdas alike) keeps the file name IPython
+compiled its cell under (``<ipython-input-3-...>``, a kernel's ``/tmp/ipykernel_.../....py``) and
+carries the cell's name as IPython's tracebacks give it ("Cell In[3]") and the cell's text. This
+is done while pickling because after unpickling nothing tells which code came from which cell.
 
-Where it unpickles (a rank), the cell's text goes where tracebacks read lines (``linecache``)
-and its name where the rank's tracebacks and warnings say where they are ("Cell In[3], line
-4"); where it is pickled (the notebook), the name is learnt for the roll-call's stacks. The code
-keeps the notebook's file name, so ``%mpirun_debug`` and the notebook's own linecache read it as
-the notebook's ``%debug`` does. Imported on a rank only when a cell carries such code.
+Unpickled (on a rank), the cell's text goes where tracebacks read lines (``linecache``) and its
+name where the rank's tracebacks and warnings say where they are ("Cell In[3], line 4");
+pickled (in the notebook), the name is learnt for the roll-call's stacks. As the code keeps the
+notebook's file name, ``%mpirun_debug`` reads its frames as ``%debug`` does. A rank imports this
+module only for a cell that carries such code, or that fails.
 """
 
 from __future__ import annotations
