@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 import pytest
 from helpers import needs_slurm
@@ -244,6 +245,181 @@ def test_the_option_reference_in_docs_matches_the_magics_help():
         match = BLOCK.search(f.read())
     assert match, "docs/using.md lost its options block"
     assert match.group(2) == option_help(), "docs/using.md is out of date: run python tests/test_docs.py"
+
+
+# -- docs/troubleshooting.md: each message it quotes is the product's own ----------------------------
+
+TROUBLESHOOTING = os.path.join(ROOT, "docs", "troubleshooting.md")
+
+
+def quoted_messages() -> list[str]:
+    """The messages docs/troubleshooting.md quotes: the code spans of its table's first column."""
+    with open(TROUBLESHOOTING, encoding="utf-8") as f:
+        rows = [line for line in f.read().splitlines() if line.startswith("| ") and not line.startswith("| you see")]
+    return [match.group(2) for row in rows for match in re.finditer(r"(`+)(.+?)\1", row[2:].split(" | ")[0])]
+
+
+class Trial:
+    """Meets a message the way a user does: cells in the shell, on this machine, the rehearsal cloud
+    or the tests' Slurm cluster."""
+
+    def __init__(self, request, monkeypatch, tmp_path):
+        self.request, self.monkeypatch, self.tmp_path = request, monkeypatch, tmp_path
+        self.ip = request.getfixturevalue("ip")
+
+    def said(self, line: str, cell: str = "x = 1\n") -> str:
+        """What a cell with ``line`` shows: what it printed, and what it raised as IPython shows it."""
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            try:
+                self.ip.run_cell_magic("mpirun_remote", line, cell)
+            except Exception as exc:  # noqa: BLE001 (what the user sees, whatever it is)
+                shown = getattr(exc, "_render_traceback_", lambda: [f"{type(exc).__name__}: {exc}"])()
+                return plain(printed.getvalue() + "\n".join(shown))
+        return plain(printed.getvalue())
+
+    def on_cloud(self, line: str, without: str = "", unset: tuple[str, ...] = ()) -> str:
+        """What a SageMaker cell on the rehearsal cloud shows, its settings on the line less ``without``,
+        the variables ``unset`` unset."""
+        from helpers import BUCKET, ROLE
+
+        self.request.getfixturevalue("aws")
+        for name in unset:
+            self.monkeypatch.delenv(name)
+        given = {"--instance-type": "ml.m5.xlarge", "--image-uri": "local/emulated", "--role": ROLE,
+                 "--s3-root": f"s3://{BUCKET}/troubleshooting"}
+        given.pop(without, None)
+        settings = " ".join(f"{option} {value}" for option, value in given.items() if option not in line)
+        return self.said(f"--backend sagemaker {settings} {line}")
+
+    def on_slurm(self, line: str) -> str:
+        from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
+
+        if missing_programs():
+            pytest.skip(f"Slurm is not installed here: apt-get install {PACKAGES}")
+        self.request.getfixturevalue("slurm")
+        return self.said(f"--backend slurm {line}")
+
+    def without_sdk(self) -> Trial:
+        """As where the SageMaker SDK is not installed (boto3 alone)."""
+        for module in ("sagemaker", "sagemaker.core"):
+            self.monkeypatch.setitem(sys.modules, module, None)
+        return self
+
+    def without_sts(self) -> Trial:
+        """As where STS cannot be reached: its endpoint a port nothing listens on."""
+        from mpi_magic.shared.procs import free_port
+
+        self.request.getfixturevalue("aws")
+        self.monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{free_port()}")
+        return self
+
+
+def _another_python(trial: Trial) -> str:
+    """A rank reading a payload the notebook wrote under another Python minor version."""
+    from mpi_magic.errors import PayloadError
+    from mpi_magic.shared import payload
+
+    path = str(trial.tmp_path / "payload.bin")
+    payload.write(path, [payload.pack("x", 1)], {})
+    with open(path, "rb") as f:
+        raw = f.read()
+    header, entries_at = payload.read_header(io.BytesIO(raw).read)
+    header["python"] = f"3.{sys.version_info[1] - 1}.14"
+    with open(path, "wb") as f:
+        f.write(payload.encode_header(header) + raw[entries_at:])
+    try:
+        payload.read(path)
+    except PayloadError as exc:
+        return str(exc)
+    return ""
+
+
+def _not_open_mpi(trial: Trial) -> str:
+    """The bootstrap, on an instance whose mpirun is not Open MPI's."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    try:
+        bootstrap.mpirun_argv("true", "ssh", os.devnull, 2)
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
+
+
+def _slurm_time_limit(trial: Trial) -> str:
+    """A job Slurm ended at its time limit, as the notebook folds it (a real one takes its minute and
+    more: tests/backends/test_slurm_time_limit.py)."""
+    from mpi_magic.backends.slurm.batch_job import ENDED_BY_SLURM
+    from mpi_magic.shared import events
+    from mpi_magic.view.model import JobModel
+
+    model = JobModel("job", "slurm", 2, 1)
+    model.fold(events.LauncherExited(None, reason=ENDED_BY_SLURM["TIMEOUT"]))
+    return str(model.error())
+
+
+def _stalled(trial: Trial, cell: str) -> str:
+    trial.ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
+    return trial.said("-i 1 -g 4 --timeout 8", cell)
+
+
+WAITING_FOR_RANK_2 = "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank != 2:\n    comm.allreduce(1)\n"
+RANK_2_IN_RECV = ("from mpi4py import MPI\n\ncomm = MPI.COMM_WORLD\n\nif comm.rank != 2:\n    # every rank but 2 sums\n"
+                  "    comm.allreduce(1)\nelse:\n    # rank 2 waits for a message\n    # that no rank sends\n"
+                  "    comm.recv(source=0)\n")
+
+# How each quoted message comes about, by the start of its quote.
+PRODUCED = {
+    "lock (_thread.lock)": lambda t: t.ip.user_ns.update(lock=threading.Lock()) or t.said("", "with lock:\n    pass\n"),
+    "the notebook runs Python": _another_python,
+    "the image ...": lambda t: t.on_cloud("--image-uri 763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:"
+                                          f"2.1.0-gpu-py3{sys.version_info[1] - 1}-cu121-ubuntu20.04-sagemaker"),
+    "no AWS region": lambda t: t.on_cloud("", unset=("AWS_DEFAULT_REGION",)),
+    "no AWS credentials": lambda t: t.on_cloud("", unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")),
+    "no execution role: the default": lambda t: t.without_sdk().on_cloud("", without="--role"),
+    "no execution role: the SageMaker SDK looks for SageMaker Studio's role in /opt/ml/metadata/resource-metadata.json "
+    "(not on this machine), then asks STS which role these credentials act as: they are not": lambda t: t.on_cloud(
+        "", without="--role"),
+    "no execution role: the SageMaker SDK looks for SageMaker Studio's role in /opt/ml/metadata/resource-metadata.json "
+    "(not on this machine), then asks STS which role these credentials act as, and that failed": lambda t: t.without_sts(
+    ).on_cloud("", without="--role"),
+    "--role 'my-role'": lambda t: t.on_cloud("--role my-role"),
+    "no --s3-root: the default": lambda t: t.without_sdk().on_cloud("", without="--s3-root"),
+    "no --s3-root: the SageMaker SDK makes": lambda t: t.without_sts().on_cloud("", without="--s3-root"),
+    "no training image": lambda t: t.without_sdk().on_cloud("", without="--image-uri"),
+    "the bucket 'my-bucket'": lambda t: t.on_cloud("--s3-root s3://my-bucket/jobs"),
+    "no instance type": lambda t: t.on_cloud("", without="--instance-type"),
+    "...; did you mean ml.p4d.24xlarge?": lambda t: t.on_cloud("--instance-type ml.p4d.24xlarg"),
+    "ml.g5.xlarge has 1 GPU": lambda t: t.on_cloud("--instance-type ml.g5.xlarge -g 2 --dry-run"),
+    "the sagemaker backend needs boto3": lambda t: t.monkeypatch.setitem(sys.modules, "boto3", None)
+    or t.said("--backend sagemaker"),
+    # a rank's import of mpi4py, failing as Python fails it where mpi4py is not installed
+    "RemoteRankError: rank 0": lambda t: t.said("-i 1 -g 1", "raise ModuleNotFoundError(\"No module named 'mpi4py'\")\n"),
+    "... is not Open MPI's mpirun": _not_open_mpi,
+    "ranks 0, 1, 3 have been waiting": lambda t: _stalled(t, WAITING_FOR_RANK_2),
+    "where the ranks are": lambda t: _stalled(t, RANK_2_IN_RECV),
+    "%mpirun_debug opens": lambda t: t.said("-i 1 -g 2", "import mpi_magic\nif mpi_magic.rank() == 1:\n    1 / 0\n"),
+    "4096 ranks": lambda t: t.said("-i 4 -g 1024"),
+    "no Slurm client on PATH": lambda t: t.monkeypatch.setenv("PATH", str(t.tmp_path)) or t.said("--backend slurm"),
+    "there is no partition 'gpus'": lambda t: t.on_slurm("--partition gpus"),
+    "--instances 5": lambda t: t.on_slurm("--instances 5"),
+    "--time 1:00:00": lambda t: t.on_slurm("--partition short --time 1:00:00"),
+    "--gpus 64": lambda t: t.on_slurm("--gpus 64"),
+    "Slurm would refuse the job": lambda t: t.on_slurm("--reservation nosuch"),
+    # the launcher's output where the nodes cannot write, as a job folder they cannot see
+    "the job ended (FAILED) before its launcher started": lambda t: t.on_slurm(
+        "--slurm-args=--output=/nonexistent/launcher.out"),
+    "ranks [0, 1] stopped before the cell finished": _slurm_time_limit,
+}
+
+
+@pytest.mark.parametrize("quote", quoted_messages(), ids=lambda quote: quote[:60])
+def test_each_message_troubleshooting_quotes_is_the_products_own(quote, ip, request, monkeypatch, tmp_path):
+    starts = [start for start in PRODUCED if quote.startswith(start)]
+    assert starts, f"docs/troubleshooting.md quotes {quote!r}, and this test does not know how to meet it: add it to PRODUCED"
+    produced = normalised(PRODUCED[max(starts, key=len)](Trial(request, monkeypatch, tmp_path)))
+    pattern = ".*?".join(re.escape(part) for part in normalised(quote).split("..."))
+    assert re.search(pattern, produced, re.DOTALL), f"the page quotes:\n{quote}\nthe product said:\n{produced}"
 
 
 # -- the settings table -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import _thread
 import math
 import os
 import signal
+import stat
 import textwrap
 import time
 
@@ -39,6 +40,23 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluste
     assert job.status == "completed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
     # (its batch shell ends at once)
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def test_what_slurm_and_the_batch_script_write_is_private_whatever_the_umask(slurm, slurm_cluster, cache_dir):
+    """The launcher's output, errors and exit status in the job folder are 0600 like the rest of it, under
+    a umask that would let everyone read them (sbatch hands the notebook's umask to the job)."""
+    before = os.umask(0)
+    try:
+        run(slurm, "--backend slurm -i 1 -g 1 --out job", "print('hi')\n")
+    finally:
+        os.umask(before)
+    job_dir = slurm.user_ns["job"].job_dir
+    assert {"batch.sh", "launcher.out", "launcher.err", "launcher.exit"} <= set(os.listdir(job_dir))
+    modes = {}
+    for folder, _, files in os.walk(cache_dir):
+        modes[folder] = stat.S_IMODE(os.stat(folder).st_mode)
+        modes.update({os.path.join(folder, f): stat.S_IMODE(os.stat(os.path.join(folder, f)).st_mode) for f in files})
+    assert {path: oct(mode) for path, mode in modes.items() if mode != (0o700 if os.path.isdir(path) else 0o600)} == {}
 
 
 def test_srun_starts_the_ranks_through_slurms_pmix(slurm, slurm_cluster):

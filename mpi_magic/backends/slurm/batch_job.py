@@ -118,10 +118,14 @@ class SlurmBackend:
 
     def _write(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
                env: dict[str, str]) -> list[str]:
-        """The batch script, written into the job folder; returns the sbatch line that submits it."""
+        """The batch script, written into the job folder, and the launcher's output and errors made there
+        empty, 0600: Slurm writes into them as they are, where it would make them by the job's umask;
+        returns the sbatch line that submits it."""
         script = batch_script(job_name, job_dir, self.launch(command, options), env)
         with jobdir.open_private(os.path.join(job_dir, SCRIPT_FILE), "w") as f:
             f.write(script)
+        for name in (OUTPUT, ERRORS):
+            jobdir.open_private(os.path.join(job_dir, name), "w").close()
         return sbatch_argv(self.sbatch, job_dir, job_name, options, self.partition.gpus_per_node)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:

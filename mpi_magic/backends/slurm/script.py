@@ -58,6 +58,7 @@ while :; do
   wait "$launcher"; status=$?
   kill -0 "$launcher" 2>/dev/null || break  # wait returned for a signal: the launcher runs on
 done
+umask 077  # the exit status is private like the rest of the job folder (the cell's own files keep the job's umask)
 echo "$status" > {exit_file}
 exit "$status"
 """
