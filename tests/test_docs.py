@@ -359,8 +359,10 @@ def _slurm_time_limit(trial: Trial) -> str:
 
 
 def _stalled(trial: Trial, cell: str) -> str:
-    trial.ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
-    return trial.said("-i 1 -g 4 --timeout 8", cell)
+    """A job whose ranks go quiet, followed until --timeout stops it (the quiet spell is long enough that
+    it begins once the ranks have started, on a loaded machine too)."""
+    trial.ip.run_line_magic("mpirun_config", "stall_after=3 view=text")
+    return trial.said("-i 1 -g 4 --timeout 12", cell)
 
 
 WAITING_FOR_RANK_2 = "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank != 2:\n    comm.allreduce(1)\n"
