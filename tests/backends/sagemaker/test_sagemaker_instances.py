@@ -132,14 +132,14 @@ except Exception as exc:
 
 @pytest.mark.parametrize(("setting", "refusal"), [
     (f"s3_root=s3://{BUCKET}/x role=", "no execution role: the default (SageMaker Studio's role) comes from the "
-     "SageMaker SDK, which is not installed (pip install 'mpi-magic[sagemaker]'); pass "
+     "SageMaker SDK, which is not installed (pip install boto3 sagemaker cryptography); pass "
      "--role arn:aws:iam::ACCOUNT:role/NAME (or set it once with %mpirun_config role=...)"),
     (f"role={ROLE} s3_root=", "no --s3-root: the default (the bucket sagemaker-REGION-ACCOUNT) comes from the "
-     "SageMaker SDK, which is not installed (pip install 'mpi-magic[sagemaker]'); pass "
+     "SageMaker SDK, which is not installed (pip install boto3 sagemaker cryptography); pass "
      "--s3-root s3://your-bucket/prefix (or set it once with %mpirun_config s3_root=...)"),
     (f"role={ROLE} s3_root=s3://{BUCKET}/x image_uri=", "no training image: the default (the newest PyTorch "
      "training image for this Python) comes from the SageMaker SDK, which is not installed "
-     "(pip install 'mpi-magic[sagemaker]'); pass --image-uri URI (or set it once with %mpirun_config image_uri=...)"),
+     "(pip install boto3 sagemaker cryptography); pass --image-uri URI (or set it once with %mpirun_config image_uri=...)"),
 ])
 def test_without_the_sdk_a_missing_default_says_to_pass_it(aws, setting, refusal):
     """The SDK is installed here: a Python whose imports of it are refused stands in for one without it,
