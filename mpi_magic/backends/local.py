@@ -156,7 +156,7 @@ class LocalJob:
         self._quiet_since: float | None = None  # since when the launcher has looked stuck
         self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
         self._chunks_read = self._chunks_seen = 0  # of the launcher's output: so far, and at the last look
-        self._stuck_checked_at = 0.0
+        self._stuck_checked_at = time.monotonic()  # the first look a STUCK_CHECK after the start: it lists processes
         self._stuck = self._cancelled = False
         self._launcher_log = launchers.LauncherLog()
         # The launcher's temporary folder, new for this launch and removed after it (unless the user chose one)

@@ -13,6 +13,7 @@ the token but failed those checks is dropped and counted, never raised.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -417,12 +418,14 @@ _COUNT = "[0-9]{1,15}"  # below 1 << 53, as ``_count`` wants
 _PLAIN_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,24})?"
 
 
-def _tagged_line(style: str, marker: str) -> re.Pattern:
+@functools.cache
+def _tagged_line(style: str) -> re.Pattern:
     """A launcher-tagged line, as ``_TAGS[style]`` reads it, whose groups also hold the fields of
     a progress record when the line is nothing but one, of the tag's own rank, in the plain form
     the runtime writes (the most frequent line of all): one match then checks what
-    ``_decode_progress`` checks. Any other text after the tag is ``text``, for the general path."""
-    record = (rf"{re.escape(marker)}p(?={_COUNT},)(?P=rank),(?P<seq>{_COUNT}),(?P<time>{_PLAIN_NUMBER}),"
+    ``_decode_progress`` checks, but for the marker, which the decoder compares (so one pattern
+    serves every job). Any other text after the tag is ``text``, for the general path."""
+    record = (rf"(?P<marker>{re.escape(wire.MARKER_PREFIX)}[^@]*@@)p(?={_COUNT},)(?P=rank),(?P<seq>{_COUNT}),(?P<time>{_PLAIN_NUMBER}),"
               rf"(?P<n>{_PLAIN_NUMBER}),(?P<total>{_PLAIN_NUMBER})?,(?P<bar>{_COUNT}),(?P<closed>[01]),(?P<desc>.{{0,1000}})\Z")
     return re.compile(rf"^{_TAG_PREFIXES[style]}(?:{record}|(?P<text>.*)$)", re.DOTALL)
 
@@ -450,7 +453,7 @@ class StreamDecoder:
 
     @style.setter
     def style(self, style: str) -> None:
-        self._style, self._tagged = style, _tagged_line(style, self.marker)
+        self._style, self._tagged = style, _tagged_line(style)
 
     @property
     def gaps(self) -> dict[int, int]:
@@ -485,7 +488,9 @@ class StreamDecoder:
             if found is None:  # the launcher's own words: no rank vouches for an event in them
                 append(LauncherOutput(line))
                 continue
-            tag_rank, tag_stream, seq, when, n, total, bar, closed, desc, text = found.groups()
+            tag_rank, tag_stream, marker, seq, when, n, total, bar, closed, desc, text = found.groups()
+            if marker is not None and marker != self.marker:  # another job's record: the general path's
+                seq, text = None, line[found.start("marker"):]
             if seq is None:
                 try:
                     decoded += self._decode_text(int(tag_rank), tag_stream or stream, text)

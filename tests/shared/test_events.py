@@ -120,6 +120,19 @@ def test_a_line_holding_only_a_progress_record_decodes_as_the_general_path_decod
             assert got == [Output(3, "stdout", MARKER + record)] and decoder.rejected == 1, record
 
 
+def test_the_decoders_of_every_job_share_one_pattern_and_each_believes_only_its_own_marker():
+    """A cell's decoder compiles nothing: the job's marker is checked apart from the pattern that reads
+    the lines, which every job's decoder shares; a progress record under another job's marker is output."""
+    other = "fedcba9876543210"
+    ours, theirs = StreamDecoder(TOKEN), StreamDecoder(other)
+    assert ours._tagged is theirs._tagged
+    sent = Progress(rank=0, n=1, total=2, seq=0, time=1.0)
+    line = f"[1,0]<stdout>: {encode(sent, other)}"
+    assert theirs.feed(line) == [sent]
+    assert ours.feed(line) == [Output(0, "stdout", encode(sent, other))] and ours.rejected == 0
+    assert ours.feed(f"[1,0]<stdout>: {encode(sent, TOKEN)}") == [sent]
+
+
 def test_the_lines_of_a_read_decode_at_once_as_they_do_one_at_a_time():
     """The local backend decodes a read's lines in one call; what comes out, in what order, and
     what is dropped or rejected is what feeding them one by one gives."""
