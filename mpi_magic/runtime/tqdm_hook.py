@@ -1,7 +1,7 @@
 """On a rank, tqdm bars (tqdm, tqdm.auto, tqdm.notebook) report to the dashboard instead of
 drawing into the log. Nothing is imported until the cell imports tqdm itself.
 
-An import hook patches each tqdm module right after it runs: ``tqdm.std.tqdm`` becomes a
+Each tqdm module is patched right after it runs (``on_import``): ``tqdm.std.tqdm`` becomes a
 subclass whose ``display`` sends a progress event, whose ``set_postfix`` logs the numbers among
 its values as metrics (``mpi_magic.log``), and whose own output goes nowhere, and the
 notebook variant (which would need a browser) is replaced by the same class.
@@ -9,17 +9,11 @@ notebook variant (which would need a browser) is replaced by the same class.
 
 from __future__ import annotations
 
-import importlib.machinery
 import io
 import sys
-TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 
 from ..shared.reporting import Reporter
-
-if TYPE_CHECKING:
-    from importlib.abc import Loader
-
-_PATCHED_MODULES = ("tqdm.std", "tqdm.notebook", "tqdm.autonotebook", "tqdm.auto")
+from .on_import import after_import
 
 
 class _Discard(io.TextIOBase):
@@ -64,37 +58,14 @@ def make_rank_tqdm(base: type, reporter: Reporter) -> type:
     return RankTqdm
 
 
-class _Loader:
-    """Runs the module as its own loader would, then patches it (the import protocol needs no base
-    class here, and importlib.abc costs every rank milliseconds at start-up)."""
-
-    def __init__(self, wrapped, patch):
-        self._wrapped, self._patch = wrapped, patch
-
-    def create_module(self, spec):
-        return self._wrapped.create_module(spec)
-
-    def exec_module(self, module):
-        self._wrapped.exec_module(module)
-        self._patch(module)
-
-
-class TqdmHook:
-    """A finder on sys.meta_path for tqdm's modules only."""
+class TqdmPatch:
+    """What tqdm's modules become on a rank, once each is imported."""
 
     def __init__(self, reporter: Reporter):
         self._reporter = reporter
         self._rank_tqdm: type | None = None
 
-    def find_spec(self, name, path, target=None):
-        if name not in _PATCHED_MODULES:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, self._patch)  # type: ignore[assignment]  # a Loader by its methods
-        return spec
-
-    def _patch(self, module) -> None:
+    def __call__(self, module) -> None:
         if module.__name__ == "tqdm.std":
             rank_tqdm = self._rank_tqdm = make_rank_tqdm(module.tqdm, self._reporter)
 
@@ -108,7 +79,7 @@ class TqdmHook:
             module.trange = module.tnrange = sys.modules["tqdm.std"].trange
 
 
-def install(reporter: Reporter) -> TqdmHook:
-    hook = TqdmHook(reporter)
-    sys.meta_path.insert(0, hook)
-    return hook
+def install(reporter: Reporter) -> None:
+    patch = TqdmPatch(reporter)
+    for name in ("tqdm.std", "tqdm.notebook"):
+        after_import(name, patch)
