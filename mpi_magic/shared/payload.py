@@ -16,11 +16,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import struct
 import sys
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
+    import pickle  # where values are pickled or unpickled: a rank whose cell sends and returns none needs it not
     from typing import Any, Callable
 
     import cloudpickle
@@ -74,6 +74,8 @@ def pack_result(name: str, value: Any) -> Packed:
     What only cloudpickle carries (functions and classes the cell defined, lambdas) makes
     plain pickle raise, since it refuses a reference that does not lead back to the object.
     """
+    import pickle
+
     try:
         return pack(name, value, pickle.Pickler)
     except Exception:  # noqa: BLE001 - whatever plain pickle cannot do, cloudpickle may
@@ -171,6 +173,8 @@ class Bundle:
         return self.header["meta"]
 
     def load(self, name: str) -> Any:
+        import pickle
+
         data, buffers = self.raw[name]
         return pickle.loads(data, buffers=buffers)
 
@@ -262,13 +266,13 @@ def file_digest(path: str) -> str:
 def _sha256():
     """A SHA-256 hasher: the interpreter's own where it has one, since importing hashlib loads
     OpenSSL, which would cost the rank that writes results milliseconds on the job's critical path."""
-    try:
-        from _sha2 import sha256  # type: ignore[import-not-found, unused-ignore]  # Python 3.12 and later
-    except ImportError:
-        try:
-            from _sha256 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]  # Python 3.11 and before
-        except ImportError:  # an interpreter built without them
-            from hashlib import sha256
+    try:  # (the module this Python has, named: looking for one it lacks would search all of sys.path, every time)
+        if sys.version_info >= (3, 12):
+            from _sha2 import sha256  # type: ignore[import-not-found, unused-ignore]
+        else:
+            from _sha256 import sha256  # type: ignore[import-not-found, no-redef, unused-ignore]
+    except ImportError:  # an interpreter built without them
+        from hashlib import sha256
     return sha256()
 
 

@@ -107,6 +107,24 @@ def test_without_a_digest_nothing_is_hashed_and_none_is_returned(tmp_path):
     assert payload.write(str(tmp_path / "p.bin"), [payload.pack("x", 1)], {}, digest=False) is None
 
 
+def test_hashing_looks_for_no_module_once_it_has_hashed(tmp_path, monkeypatch):
+    """A rank writing results, and the notebook reading them, hash with what they found the first time:
+    looking for a module that this Python lacks searches every folder of sys.path, each time."""
+    import sys
+
+    payload.write(str(tmp_path / "first.bin"), [payload.pack("x", 1)], {})
+    searched: list[str] = []
+
+    class Searches:
+        def find_spec(self, name, path=None, target=None):
+            searched.append(name)
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [Searches(), *sys.meta_path])
+    digest = payload.write(str(tmp_path / "second.bin"), [payload.pack("x", 1)], {})
+    assert payload.file_digest(str(tmp_path / "second.bin")) == digest and searched == []
+
+
 def test_the_header_is_read_alone_through_any_reader(tmp_path):
     """What attach does with ranged S3 reads: the header, without reading the values."""
     path = tmp_path / "p.bin"
