@@ -25,7 +25,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 NOTEBOOKS = sorted(name for name in os.listdir(HERE) if name.endswith(".ipynb"))
 KEEP_OUTPUT = "raises-exception"
-BUCKET = "mpi-magic-notebooks"
 # how big the SageMaker notebook's jobs are when rehearsed on this machine (4 x 8 on AWS)
 REHEARSAL_SIZES = {"sagemaker_multinode.ipynb": {"MPI_MAGIC_INSTANCES": "2", "MPI_MAGIC_GPUS": "2"}}
 
@@ -41,21 +40,11 @@ def keeps_output(cell) -> bool:
 
 
 def rehearsal_settings(env: dict[str, str]) -> dict[str, str]:
-    """The ``MPI_MAGIC_*`` settings for SageMaker jobs on the rehearsal cloud ``env`` points at
-    (``mpi_magic.testing.local_aws``), with the bucket they use made there."""
-    import boto3
+    """``env`` and the ``MPI_MAGIC_*`` settings for SageMaker jobs on the rehearsal cloud it points at
+    (``mpi_magic.testing.local_aws``: its bucket, role and image), on instances of four GPUs."""
+    from mpi_magic.testing.local_aws import rehearsal_settings as cloud_settings
 
-    s3 = boto3.client("s3", region_name=env["AWS_DEFAULT_REGION"], endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    if BUCKET not in [bucket["Name"] for bucket in s3.list_buckets()["Buckets"]]:
-        s3.create_bucket(Bucket=BUCKET)
-    return {
-        **env,
-        "MPI_MAGIC_ROLE": "arn:aws:iam::123456789012:role/mpi-magic-rehearsal",
-        "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs",
-        "MPI_MAGIC_IMAGE_URI": "local/emulated",  # the emulator runs the entrypoint with this Python
-        "MPI_MAGIC_INSTANCE_TYPE": "ml.g5.12xlarge",
-    }
+    return {**env, **cloud_settings(env), "MPI_MAGIC_INSTANCE_TYPE": "ml.g5.12xlarge"}
 
 
 def run(path: str, env: dict[str, str], cwd: str, timeout: int = 300):
