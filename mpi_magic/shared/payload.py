@@ -14,10 +14,11 @@ SHA-256 is pinned at submission and checked on read before anything is unpickled
 from __future__ import annotations
 
 import io
-import json
 import os
 import struct
 import sys
+
+from . import wire
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one milliseconds at start-up
 if TYPE_CHECKING:
     import pickle  # where values are pickled or unpickled: a rank whose cell sends and returns none needs it not
@@ -141,7 +142,7 @@ def _chunks(head: bytes, packed: list[Packed]):
 
 def encode_header(header: dict[str, Any]) -> bytes:
     """What a file starts with: ``MAGIC``, the JSON header's length, the JSON header."""
-    head = json.dumps(header).encode()
+    head = wire.dumps(header).encode()
     return MAGIC + _LENGTH.pack(len(head)) + head
 
 
@@ -154,7 +155,7 @@ def read_header(read: Callable[[int], bytes | bytearray], name: str = "the paylo
     length = read(_LENGTH.size)
     head = read(_LENGTH.unpack(length)[0]) if len(length) == _LENGTH.size else b""
     try:
-        header = json.loads(head)
+        header = wire.loads(head.decode())
     except ValueError:
         raise _refused(f"{name} is truncated or damaged: its header does not read") from None
     return header, len(MAGIC) + _LENGTH.size + len(head)

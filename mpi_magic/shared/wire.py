@@ -13,10 +13,14 @@ classes and the decoder that checks what arrives live in ``events``, built on th
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from _thread import allocate_lock  # threading's Lock, without importing threading on every rank
+
+try:
+    import _json  # json's C part: the json package costs every rank milliseconds (re, and its patterns compiled)
+except ImportError:  # an interpreter without it: json's own is used
+    _json = None  # type: ignore[assignment]
 
 TYPE_CHECKING = False  # typing is not imported on the ranks: it costs start-up time
 if TYPE_CHECKING:
@@ -55,7 +59,50 @@ def encode(kind: str, fields: dict, token: str) -> str:
     for name, value in fields.items():
         if value not in ("", None, {}):
             body[name] = value
-    return marker(token) + json.dumps(body, separators=(",", ":"))
+    return marker(token) + dumps(body)
+
+
+# The JSON a rank writes and reads goes through json's own C encoder and scanner, as json's does.
+
+
+def dumps(value) -> str:
+    """What ``json.dumps(value, separators=(",", ":"))`` writes."""
+    if _json is None:
+        import json
+
+        return json.dumps(value, separators=(",", ":"))
+    encode = _json.make_encoder({}, _unwritable, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
+    return "".join(encode(value, 0))
+
+
+def _unwritable(value):
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+class _Reading:
+    """What json's C scanner asks of the decoder it serves (json.JSONDecoder's defaults)."""
+
+    strict = True
+    object_hook = object_pairs_hook = array_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = {"-Infinity": -float("inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+def loads(text: str):
+    """What ``json.loads(text)`` reads; ``ValueError`` for what it refuses."""
+    if _json is None:
+        import json
+
+        return json.loads(text)
+    space = " \t\n\r"
+    start = len(text) - len(text.lstrip(space))
+    try:
+        value, end = _json.make_scanner(_Reading())(text, start)  # type: ignore[arg-type]  # (a context by its attributes)
+    except StopIteration as stop:
+        raise ValueError(f"no JSON value at character {stop.value}") from None
+    if text[end:].strip(space):
+        raise ValueError(f"more than one JSON value: extra data at character {end}")
+    return value
 
 
 def progress_record(text: str) -> tuple:

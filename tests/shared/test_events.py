@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mpi_magic.shared import wire
 from mpi_magic.shared.events import (LauncherOutput, Output, Progress, RankFinished, RankStarted, Resources,
                                      StreamDecoder, encode, parse_tag)
@@ -195,3 +197,42 @@ def test_a_ranks_stacks_event_is_believed_only_whole_and_a_repeat_is_the_same_an
     other = encode(RankStacks(rank=3, frames=[]), TOKEN)
     assert decoder.feed(f"[1,2]<stderr>: {other}") == [Output(2, "stderr", other)], "rank 2 cannot speak for 3"
     assert decoder.rejected == 7
+
+
+def test_the_ranks_json_is_the_json_modules_own_without_importing_it():
+    """What a rank writes (events, a results file's header) and reads (a payload's header) is what
+    ``json.dumps(value, separators=(",", ":"))`` writes and ``json.loads`` reads, whatever the value;
+    what json refuses, these refuse with a ValueError or TypeError too."""
+    import json
+    import math
+    import random
+
+    rng = random.Random(5)
+    atoms = [0, -1, 1 << 60, 2.5, -0.0, 1e-300, math.inf, -math.inf, math.nan, True, False, None, "", "plain",
+             'quo"te\\back\nslash\t', "ünïcödé ✓ \U0001f600", "\x00\x1f\x7f", "\ud800"]
+
+    def value(depth: int = 0):
+        kind = rng.random()
+        if depth < 4 and kind < 0.2:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        if depth < 4 and kind < 0.4:
+            return {rng.choice(["k", "ü", "", "a b"]) + str(i): value(depth + 1) for i in range(rng.randint(0, 4))}
+        return rng.choice(atoms)
+
+    for _ in range(500):
+        sent = value()
+        text = wire.dumps(sent)
+        assert text == json.dumps(sent, separators=(",", ":"))
+        assert repr(wire.loads(text)) == repr(json.loads(text))  # (repr: nan is not nan)
+    assert wire.dumps({1: 2, 2.5: None, True: 0, None: 1}) == json.dumps({1: 2, 2.5: None, True: 0, None: 1},
+                                                                          separators=(",", ":"))
+    for unwritable in ({"set": {1}}, [object()], {("tuple",): 1}):
+        with pytest.raises(TypeError):
+            wire.dumps(unwritable)
+    for spaced in [" 1", "[1] ", '\t{"a" : [ 1 , 2 ] }\r\n']:
+        assert wire.loads(spaced) == json.loads(spaced)
+    for unreadable in ["", " ", "{", '{"a":1}x', "[1,]", "{'a':1}", '"\\x"', "nul", "01", '"\x01"', "1 2"]:
+        with pytest.raises(ValueError):
+            json.loads(unreadable)
+        with pytest.raises(ValueError):
+            wire.loads(unreadable)
