@@ -206,6 +206,13 @@ def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
     assert {r.status for r in job.ranks if r.rank != 2} == {"stopped"}
 
 
+def test_a_warning_on_a_rank_quotes_the_cells_line(ip, capsys):
+    """The cell's lines reach linecache when what quotes them first imports it, not at the rank's start."""
+    run(ip, "-g 1", "import warnings\nwarnings.warn('careful')\n")
+    assert "[rank 0] <mpirun_remote cell>:3: UserWarning: careful\n[rank 0]   warnings.warn('careful')\n" \
+        in capsys.readouterr().err
+
+
 EARLIER_CELL = (  # a notebook cell of its own, run before the %%mpirun_remote cells that call it
     "import warnings\n"                                # 1
     "class Model:\n"                                   # 2

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import run
 
 import mpi_magic
 
@@ -56,13 +57,45 @@ def test_rank_runtime_imports_neither_ipython_nor_cloud_sdks(ip):
     assert ip.user_ns["loaded"] == []
 
 
-# What a rank's start-up does not need: each would cost every rank milliseconds.
-NOT_AT_RANK_START = ["ast", "cloudpickle", "dataclasses", "hashlib", "inspect", "mmap", "threading", "typing"]
+# What a rank imports for a trivial cell, beyond what Python itself starts with: every module costs
+# each rank a share of a millisecond or more, before its cell runs. What only some cells use (a value's
+# unpickling, a notebook function, get_ipython(), a failure's traceback, tqdm) is imported when used.
+RANK_MODULES = {"mpi_magic", "mpi_magic.runtime", "mpi_magic.runtime.on_import", "mpi_magic.runtime.rank",
+                "mpi_magic.runtime.resources", "mpi_magic.runtime.tqdm_hook", "mpi_magic.shared", "mpi_magic.shared.cell",
+                "mpi_magic.shared.envvars", "mpi_magic.shared.layout", "mpi_magic.shared.payload",
+                "mpi_magic.shared.procs", "mpi_magic.shared.reporting", "mpi_magic.shared.stacks",
+                "mpi_magic.shared.wire"}
+# The standard modules those need, with what these import in turn: ``python -m`` (runpy), the payload's
+# framing (struct), the events and the payload's header (json's C part: the json package costs milliseconds),
+# dying with the launcher (ctypes: prctl), stacks on demand (faulthandler), the resource sampler's stop (atexit),
+# the collector told what the runtime loaded (gc).
+RANK_STANDARD_MODULES = ["__future__", "runpy", "struct", "_json", "ctypes", "faulthandler", "atexit", "gc"]
 
 
-def test_a_rank_starts_without_modules_it_does_not_need(ip):
-    ip.run_cell_magic("mpirun_remote", "--quiet", f"import sys\nloaded = [m for m in {NOT_AT_RANK_START!r} if m in sys.modules]")
-    assert ip.user_ns["loaded"] == []
+def test_a_trivial_cell_imports_on_its_rank_only_what_every_cell_needs(ip):
+    listing = "import sys\nnames = sorted(sys.modules)\nimport json\nprint(json.dumps(names))\n"
+    bare = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+    needed = subprocess.run([sys.executable, "-c", f"import {', '.join(RANK_STANDARD_MODULES)}\n{listing}"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    ip.run_cell_magic("mpirun_remote", "--quiet", "import sys\nloaded = sorted(sys.modules)")
+    loaded = set(ip.user_ns["loaded"]) - set(json.loads(bare))
+    assert {name for name in loaded if name.startswith("mpi_magic")} == RANK_MODULES
+    assert sorted(loaded - RANK_MODULES - set(json.loads(needed))) == []
+
+
+def test_the_collector_on_a_rank_leaves_the_runtime_alone_and_collects_what_the_cell_makes(ip):
+    """What the runtime loaded lives as long as the rank, so the garbage collector need not walk it again in
+    every collection of the cell and at the rank's end; the cell's own garbage is collected as ever."""
+    cell = ("import gc, weakref\n"
+            "frozen = gc.get_freeze_count()\n"
+            "class Node:\n    pass\n"
+            "node = Node()\nnode.cycle = node\nalive = weakref.ref(node)\ndel node\n"
+            "gc.collect()\n"
+            "collected = alive() is None\n"
+            "del Node, alive\n")
+    run(ip, "-g 1 --quiet", cell)
+    assert ip.user_ns["frozen"] > 1000 and ip.user_ns["collected"]
 
 
 def test_rank_info_outside_a_job():

@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 
 from ..shared import cell, payload, procs, reporting, stacks, wire
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path, result_uri, split_s3
-from ..shared.rebind import rebind_all
-from . import resources, tqdm_hook
-from .shell import RankShell
+from . import on_import, resources, tqdm_hook
 
 CELL_FILENAME = cell.FILENAME
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
@@ -130,6 +128,9 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     reporter = reporting.Reporter(emitter)
     reporting.install(reporter)
     tqdm_hook.install(reporter)
+    import gc
+
+    gc.freeze()  # what is loaded by now lives as long as the rank: no collection need walk it again (ms a rank)
     return place, emitter, reporter
 
 
@@ -158,9 +159,9 @@ def event_writer(fd: int, stream_name: str = "stdout"):
 def _die_with_launcher() -> None:
     """SIGKILL when the launcher that started this rank dies, so no rank outlives a killed
     notebook, even one that ignores SIGINT and SIGTERM."""
-    import signal
+    import _signal  # type: ignore[import-not-found]  # signal's C part: the module's enums cost every rank milliseconds
 
-    procs.die_with_parent(signal.SIGKILL)
+    procs.die_with_parent(_signal.SIGKILL)
     if os.getppid() == 1:  # the launcher died before the call: nothing would send the signal
         os._exit(1)
 
@@ -192,7 +193,17 @@ def build_namespace(bundle: payload.Bundle) -> dict:
 
 def new_namespace() -> dict:
     namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
-    namespace["get_ipython"] = RankShell(namespace).get_ipython
+    shells: list = []
+
+    def get_ipython():
+        """The rank's shell over the cell's namespace, made on first use (most cells have no % or ! line)."""
+        if not shells:
+            from .shell import RankShell
+
+            shells.append(RankShell(namespace))
+        return shells[0]
+
+    namespace["get_ipython"] = get_ipython
     return namespace
 
 
@@ -207,7 +218,10 @@ def load_into(bundle: payload.Bundle, namespace: dict) -> None:
                 "if it needs a module from the notebook's folder or sys.path, make that importable on the "
                 "ranks (for example --env PYTHONPATH=...)"
             ) from None
-    rebind_all(list(bundle.raw), namespace)
+    if bundle.raw:  # (a cell that reads no notebook value has no function to rebind)
+        from ..shared.rebind import rebind_all
+
+        rebind_all(list(bundle.raw), namespace)
 
 
 class NotebookValueError(RuntimeError):
@@ -218,7 +232,7 @@ def run_source(source: str, namespace: dict, value_at: list[int] | None = None):
     """Run the cell like IPython: the value of the final expression that starts at ``value_at``
     (line, column: ``cell.value_position``) is returned; top-level ``await`` works, as it does
     in a notebook."""
-    cell.remember(source)
+    on_import.after_import("linecache", lambda linecache: cell.remember(source))  # read when a line is quoted
     sys.argv = [CELL_FILENAME]
     if value_at is None:
         statements, expression = cell.numbered(source), None

@@ -7,8 +7,6 @@ and never build a syntax tree: that would cost every rank milliseconds at start-
 
 from __future__ import annotations
 
-import linecache
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
@@ -59,6 +57,9 @@ def split_value(source: str, position: tuple[int, int]) -> tuple[str, str]:
 
 
 def remember(source: str) -> None:
-    """Let tracebacks quote the cell's lines."""
+    """Let tracebacks and warnings quote the cell's lines (linecache, where they read them, costs a
+    rank milliseconds to import: the rank calls this once something has imported it)."""
+    import linecache
+
     text = numbered(source)
     linecache.cache[FILENAME] = (len(text), None, text.splitlines(True), FILENAME)

@@ -21,7 +21,6 @@ by default; Open MPI 4 when ``ess_base_forward_signals`` names it).
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from . import envvars
@@ -39,8 +38,9 @@ WRITE_WAIT = 2.0  # seconds a stacks event waits for the rank's stderr to be rea
 WAITING_FOR_CELL = "_next_message"  # the function a session's rank waits in between cells (runtime/cell_loop.py)
 
 Frame = tuple[str, int, str]  # (filename, line, function), as ``job.stacks()`` gives them
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+# (patterns, compiled where dumps are read: compiling them would cost every rank's start-up)
+_FRAME = r'^\s+File "(.*)", line (\d+) in (.*)$'
+_THREAD = r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$"
 
 
 def dump_path(folder: str, rank: int) -> str:
@@ -66,17 +66,17 @@ def install(rank: int, token: str = "", environ=os.environ) -> None:
         fd = sender
     else:
         return
-    import _thread  # (threading costs every rank milliseconds at start-up)
+    import _signal  # type: ignore[import-not-found]  # signal's C part: its enums, as threading, cost ranks milliseconds
+    import _thread
     import faulthandler
-    import signal
 
-    signum = getattr(signal, SIGNAL_NAME)
+    signum = getattr(_signal, SIGNAL_NAME)
     _registered = os.fdopen(fd, "w")
     if folder:
         _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
         _registered.flush()
     faulthandler.register(signum, file=_registered, all_threads=True, chain=False)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})  # here, and in every thread started from here on
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum})  # here, and in every thread started from here on
     _thread.start_new_thread(_take_the_signal, (signum,))
     os.register_at_fork(after_in_child=_forget)
 
@@ -87,24 +87,24 @@ def _take_the_signal(signum: int) -> None:
     driver's wait in C return early when a handler runs in their thread, whatever SA_RESTART says.
     It waits in C, in ``sigwait`` on no signal, which libc resumes after each handler: it never
     takes the GIL again, and it does not keep the rank from ending."""
-    import signal
+    import _signal
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # (one sent meanwhile waited, and comes now)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})  # (one sent meanwhile waited, and comes now)
     while True:
-        signal.sigwait(())
+        _signal.sigwait(())
 
 
 def _forget() -> None:
     """In a process the rank forks: the signal, which Open MPI may send the rank's whole process
     group, is ignored there again and no longer blocked, and the rank's dump file or pipe is closed."""
     global _registered
+    import _signal
     import faulthandler
-    import signal
 
-    signum = getattr(signal, SIGNAL_NAME)
+    signum = getattr(_signal, SIGNAL_NAME)
     try:
         faulthandler.unregister(signum)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
         if _registered is not None:
             _registered.close()
     except (OSError, ValueError):
@@ -263,14 +263,16 @@ def parse(dump: str, main_thread: str | None) -> list[Frame]:
     """The main thread's frames in a faulthandler dump, innermost last (the dump lists them
     innermost first); the first thread's where the main one is not named; where two dumps ran
     together, the later one's."""
+    import re
+
     threads: dict[str, list[Frame]] = {}
     current: list[Frame] | None = None
     for line in dump.splitlines():
-        thread = _THREAD.match(line)
+        thread = re.match(_THREAD, line)
         if thread:
             current = threads[thread.group(1)] = []  # a thread named again: a later dump, which wins
             continue
-        frame = _FRAME.match(line)
+        frame = re.match(_FRAME, line)
         if frame and current is not None:
             current.append((frame.group(1), int(frame.group(2)), frame.group(3)))
     if not threads:
@@ -320,6 +322,8 @@ def _source_line(filename: str, line: int, cell_file: str, cell_lines: list[str]
 
 def _called(text: str) -> str:
     """The last function a line calls (``comm.allreduce(x)`` -> ``allreduce``)."""
+    import re
+
     names = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", text)
     return names[-1] if names else ""
 
