@@ -15,6 +15,7 @@ from .notebook import debugger, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound, counted, ranks_phrase
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
+from .shared import cell
 from .notebook.job import Job
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
@@ -71,13 +72,14 @@ class MpiMagics(Magics):
                 user_ns[options.out] = job
 
         session = self._session_for(options)
+        cell_file = self._cell_file(source)
         try:
             if session is not None:
                 run = pipeline.run_in_session(session, source, user_ns, options, self.defaults, on_job=keep_handle,
-                                              cell_names=self._cell_name)
+                                              cell_names=self._cell_name, cell_file=cell_file)
             else:
                 run = pipeline.run_cell(source, user_ns, options, self.defaults, on_job=keep_handle,
-                                       deliver=user_ns.update, cell_names=self._cell_name)
+                                       deliver=user_ns.update, cell_names=self._cell_name, cell_file=cell_file)
         except (BackendNotAvailable, LauncherNotFound) as exc:
             raise UsageError(str(exc)) from None
         user_ns.update(run.values)
@@ -87,6 +89,18 @@ class MpiMagics(Magics):
         """The name IPython's tracebacks give the cell compiled as ``filename`` ("Cell In[3]"); None for other code."""
         named = self.shell.compile.format_code_name(filename)
         return " ".join(named) if named else None
+
+    def _cell_file(self, source: str) -> str:
+        """The file name this cell's code is compiled under, here and on the ranks: IPython caches the code
+        as one of its cells' (numbered as the cell shows it), so each cell has a file name of its own and the
+        notebook names it as its own cells ("Cell In[5]", ``cell.name_cell``)."""
+        running = self.shell.displayhook.exec_result  # the notebook cell being run, if any
+        number = self.shell.execution_count if running is None else running.execution_count
+        filename = self.shell.compile.cache(cell.numbered(source), number)
+        name = self._cell_name(filename)
+        if name is not None:
+            cell.name_cell(filename, name)
+        return filename
 
     def _session_for(self, options) -> Session | None:
         """The session this cell runs on: None for a one-off job (no session, --no-session, or
@@ -313,7 +327,7 @@ class MpiMagics(Magics):
         others = [r for r in failed if r != rank]
         print(f"job {job.name}: rank {rank} raised {record['error_type']}: {record['message']}"
               + (f" (also raised: {ranks_phrase(others)}; %mpirun_debug N opens rank N)" if others else ""))
-        debugger.interact(debugger.traceback_of(record, job.cell_lines), self.shell.debugger_cls, args.command)
+        debugger.interact(debugger.traceback_of(record), self.shell.debugger_cls, args.command)
 
     @line_magic
     def mpirun_jobs(self, line: str):

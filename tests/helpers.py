@@ -19,6 +19,13 @@ def run(ip, line: str, cell: str):
     return ip.run_cell_magic("mpirun_remote", line, cell)
 
 
+def remote_cell(ip, line: str, cell: str) -> tuple[str, BaseException | None]:
+    """Run ``cell`` under ``%%mpirun_remote line`` as the notebook's next numbered cell, as a notebook
+    runs it: (its name as IPython's tracebacks give it, "Cell In[5]"; what it raised, None if nothing)."""
+    result = ip.run_cell(f"%%mpirun_remote {line}\n{cell}", store_history=True)
+    return f"Cell In[{ip.execution_count - 1}]", result.error_in_exec
+
+
 @contextlib.contextmanager
 def once(ready, *actions, pause: float = 0.3, limit: float = 60.0):
     """While the block runs a cell: once ``ready()`` holds (or after ``limit`` seconds), do each

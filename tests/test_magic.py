@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import needs_torch, once_running, run
+from helpers import needs_torch, once_running, remote_cell, run
 
 import mpi_magic
 
@@ -197,7 +197,7 @@ def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
     error = caught.value
     assert (error.rank, error.instance, error.error_type, error.message) == (2, 1, "ValueError", "bad value 2")
     rendered = "\n".join(error._render_traceback_())
-    assert 'File "<mpirun_remote cell>", line 7, in <module>' in rendered, "the %%mpirun_remote line is line 1"
+    assert f"  Cell In[{ip.execution_count}], line 7, in <module>" in rendered, "the %%mpirun_remote line is line 1"
     assert "raise ValueError(f'bad value {v}')" in rendered
     assert "mpi_magic/runtime" not in rendered
     job = ip.user_ns["job"]
@@ -209,7 +209,7 @@ def test_failure_on_one_rank_while_others_wait_in_a_barrier(ip):
 def test_a_warning_on_a_rank_quotes_the_cells_line(ip, capsys):
     """The cell's lines reach linecache when what quotes them first imports it, not at the rank's start."""
     run(ip, "-g 1", "import warnings\nwarnings.warn('careful')\n")
-    assert "[rank 0] <mpirun_remote cell>:3: UserWarning: careful\n[rank 0]   warnings.warn('careful')\n" \
+    assert f"[rank 0] Cell In[{ip.execution_count}]:3: UserWarning: careful\n[rank 0]   warnings.warn('careful')\n" \
         in capsys.readouterr().err
 
 
@@ -251,7 +251,7 @@ def test_code_from_an_earlier_cell_shows_that_cell_its_lines_and_source_in_a_ran
     error = caught.value
     assert (error.rank, error.error_type) == (1, "ZeroDivisionError")
     rendered = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in error._render_traceback_()]
-    assert _in_order(rendered, ['  File "<mpirun_remote cell>", line 3, in <module>',
+    assert _in_order(rendered, [f"  Cell In[{ip.execution_count}], line 3, in <module>",
                                 "    Model().step(mpi_magic.rank() - 1)", *_frames_of_the_earlier_cell(cell_name)]), \
         "\n".join(rendered)
     assert "<dynamic-code>" not in "\n".join(rendered)
@@ -286,11 +286,66 @@ def test_code_from_earlier_cells_shows_those_cells_in_a_sessions_tracebacks_cell
     with pytest.raises(mpi_magic.RemoteRankError) as caught:  # the ranks hold Model; halve comes now
         run(ip, "--quiet", "import mpi_magic\nhalve(mpi_magic.rank() + 1)\n")  # rank 0 halves 1
     assert _in_order(caught.value.remote_traceback.splitlines(), [
-        '  File "<mpirun_remote cell>", line 3, in <module>', "    halve(mpi_magic.rank() + 1)",
+        f"  Cell In[{ip.execution_count}], line 3, in <module>", "    halve(mpi_magic.rank() + 1)",
         f"  {later_cell}, line 2, in halve", "    assert n % 2 == 0, f'{n} is odd'"])
     with pytest.raises(mpi_magic.RemoteRankError) as caught:  # and Model, held since the first cell, still reads
         run(ip, "--quiet", "Model().step(0)\n")
     assert _in_order(caught.value.remote_traceback.splitlines(), _frames_of_the_earlier_cell(model_cell))
+
+
+def _rendered(error: BaseException) -> list[str]:
+    """The lines IPython shows for a RemoteRankError, without their colours."""
+    assert isinstance(error, mpi_magic.RemoteRankError), error
+    return [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in error._render_traceback_()]
+
+
+def test_the_running_cells_frames_read_as_the_notebook_names_its_cells_in_a_ranks_traceback_and_warnings(ip, capsys):
+    cell_name, error = remote_cell(ip, "-g 2", (
+        "import mpi_magic, warnings\n"                    # 2
+        "def check(v):\n"                                 # 3
+        "    warnings.warn(f'checking {v}')\n"            # 4
+        "    if v == 1:\n"                                # 5
+        "        raise ValueError(f'bad value {v}')\n"    # 6
+        "check(mpi_magic.rank())\n"                       # 7
+    ))
+    rendered = _rendered(error)
+    assert _in_order(rendered, [f"  {cell_name}, line 7, in <module>", "    check(mpi_magic.rank())",
+                                f"  {cell_name}, line 6, in check", "    raise ValueError(f'bad value {v}')"]), \
+        "\n".join(rendered)
+    said = capsys.readouterr().err  # (rank 0 may be stopped before it warns: rank 1 warned before it raised)
+    assert f"[rank 1] {cell_name}:4: UserWarning: checking 1\n[rank 1]   warnings.warn(f'checking {{v}}')\n" in said
+
+
+def test_a_function_from_an_earlier_session_cell_shows_that_cell_its_lines_and_source(sessions, capsys):
+    ip = sessions
+    ip.run_line_magic("mpirun_session", "start -g 2 --quiet")
+    defining, error = remote_cell(ip, "", (
+        "import warnings\n"                               # 2
+        "def halve(n):\n"                                 # 3
+        "    warnings.warn(f'halving {n}')\n"             # 4
+        "    assert n % 2 == 0, f'{n} is odd'\n"          # 5
+        "    return n // 2\n"                             # 6
+    ))
+    assert error is None
+    # rank 1 fails: unlike rank 0 it sent nothing back from the first cell, so nothing there read a line before now
+    calling, error = remote_cell(ip, "", "import mpi_magic\nhalf = halve(mpi_magic.rank())\n")
+    assert calling != defining
+    rendered = _rendered(error)
+    assert _in_order(rendered, [f"  {calling}, line 3, in <module>", "    half = halve(mpi_magic.rank())",
+                                f"  {defining}, line 5, in halve", "    assert n % 2 == 0, f'{n} is odd'"]), \
+        "\n".join(rendered)
+    said = capsys.readouterr().err
+    assert f"[rank 1] {defining}:4: UserWarning: halving 1\n[rank 1]   warnings.warn(f'halving {{n}}')\n" in said
+
+
+def test_a_function_a_remote_cell_defined_comes_back_and_goes_out_again_with_its_cells_name_and_lines(ip):
+    defining, error = remote_cell(ip, "--quiet", "def halve(n):\n    assert n % 2 == 0, f'{n} is odd'\n    return n // 2\n")
+    assert error is None
+    with pytest.raises(mpi_magic.RemoteRankError) as caught:
+        run(ip, "-g 2 --quiet", "import mpi_magic\nhalve(mpi_magic.rank() + 1)\n")  # rank 0 halves 1
+    rendered = _rendered(caught.value)
+    assert _in_order(rendered, [f"  {defining}, line 3, in halve", "    assert n % 2 == 0, f'{n} is odd'"]), \
+        "\n".join(rendered)
 
 
 def test_several_failing_ranks_are_summarised(ip):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import functools
 import io
-import linecache
 import pickle
 import socket
 import symtable
@@ -43,21 +42,23 @@ class CellCode:
     reads: set[str]
     assigns: list[str]
     value_at: tuple[int, int] | None  # where the final expression whose value the cell shows starts (cell.value_position)
+    filename: str = cell.FILENAME  # what the cell's code is compiled under, here and on the ranks
 
 
-def analyze(source: str) -> CellCode:
-    """Parse ``source`` (already transformed from IPython syntax) into a ``CellCode``.
+def analyze(source: str, filename: str = cell.FILENAME) -> CellCode:
+    """Parse ``source`` (already transformed from IPython syntax) into a ``CellCode``, to be compiled
+    as ``filename``.
 
     Raises ``SyntaxError`` as Python would, so the cell fails before anything starts.
     """
-    tree = cell.parse(source)
-    compile(tree, cell.FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # `break` outside a loop...
+    tree = cell.parse(source, filename)
+    compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)  # `break` outside a loop...
     reads: set[str] = set()
     late: set[str] = set()
     _scan(tree.body, set(), reads, late)
     reads |= late  # a function may run before the cell defines what it reads
     value_at = None if _ends_with_semicolon(source) else cell.value_position(source, tree)
-    return CellCode(source, reads, _assigned(source), value_at)
+    return CellCode(source, reads, _assigned(source), value_at, filename)
 
 
 def _ends_with_semicolon(source: str) -> bool:
@@ -275,24 +276,12 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(self, file, *args, cell_names: CellNames = lambda filename: None, **kwargs):
         super().__init__(file, *args, **kwargs)
-        self._cell_names = cell_names
-        self._cells: dict[str, tuple[str, str] | None] = {}  # each file looked up once, its text pickled once
+        self._cells = notebook_cells.Cells(cell_names)
 
     def reducer_override(self, obj):
         if _is_file(obj):
             raise _FileFound(obj)
-        if isinstance(obj, types.CodeType):
-            cell = self._cell(obj.co_filename)
-            if cell is not None:
-                return notebook_cells.reduce_code(obj, *cell)
-        return super().reducer_override(obj)
-
-    def _cell(self, filename: str) -> tuple[str, str] | None:
-        """(name, text) of the notebook's cell that ``filename`` is; None for other code."""
-        if filename not in self._cells:
-            name = self._cell_names(filename)
-            self._cells[filename] = None if name is None else (name, "".join(linecache.getlines(filename)))
-        return self._cells[filename]
+        return self._cells.reduction(obj) or super().reducer_override(obj)
 
 
 def _pack(name: str, value: Any, pickler: Callable[..., pickle.Pickler] = _Pickler) -> payload.Packed:

@@ -18,7 +18,7 @@ import types
 from typing import Any, Callable
 
 from ..errors import JobError
-from ..shared import cell, notebook_cells, postmortem
+from ..shared import cell, postmortem
 from ..shared.layout import POST_MORTEM, result_path
 from .job import Job
 
@@ -77,25 +77,24 @@ def load(job: Job, rank: int | None) -> tuple[int, dict]:
         raise JobError(f"rank {rank}'s frames could not be read from {path}: {exc}") from None
 
 
-def traceback_of(record: dict, cell_lines: list[str]) -> types.TracebackType:
+def traceback_of(record: dict) -> types.TracebackType:
     """The rank's frames as a traceback of real frames, outermost first."""
-    _remember(cell.FILENAME, cell_lines)
     exc = RankFailed(f"{record['error_type']}: {record['message']}")
     cell_globals: dict[str, Any] | None = None
     chain: list[types.TracebackType] = []
     for frame in record["frames"]:
+        if frame["source"] and not linecache.getlines(frame["filename"]):  # not a file here, nor a cell it ran
+            start, lines = frame["source"]
+            _remember(frame["filename"], [""] * (start - 1) + [line.rstrip("\n") for line in lines])
         entries = frame["locals"].items()  # values first: loading one may import a module its peers name
         values = {name: value_of(entry) for name, entry in entries if entry[0] != postmortem.MODULE}
         values.update({name: value_of(entry) for name, entry in entries if entry[0] == postmortem.MODULE})
         if frame["in_cell"] and frame["name"] == "<module>":
             cell_globals = values  # the cell's own frame: its locals are its globals
             namespace, local = values, values
-        elif frame["in_cell"] or notebook_cells.name_of(frame["filename"]):  # its globals are the cell's on the rank
+        elif frame["in_cell"] or cell.name_of(frame["filename"]):  # its globals are the cell's on the rank
             namespace, local = cell_globals if cell_globals is not None else {}, values
         else:
-            if frame["source"] and not linecache.getlines(frame["filename"]):  # not a file here, nor a notebook's cell
-                start, lines = frame["source"]
-                _remember(frame["filename"], [""] * (start - 1) + [line.rstrip("\n") for line in lines])
             namespace, local = {"__name__": frame["filename"]}, values
         chain.append(_raise_in(frame, namespace, local, exc))
     for outer, inner in zip(chain, chain[1:]):

@@ -49,6 +49,7 @@ class Job:
         self._stacks_dir: str | None = None
         self._request_stacks: Callable[[], bool] = lambda: False  # (a job not started: asked nothing)
         self._cell_lines: list[str] = []
+        self._cell_file = cell.FILENAME
         self._clock = clock
         self._pending: dict[str, list[str]] = {}
         self._pending_bytes = 0
@@ -56,12 +57,14 @@ class Job:
         self._folder_lost = False
 
     def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "",
-              request_stacks: Callable[[], bool] | None = None) -> None:
+              request_stacks: Callable[[], bool] | None = None, cell_file: str = cell.FILENAME) -> None:
         """The job was submitted: its folder, how to stop it, and how its ranks are asked for
         their stacks (``stacks_dir`` where they dump them, else ``request_stacks``, which asks
-        through the job's own channel) are known now; ``source`` is the cell's code."""
+        through the job's own channel) are known now; ``source`` is the cell's code, compiled
+        as ``cell_file``."""
         self.job_dir, self._cancel = job_dir, cancel
         self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
+        self._cell_file = cell_file
         self._request_stacks = request_stacks or self._request_stacks
 
     # -- what the model knows ---------------------------------------------------------------
@@ -157,11 +160,6 @@ class Job:
             raise self.error
 
     @property
-    def cell_lines(self) -> list[str]:
-        """The cell's lines as the ranks number them (the magic line is line 1, blank here)."""
-        return self._cell_lines
-
-    @property
     def can_roll_call(self) -> bool:
         """True where the notebook signals the ranks itself (local jobs and sessions), so it takes the
         roll-call at a stall and on Ctrl-C; a SageMaker job's leader takes it at a stall, and
@@ -185,7 +183,8 @@ class Job:
 
     def _ask(self, limit: float | None) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
         if self._stacks_dir is not None:
-            return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit)
+            return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit,
+                             self._cell_file)
         asked_at = self._clock()
         if not self._request_stacks():
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
@@ -198,7 +197,7 @@ class Job:
             if not waiting or self._clock() - asked_at > limit:
                 break
             time.sleep(0.1)
-        found = {rank: in_cell_words(frames) for rank, frames in fresh.items()}
+        found = {rank: in_cell_words(frames, self._cell_file) for rank, frames in fresh.items()}
         missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
         missing.update({s.rank: f"it has {s.status}" for s in self.ranks if s.status not in ACTIVE})
         return found, missing
@@ -215,7 +214,7 @@ class Job:
         answer one request."""
         reported = dict(self.model.reported_stacks)
         newest = max((arrived for _, arrived in reported.values()), default=0.0)
-        found = {rank: in_cell_words(frames) for rank, (frames, arrived) in reported.items()
+        found = {rank: in_cell_words(frames, self._cell_file) for rank, (frames, arrived) in reported.items()
                  if newest - arrived <= ROUND_SECONDS}
         missing = {state.rank: "no answer yet" if state.status in ACTIVE else f"it has {state.status}"
                    for state in self.ranks if state.rank not in found}
@@ -235,16 +234,17 @@ class Job:
         return f"<mpi_magic.Job {self.name} {self.backend} {self.status}: {self.world_size} ranks ({summary})>"
 
 
-def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
-    """The stacks of the ranks still running ({rank: frames}, the cell's named ``<cell>``), and
-    why each other rank gave none."""
+def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float,
+              cell_file: str = cell.FILENAME) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+    """The stacks of the ranks still running ({rank: frames}, those of the cell compiled as
+    ``cell_file`` named ``<cell>``), and why each other rank gave none."""
     active = [s for s in ranks if s.status in ACTIVE]
     found, missing = dumps.request(stacks_dir, {s.rank: s.pid for s in active if s.pid}, limit, alive=procs.alive)
     missing.update({s.rank: "it has not reported its process yet" for s in active if not s.pid})
     missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ACTIVE})
-    return {rank: in_cell_words(frames) for rank, frames in found.items()}, missing
+    return {rank: in_cell_words(frames, cell_file) for rank, frames in found.items()}, missing
 
 
-def in_cell_words(frames) -> list[dumps.Frame]:
-    """A rank's frames with the cell's named ``<cell>``, as job.stacks() gives them."""
-    return [(CELL if filename == cell.FILENAME else filename, line, function) for filename, line, function in frames]
+def in_cell_words(frames, cell_file: str) -> list[dumps.Frame]:
+    """A rank's frames with those of the cell compiled as ``cell_file`` named ``<cell>``, as job.stacks() gives them."""
+    return [(CELL if filename == cell_file else filename, line, function) for filename, line, function in frames]

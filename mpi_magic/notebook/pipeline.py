@@ -25,7 +25,7 @@ from ..backends import get_attachable, get_backend
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
 from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError, ResultsLost
 from ..options import Config, LaunchOptions
-from ..shared import jobdir, payload
+from ..shared import cell, jobdir, payload
 from ..shared import stacks
 from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
@@ -60,6 +60,7 @@ class Prepared:
     returns: list[str]
     gather: bool
     source: str = ""  # the cell's code, for where a rank is ("cell line 7")
+    cell_file: str = cell.FILENAME  # what the cell's code is compiled under
 
 
 class CellRoute(Protocol):
@@ -92,14 +93,15 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
              on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
              clock: Callable[[], float] = time.monotonic,
              deliver: Callable[[dict], None] = lambda values: None,
-             cell_names: capture.CellNames = lambda filename: None) -> CellRun:
+             cell_names: capture.CellNames = lambda filename: None, cell_file: str = cell.FILENAME) -> CellRun:
     """Run ``source`` (plain Python) as ``options.world_size`` ranks, as a job of its own.
 
     With ``options.run_async`` it returns once the job is submitted and ``deliver`` receives
     the values when the job has succeeded. ``cell_names`` names the notebook's cells that the
-    code it sends comes from, as the notebook's tracebacks do.
+    code it sends comes from, as the notebook's tracebacks do; the cell's own code is compiled
+    as ``cell_file``, which ``cell.name_cell`` may have named.
     """
-    code = capture.analyze(source)
+    code = capture.analyze(source, cell_file)
     backend = get_backend(options.backend, config, options)
     return _run(OneOffCell(backend, code, namespace, options, cell_names), options, config, on_job,
                 echo or ConsoleEcho(), clock, deliver)
@@ -108,9 +110,9 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
 def run_in_session(session: Session, source: str, namespace: Mapping[str, Any], options: LaunchOptions,
                    config: Config, on_job: Callable[[Job], None] = lambda job: None,
                    echo: ConsoleEcho | None = None, clock: Callable[[], float] = time.monotonic,
-                   cell_names: capture.CellNames = lambda filename: None) -> CellRun:
+                   cell_names: capture.CellNames = lambda filename: None, cell_file: str = cell.FILENAME) -> CellRun:
     """Run ``source`` on the session's ranks, sending only the values they do not hold."""
-    code = capture.analyze(source)
+    code = capture.analyze(source, cell_file)
     echo = echo or ConsoleEcho()
     return _run(SessionCellRoute(session, code, namespace, options, echo, cell_names), options, config, on_job,
                 echo, clock)
@@ -145,7 +147,8 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         if view is not None:
             view.close()
         raise
-    job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source, backend_job.request_stacks)
+    job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source, backend_job.request_stacks,
+              prepared.cell_file)
     job.view = view
     if backend_job.launcher is not None:  # pruning spares the folder of a job whose launcher runs
         pid, started = backend_job.launcher
@@ -281,7 +284,8 @@ class AttachedJob:
         cache_dir = config.get("cache_dir")
         _prepare_cache(cache_dir)
         job_dir = jobdir.create(cache_dir, self.name, reuse=True)
-        return Prepared(self.name, job_dir, None, self.info["returns"], self.info["gather"])
+        return Prepared(self.name, job_dir, None, self.info["returns"], self.info["gather"],
+                        cell_file=self.info["cell_file"])
 
     def submit(self, prepared: Prepared) -> BackendJob:
         return self.found
@@ -313,7 +317,7 @@ def _pack(config: Config, job_name: str, items: list, meta: dict, options: Launc
     jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
     jobdir.record(job_dir, name=job_name, **record, digest=digest, status="running", started=time.time(),
                   keep_payload=config.get("keep_payloads"))
-    return Prepared(job_name, job_dir, digest, returns, options.gather, meta["source"])
+    return Prepared(job_name, job_dir, digest, returns, options.gather, meta["source"], meta["cell_file"])
 
 
 def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
@@ -544,8 +548,9 @@ def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
 
 
 def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
-    """What the ranks need to know besides the values: the cell, and what to bring back."""
-    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "value_at": code.value_at}
+    """What the ranks need to know besides the values: the cell, what it is called, and what to bring back."""
+    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "value_at": code.value_at,
+            "cell_file": code.filename, "cell_name": cell.name_of(code.filename)}
 
 
 def _announce_large(captured: capture.Captured, world_size: int, echo: ConsoleEcho,

@@ -449,14 +449,16 @@ def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: d
     except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
         one_off.report_failure(emitter, reporter, exc)
         return
+    cell_file = bundle.meta["cell_file"]
     try:
         with interrupts:
-            value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
+            value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"), cell_file,
+                                       bundle.meta["cell_name"])
     except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
         failed_at = time.time()  # keeping the frames may take seconds: the failure is when it was raised
-        kept = one_off.keep_post_mortem(exc, cells.results_dir(message), place.rank,
+        kept = one_off.keep_post_mortem(exc, cell_file, cells.results_dir(message), place.rank,
                                         lambda path: cells.publish(message, place.rank, path, POST_MORTEM))
-        one_off.report_failure(emitter, reporter, exc, kept, failed_at)
+        one_off.report_failure(emitter, reporter, exc, kept, failed_at, cell_file)
         return
     reporter.flush()
     results_dir = ""

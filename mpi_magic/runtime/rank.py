@@ -85,8 +85,10 @@ def main(argv: list[str]) -> int:
         namespace = build_namespace(bundle)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
         _fail(emitter, reporter, exc)
+    cell_file = bundle.meta["cell_file"]
     try:
-        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"))
+        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"), cell_file,
+                           bundle.meta["cell_name"])
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
         failed_at = time.time()  # keeping the frames may take seconds: the failure is when it was raised
 
@@ -94,8 +96,8 @@ def main(argv: list[str]) -> int:
             if results_uri:
                 upload(path, result_uri(results_uri, place.rank, POST_MORTEM))
 
-        _fail(emitter, reporter, exc, keep_post_mortem(exc, _scratch_dir() if results_uri else job_dir, place.rank,
-                                                       publish), failed_at)
+        _fail(emitter, reporter, exc, keep_post_mortem(exc, cell_file, _scratch_dir() if results_uri else job_dir,
+                                                       place.rank, publish), failed_at, cell_file)
     reporter.flush()
     unreturned: dict[str, str] = {}
     results_digest = ""
@@ -228,20 +230,26 @@ class NotebookValueError(RuntimeError):
     """A captured value did not load on the rank."""
 
 
-def run_source(source: str, namespace: dict, value_at: list[int] | None = None):
+def run_source(source: str, namespace: dict, value_at: list[int] | None = None, filename: str = CELL_FILENAME,
+               name: str | None = None):
     """Run the cell like IPython: the value of the final expression that starts at ``value_at``
     (line, column: ``cell.value_position``) is returned; top-level ``await`` works, as it does
-    in a notebook."""
-    on_import.after_import("linecache", lambda linecache: cell.remember(source))  # read when a line is quoted
-    sys.argv = [CELL_FILENAME]
+    in a notebook. Its code is compiled as ``filename``, and tracebacks and warnings call it
+    ``name``, the notebook's name of the cell, where it has one."""
+    cell.remember(source, filename)
+    on_import.after_import("linecache", cell.give_lines)  # read when a line is quoted
+    if name is not None:
+        cell.name_cell(filename, name)
+    on_import.after_import("warnings", cell.name_cells_in_warnings)
+    sys.argv = [filename]
     if value_at is None:
         statements, expression = cell.numbered(source), None
     else:
         statements, expression = cell.split_value(source, (value_at[0], value_at[1]))
-    _run(compile(statements, CELL_FILENAME, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    _run(compile(statements, filename, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
     if expression is None:
         return None
-    return _run(compile(expression, CELL_FILENAME, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    return _run(compile(expression, filename, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
 
 
 def _run(code: types.CodeType, namespace: dict):
@@ -288,12 +296,12 @@ def write_results(job_dir: str, rank: int, meta: dict, namespace: dict, value) -
 POST_MORTEM_LIMIT = 20.0  # seconds the frames may take to keep and send before the failure is reported without
 
 
-def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -> dict[str, str]:
-    """Write the failed cell's frames and their locals for %mpirun_debug (``publish(path)`` sends
-    them where the notebook reads them); what the failure reports of them: their SHA-256
-    (``post_mortem``), or why there are none (``post_mortem_lost``). Whatever goes wrong here, the
-    failure is still reported, within ``POST_MORTEM_LIMIT`` seconds however long the upload takes
-    (the locals take ``postmortem.TIME_LIMIT`` at most)."""
+def keep_post_mortem(exc: BaseException, cell_file: str, results_dir: str, rank: int, publish) -> dict[str, str]:
+    """Write the failed cell's frames (its code compiled as ``cell_file``) and their locals for
+    %mpirun_debug (``publish(path)`` sends them where the notebook reads them); what the failure
+    reports of them: their SHA-256 (``post_mortem``), or why there are none (``post_mortem_lost``).
+    Whatever goes wrong here, the failure is still reported, within ``POST_MORTEM_LIMIT`` seconds
+    however long the upload takes (the locals take ``postmortem.TIME_LIMIT`` at most)."""
     if isinstance(exc, KeyboardInterrupt):  # stopped from outside: nothing of the cell's to inspect
         return {}
     import _thread
@@ -308,7 +316,7 @@ def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -
             from ..shared import postmortem  # only on failure
 
             path = result_path(results_dir, rank, POST_MORTEM)
-            digest = postmortem.write(path, postmortem.capture(exc, CELL_FILENAME))
+            digest = postmortem.write(path, postmortem.capture(exc, cell_file))
             publish(path)
             kept.append(digest)
         except BaseException as error:  # noqa: BLE001 - the traceback still goes to the notebook as an event
@@ -329,20 +337,22 @@ def keep_post_mortem(exc: BaseException, results_dir: str, rank: int, publish) -
 
 
 def _fail(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
-          post_mortem: dict[str, str] | None = None, failed_at: float | None = None) -> NoReturn:
+          post_mortem: dict[str, str] | None = None, failed_at: float | None = None,
+          cell_file: str = CELL_FILENAME) -> NoReturn:
     """Report the failure and end the rank without finalizing MPI, so the launcher stops the
     ranks still waiting on this one. Whatever goes wrong while reporting, the rank still ends."""
     try:
-        report_failure(emitter, reporter, exc, post_mortem, failed_at)
+        report_failure(emitter, reporter, exc, post_mortem, failed_at, cell_file)
     finally:
         os._exit(1)
 
 
 def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: BaseException,
-                   post_mortem: dict[str, str] | None = None, failed_at: float | None = None) -> None:
-    """Report how the cell failed, with what ``keep_post_mortem`` said of its frames, stamped
-    ``failed_at`` (when it was raised; now if not given). Nothing here may depend on the cell's
-    objects behaving."""
+                   post_mortem: dict[str, str] | None = None, failed_at: float | None = None,
+                   cell_file: str = CELL_FILENAME) -> None:
+    """Report how the cell (compiled as ``cell_file``) failed, with what ``keep_post_mortem`` said of
+    its frames, stamped ``failed_at`` (when it was raised; now if not given). Nothing here may depend
+    on the cell's objects behaving."""
     try:
         try:
             reporter.flush()
@@ -351,7 +361,7 @@ def report_failure(emitter: wire.Emitter, reporter: reporting.Reporter, exc: Bas
         if isinstance(exc, KeyboardInterrupt):  # stopped from outside: not the cell's failure
             emitter.emit(wire.FINISHED, ok=False, error_type="KeyboardInterrupt", message="interrupted")
         else:
-            error_type, message, trace = describe_failure(exc, emitter.rank)
+            error_type, message, trace = describe_failure(exc, emitter.rank, cell_file)
             emitter.emit(wire.FINISHED, ok=False, error_type=error_type, message=message, traceback=trace,
                          **(post_mortem or {}), **({"time": failed_at} if failed_at else {}))
     finally:
@@ -366,7 +376,7 @@ def flush_streams() -> None:
             pass
 
 
-def describe_failure(exc: BaseException, rank: int) -> tuple[str, str, str]:
+def describe_failure(exc: BaseException, rank: int, cell_file: str = CELL_FILENAME) -> tuple[str, str, str]:
     """(type name, message, traceback) of a failure, each falling back to what can be said
     when the exception's own ``__str__`` or traceback formatting fails."""
     error_type = _safe(lambda: type(exc).__name__, "BaseException")
@@ -375,7 +385,7 @@ def describe_failure(exc: BaseException, rank: int) -> tuple[str, str, str]:
         message = f"rank {rank} called sys.exit({code}) before the cell finished"
     else:
         message = _cap(_safe(lambda: str(exc), f"(the {error_type}'s message could not be shown)"), 2000)
-    trace = _cap(_safe(lambda: format_traceback(exc), ""), 8000)
+    trace = _cap(_safe(lambda: format_traceback(exc, cell_file), ""), 8000)
     return error_type, message, trace
 
 
@@ -392,10 +402,11 @@ def _cap(text: str, limit: int) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def format_traceback(exc: BaseException) -> str:
-    """The traceback from the cell's first frame on, without the runtime's own frames."""
+def format_traceback(exc: BaseException, cell_file: str = CELL_FILENAME) -> str:
+    """The traceback from the first frame of the cell (compiled as ``cell_file``) on, without the
+    runtime's own frames; the frames of code from the notebook's cells named as the notebook names them."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != CELL_FILENAME:
+    while tb is not None and tb.tb_frame.f_code.co_filename != cell_file:
         tb = tb.tb_next
     import traceback  # only when a cell fails
 

@@ -1,9 +1,16 @@
 """How the cell's lines are numbered in tracebacks and syntax errors: as the user sees the
-cell, where the ``%%mpirun_remote`` line is line 1 and the code starts on line 2; and where the
-cell's value (a final expression, shown as IPython shows it) starts.
+cell, where the ``%%mpirun_remote`` line is line 1 and the code starts on line 2; where the
+cell's value (a final expression, shown as IPython shows it) starts; and what the code of the
+notebook's cells is called, wherever it runs.
 
 The notebook parses the cell; the ranks only compile it, from the position the notebook found,
-and never build a syntax tree: that would cost every rank milliseconds at start-up."""
+and never build a syntax tree: that would cost every rank milliseconds at start-up.
+
+Each cell's code is compiled under a file name of its own: the one IPython gives the cell's code
+(``<ipython-input-5-...>``; a kernel's ``/tmp/ipykernel_.../....py``), so that a function a
+session's cell defined still reads as that cell's after later cells ran. Where that code runs,
+the notebook's name for the cell ("Cell In[5]", ``name_cell``) is what tracebacks, warnings
+(``name_cells_in_warnings``) and the roll-call call it."""
 
 from __future__ import annotations
 
@@ -11,8 +18,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
 
-FILENAME = "<mpirun_remote cell>"
+FILENAME = "<mpirun_remote cell>"  # a cell's file name where no notebook names it (run outside IPython)
 MAGIC_LINES = 1  # the %%mpirun_remote line above the code
+_NAMES: dict[str, str] = {}  # the file name of a notebook cell's code -> the notebook's name of that cell
+_UNGIVEN: dict[str, str] = {}  # a cell's file name -> its lines, not yet given to linecache (``give_lines``)
 
 
 def numbered(source: str) -> str:
@@ -20,11 +29,11 @@ def numbered(source: str) -> str:
     return "\n" * MAGIC_LINES + source
 
 
-def parse(source: str) -> ast.Module:
+def parse(source: str, filename: str = FILENAME) -> ast.Module:
     """The cell's syntax tree, numbered as the notebook shows the cell (the notebook's side only)."""
     import ast
 
-    return ast.parse(numbered(source), FILENAME, "exec")
+    return ast.parse(numbered(source), filename, "exec")
 
 
 def value_position(source: str, tree: ast.Module) -> tuple[int, int] | None:
@@ -56,10 +65,45 @@ def split_value(source: str, position: tuple[int, int]) -> tuple[str, str]:
     return text[:start], "\n" * (line - 1) + expression
 
 
-def remember(source: str) -> None:
-    """Let tracebacks and warnings quote the cell's lines (linecache, where they read them, costs a
-    rank milliseconds to import: the rank calls this once something has imported it)."""
-    import linecache
+def remember(source: str, filename: str = FILENAME) -> None:
+    """Keep the cell's lines for tracebacks and warnings to quote, once ``give_lines`` has put them
+    where they read them."""
+    _UNGIVEN[filename] = numbered(source)
 
-    text = numbered(source)
-    linecache.cache[FILENAME] = (len(text), None, text.splitlines(True), FILENAME)
+
+def give_lines(linecache) -> None:
+    """Put the lines of every cell remembered so far in ``linecache`` (that module: importing it costs
+    a rank milliseconds, so the rank calls this once something has imported it)."""
+    for filename, text in _UNGIVEN.items():
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # no mtime: never dropped
+    _UNGIVEN.clear()
+
+
+def name_cell(filename: str, name: str) -> None:
+    """Call the code compiled as ``filename`` by the notebook's name of its cell ("Cell In[5]")."""
+    _NAMES[filename] = name
+
+
+def name_of(filename: str) -> str | None:
+    """The notebook's name of the cell whose code is compiled as ``filename``; None for other code."""
+    return _NAMES.get(filename)
+
+
+def name_cells_in_warnings(warnings) -> None:
+    """A warning raised in a notebook cell's code says "Cell In[3]:4: UserWarning: ..." over the
+    line's source, where Python would write the cell's file name (``warnings``: that module)."""
+    if getattr(warnings.formatwarning, "__module__", None) == __name__:
+        return
+    formatwarning = warnings.formatwarning
+
+    def named(message, category, filename, lineno, line=None):
+        name = _NAMES.get(filename)
+        if name is not None:
+            if line is None:
+                import linecache
+
+                line = linecache.getline(filename, lineno)
+            filename = name
+        return formatwarning(message, category, filename, lineno, line)
+
+    warnings.formatwarning = named

@@ -73,14 +73,17 @@ def pack_result(name: str, value: Any) -> Packed:
 
     What plain pickle writes loads the same as cloudpickle's and costs the rank no import.
     What only cloudpickle carries (functions and classes the cell defined, lambdas) makes
-    plain pickle raise, since it refuses a reference that does not lead back to the object.
+    plain pickle raise, since it refuses a reference that does not lead back to the object;
+    their code keeps the name and lines of the notebook's cell it came from (``notebook_cells``).
     """
     import pickle
 
     try:
         return pack(name, value, pickle.Pickler)
     except Exception:  # noqa: BLE001 - whatever plain pickle cannot do, cloudpickle may
-        return pack(name, value)
+        from .notebook_cells import pickler
+
+        return pack(name, value, pickler())
 
 
 def size_text(n: float) -> str:

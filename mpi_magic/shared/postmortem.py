@@ -115,10 +115,9 @@ def read(path: str, digest: str) -> dict:
 def _frame(tb: types.TracebackType, cell_file: str) -> dict:
     """The frame, its locals still the objects themselves (``_keep_locals`` makes them entries)."""
     frame, code = tb.tb_frame, tb.tb_frame.f_code
-    in_cell = code.co_filename == cell_file
     return {"filename": code.co_filename, "name": code.co_name, "lineno": tb.tb_lineno,
-            "firstlineno": code.co_firstlineno, "in_cell": in_cell,
-            "source": None if in_cell else _source(code),
+            "firstlineno": code.co_firstlineno, "in_cell": code.co_filename == cell_file,
+            "source": _source(code),
             "locals": {name: value for name, value in list(frame.f_locals.items())
                        if not (name.startswith("__") and name.endswith("__")) and name != "get_ipython"}}
 
@@ -240,7 +239,8 @@ def _type_name(value) -> str:
 
 
 def _source(code: types.CodeType) -> tuple[int, list[str]] | None:
-    """(first line, lines) of the function, for a notebook where its file may not exist."""
+    """(first line, lines) of the function, for a notebook where its file may not exist, or that did
+    not run its cell (a job attached from another kernel)."""
     try:
         import linecache
 
@@ -276,14 +276,15 @@ def _value(value, text: str, budget: dict) -> tuple[str, object, str]:
 
 
 def _pickled(value, limit: int) -> bytes | None:
-    """Plain pickle where it can, cloudpickle where it must (functions the cell defined); None
-    when neither can within ``limit`` bytes."""
-    picklers = [pickle.Pickler]
+    """Plain pickle where it can, cloudpickle where it must (functions the cell defined, their code
+    keeping the name and lines of the notebook's cell it came from); None when neither can within
+    ``limit`` bytes."""
+    picklers: list[type[pickle.Pickler]] = [pickle.Pickler]
     try:
-        import cloudpickle
+        from . import notebook_cells
 
-        picklers.append(cloudpickle.CloudPickler)
-    except ImportError:
+        picklers.append(notebook_cells.pickler())
+    except ImportError:  # no cloudpickle
         pass
     for pickler in picklers:
         out = _Bounded(limit)

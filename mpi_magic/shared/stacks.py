@@ -306,7 +306,7 @@ def _named_line(filename: str, line: int, cell_file: str) -> str | None:
     line 4" in a function from an earlier cell; None for other code."""
     if filename == cell_file:
         return f"cell line {line}"
-    from .notebook_cells import name_of  # only where stacks are read, never on a rank
+    from .cell import name_of
 
     name = name_of(filename)
     return None if name is None else f"{name}, line {line}"

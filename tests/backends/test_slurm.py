@@ -78,6 +78,8 @@ def test_a_failing_rank_is_named_with_its_node_and_ends_the_job(slurm, slurm_clu
             time.sleep(120)
             """))
     assert "rank 3 (instance 1, n2) raised ValueError: bad shard" in str(raised.value)
+    assert f"  Cell In[{slurm.execution_count}], line 4, in <module>\n    raise ValueError(\"bad shard\")\n" \
+           in raised.value.remote_traceback, "the cell's frame as the notebook names it"
     job = slurm.user_ns["job"]
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers import run
+from helpers import remote_cell, run
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import RemoteRankError
@@ -56,9 +56,10 @@ def test_the_failed_ranks_frames_open_with_their_locals_up_down_and_the_cells_li
     assert "rank 1 raised ZeroDivisionError: integer division or modulo by zero" in out
     assert "(22, 2, 11)" in out  # the innermost frame, step's, with its locals as they were on rank 1
     assert "return scale // (k - 2)" in out  # ll reads the cell's lines
-    assert "<mpirun_remote cell>(8)<module>()" in out  # up: the cell's own frame, numbered as the cell shows it
+    cell_file = re.search(r"(\S+)\(8\)<module>\(\)", out)[1]  # up: the cell's own frame, numbered as the cell shows it
+    assert ip.compile.format_code_name(cell_file) == ("Cell", f"In[{ip.execution_count}]"), "a file IPython names"
     assert "'rank 1'" in out and "[1]" in out
-    assert "<mpirun_remote cell>(5)step()" in out  # where lists both frames
+    assert f"{cell_file}(5)step()" in out  # where lists both frames
 
 
 def test_a_function_from_an_earlier_cell_reads_in_where_and_list_as_the_notebooks_own_debug_reads_it(
@@ -75,6 +76,30 @@ def test_a_function_from_an_earlier_cell_reads_in_where_and_list_as_the_notebook
     listed = here[here.index("      1 import math"):].split("\nipdb>")[0]
     assert "----> 4     return scale // (k - 2)" in listed and listed in there, "list shows the cell's lines alike"
     assert "(20, 'on a rank')" in there, "the function's globals are the cell's"
+
+
+def test_a_function_from_an_earlier_session_cell_reads_in_where_and_list_as_that_cells_lines(sessions, capsys,
+                                                                                               monkeypatch):
+    ip = sessions
+    ip.run_line_magic("mpirun_session", "start -g 2 --quiet")
+    defining, error = remote_cell(ip, "--quiet", "import math\ndef step(x, k):\n    scale = x * k\n"
+                                                 "    return scale // (k - 2)\n")
+    assert error is None
+    calling, error = remote_cell(ip, "--quiet", "import mpi_magic\nstep(10 + mpi_magic.rank(), 2 + mpi_magic.rank())\n")
+    assert isinstance(error, RemoteRankError)
+    out = debug(ip, capsys, "", ["where", "list"], monkeypatch)
+    named = {function: " ".join(ip.compile.format_code_name(filename) or [filename])
+             for filename, function in re.findall(r"(<[^>]+>|/\S+)\(\d+\)(<module>|step)\(\)", out)}
+    assert named == {"<module>": calling, "step": defining}, "each frame in its own cell's file, which IPython names"
+    assert "----> 5     return scale // (k - 2)" in out, "list shows the function's own cell"
+
+
+def test_a_notebook_function_among_a_failed_ranks_locals_keeps_its_cells_file(ip, capsys, monkeypatch):
+    assert ip.run_cell("def scale(x):\n    return 2 * x\n", store_history=True).success
+    with pytest.raises(RemoteRankError):
+        run(ip, "--quiet", "fn = scale\nfn(1) // 0\n")
+    out = debug(ip, capsys, "", ["p fn.__code__.co_filename"], monkeypatch)
+    assert repr(ip.user_ns["scale"].__code__.co_filename) in out, out
 
 
 def debug_here(ip, capsys, commands: list[str], monkeypatch) -> str:

@@ -7,7 +7,7 @@ import _thread
 import time
 
 import pytest
-from helpers import once, run, start_session
+from helpers import once, remote_cell, run, start_session
 from IPython.core.error import UsageError
 
 from mpi_magic.view.summary import Summary
@@ -182,6 +182,19 @@ def test_a_sessions_quiet_cell_takes_its_roll_call_and_idle_ranks_wait_for_a_cel
     ip.run_line_magic("mpirun_session", "stop")
     with pytest.raises(UsageError, match="no job of this notebook is running and no session is up"):
         ip.run_line_magic("mpirun_stacks", "")
+
+
+def test_a_rank_inside_a_function_from_an_earlier_session_cell_is_placed_in_that_cells_words(sessions):
+    ip = sessions
+    ip.run_line_magic("mpirun_config", "stall_after=1 view=text")
+    start_session(ip, "-g 2")
+    defining, error = remote_cell(ip, "--quiet", "import time\ndef settle(seconds):\n    time.sleep(seconds)\n")
+    assert error is None
+    _, error = remote_cell(ip, "--out job", ("from mpi4py import MPI\n"
+                                             "settle(2.5 if MPI.COMM_WORLD.rank == 1 else 0)\n"
+                                             "MPI.COMM_WORLD.barrier()\n"))
+    assert error is None
+    assert ip.user_ns["job"].model.roll_call == f"rank 0 at cell line 4 in barrier; rank 1 at {defining}, line 4 in sleep"
 
 
 def test_mpirun_stacks_refuses_what_is_not_a_handle(ip):

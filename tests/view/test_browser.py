@@ -121,8 +121,8 @@ def test_a_failing_rank_is_red_its_pane_and_the_summary_show_its_traceback(jupyt
         shown = seen(page)
         assert shown.get("rank") and shown.get("total"), "rank 2 and the aggregate turned red"
         raise_line = FAILING_CELL.splitlines().index("        raise ValueError('rank 2 gave up')") + 1
-        assert f'"<mpirun_remote cell>", line {raise_line}, in <module>' in shown["pane"], \
-            "the pane's traceback counts lines as the cell shows them"
+        assert f"Cell In[2], line {raise_line}, in <module>" in shown["pane"], \
+            "the pane's traceback names the cell and counts its lines as the notebook does"
         summary = page.locator(".mpi-magic-summary")
         failed = summary.locator("tr.mpi-magic-failed")
         assert failed.count() == 1 and failed.locator("td").first.text_content() == "2"

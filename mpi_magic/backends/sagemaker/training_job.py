@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import JobError, SageMakerSetupError
-from ...shared import jobdir
+from ...shared import cell, jobdir
 from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
                               Restarted, StreamDecoder)
 from ..launcher import LauncherLog
@@ -560,7 +560,8 @@ def attach(name: str, region: str | None, live_tail: bool = True) -> tuple[SageM
     header, _ = read_header(_ranged_reads(aws.client("s3"), bucket, key), f"s3://{bucket}/{key}")
     info = {"instances": int(environment[envvars.INSTANCES]),
             "procs_per_instance": int(environment[envvars.PROCS_PER_INSTANCE]),
-            "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False)}
+            "returns": header["meta"]["returns"], "gather": header["meta"].get("gather", False),
+            "cell_file": header["meta"].get("cell_file", cell.FILENAME)}  # (a job started before cells had their own)
     job = SageMakerJob(aws, name, environment[envvars.RESULTS_URI], environment.get(envvars.EVENT_TOKEN, ""),
                        live_tail)
     return job, info  # reads the log from its start

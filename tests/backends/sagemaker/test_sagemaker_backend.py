@@ -66,6 +66,8 @@ def test_a_function_from_an_earlier_cell_shows_that_cell_and_its_lines_from_an_i
     cell_name = f"Cell In[{ip.execution_count - 1}]"
     with pytest.raises(mpi_magic.RemoteRankError) as caught:
         run(ip, "-i 2 -g 2", "import mpi_magic\nshard = shard_of(mpi_magic.rank())\n")
+    assert f"  Cell In[{ip.execution_count}], line 3, in <module>\n    shard = shard_of(mpi_magic.rank())\n" \
+           in caught.value.remote_traceback, "the running cell's frame too"
     assert f"  {cell_name}, line 4, in shard_of\n    return [1, 2, 3][rank]\n" in caught.value.remote_traceback
     said = capsys.readouterr().err  # (rank 3, the one that fails, warned before it raised)
     assert f"[rank 3] {cell_name}:3: UserWarning: rank 3 reads slowly\n" \
