@@ -548,9 +548,11 @@ def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
 
 
 def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
-    """What the ranks need to know besides the values: the cell, what it is called, and what to bring back."""
-    return {"source": code.source, "returns": code.assigns, "gather": options.gather, "value_at": code.value_at,
-            "cell_file": code.filename, "cell_name": cell.name_of(code.filename)}
+    """What the ranks need to know besides the values: the cell, compiled, what it is called, and what to
+    bring back."""
+    return {"source": code.source, "code": cell.compiled(code.source, code.value_at, code.filename),
+            "returns": code.assigns, "gather": options.gather, "value_at": code.value_at, "cell_file": code.filename,
+            "cell_name": cell.name_of(code.filename)}
 
 
 def _announce_large(captured: capture.Captured, world_size: int, echo: ConsoleEcho,

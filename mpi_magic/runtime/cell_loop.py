@@ -452,7 +452,7 @@ def run_cell(message: dict, place, emitter: wire.Emitter, reporter, namespace: d
     cell_file = bundle.meta["cell_file"]
     try:
         with interrupts:
-            value = one_off.run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"), cell_file,
+            value = one_off.run_source(bundle.meta["source"], bundle.meta["code"], namespace, cell_file,
                                        bundle.meta["cell_name"])
     except BaseException as exc:  # noqa: BLE001 - reported; the rank goes back to waiting
         failed_at = time.time()  # keeping the frames may take seconds: the failure is when it was raised

@@ -23,7 +23,6 @@ from . import on_import, resources, tqdm_hook
 
 CELL_FILENAME = cell.FILENAME
 CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect on every rank
-PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000  # ast's, without importing ast on every rank
 
 
 class Placement:
@@ -87,8 +86,7 @@ def main(argv: list[str]) -> int:
         _fail(emitter, reporter, exc)
     cell_file = bundle.meta["cell_file"]
     try:
-        value = run_source(bundle.meta["source"], namespace, bundle.meta.get("value_at"), cell_file,
-                           bundle.meta["cell_name"])
+        value = run_source(bundle.meta["source"], bundle.meta["code"], namespace, cell_file, bundle.meta["cell_name"])
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
         failed_at = time.time()  # keeping the frames may take seconds: the failure is when it was raised
 
@@ -230,26 +228,22 @@ class NotebookValueError(RuntimeError):
     """A captured value did not load on the rank."""
 
 
-def run_source(source: str, namespace: dict, value_at: list[int] | None = None, filename: str = CELL_FILENAME,
-               name: str | None = None):
-    """Run the cell like IPython: the value of the final expression that starts at ``value_at``
-    (line, column: ``cell.value_position``) is returned; top-level ``await`` works, as it does
-    in a notebook. Its code is compiled as ``filename``, and tracebacks and warnings call it
-    ``name``, the notebook's name of the cell, where it has one."""
+def run_source(source: str, code: str, namespace: dict, filename: str = CELL_FILENAME, name: str | None = None):
+    """Run the cell like IPython, as the notebook compiled it as ``filename`` (``code``:
+    ``cell.compiled``): the value of its final expression is returned; top-level ``await`` works,
+    as it does in a notebook. Tracebacks and warnings quote ``source`` and call it ``name``, the
+    notebook's name of the cell, where it has one."""
     cell.remember(source, filename)
     on_import.after_import("linecache", cell.give_lines)  # read when a line is quoted
     if name is not None:
         cell.name_cell(filename, name)
     on_import.after_import("warnings", cell.name_cells_in_warnings)
     sys.argv = [filename]
-    if value_at is None:
-        statements, expression = cell.numbered(source), None
-    else:
-        statements, expression = cell.split_value(source, (value_at[0], value_at[1]))
-    _run(compile(statements, filename, "exec", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    statements, expression = cell.code_of(code)
+    _run(statements, namespace)
     if expression is None:
         return None
-    return _run(compile(expression, filename, "eval", flags=PyCF_ALLOW_TOP_LEVEL_AWAIT), namespace)
+    return _run(expression, namespace)
 
 
 def _run(code: types.CodeType, namespace: dict):

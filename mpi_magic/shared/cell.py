@@ -3,8 +3,9 @@ cell, where the ``%%mpirun_remote`` line is line 1 and the code starts on line 2
 cell's value (a final expression, shown as IPython shows it) starts; and what the code of the
 notebook's cells is called, wherever it runs.
 
-The notebook parses the cell; the ranks only compile it, from the position the notebook found,
-and never build a syntax tree: that would cost every rank milliseconds at start-up.
+The notebook parses and compiles the cell; the ranks run the code it sent (``compiled``) and
+never build a syntax tree, nor compile: CPython's compile() readies every type of the ast module
+before it looks at its source, which would cost every rank milliseconds at start-up.
 
 Each cell's code is compiled under a file name of its own: the one IPython gives the cell's code
 (``<ipython-input-5-...>``; a kernel's ``/tmp/ipykernel_.../....py``), so that a function a
@@ -17,6 +18,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
+    from types import CodeType
 
 FILENAME = "<mpirun_remote cell>"  # a cell's file name where no notebook names it (run outside IPython)
 MAGIC_LINES = 1  # the %%mpirun_remote line above the code
@@ -63,6 +65,32 @@ def split_value(source: str, position: tuple[int, int]) -> tuple[str, str]:
     start += column
     expression = text[start:] if not column else "(" + " " * (column - 1) + text[start:] + "\n)"
     return text[:start], "\n" * (line - 1) + expression
+
+
+def compiled(source: str, value_at: tuple[int, int] | list[int] | None, filename: str = FILENAME) -> str:
+    """The cell compiled as ``filename`` for the ranks, as text for the payload's header: its
+    statements, and the final expression whose value the cell shows, which starts at ``value_at``
+    (``split_value``; None: no value), each run as it comes by the ranks (``code_of``); top-level
+    ``await`` compiles, as in a notebook (the notebook's side only)."""
+    import ast
+    import marshal
+
+    if value_at is None:
+        statements, expression = numbered(source), None
+    else:
+        statements, expression = split_value(source, (value_at[0], value_at[1]))
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    code = (compile(statements, filename, "exec", flags=flags),
+            None if expression is None else compile(expression, filename, "eval", flags=flags))
+    return marshal.dumps(code).hex()
+
+
+def code_of(text: str) -> tuple[CodeType, CodeType | None]:
+    """The statements and the value's expression that ``compiled`` made (where the payload has checked
+    that the notebook's Python runs: code objects differ between Python versions)."""
+    import marshal
+
+    return marshal.loads(bytes.fromhex(text))
 
 
 def remember(source: str, filename: str = FILENAME) -> None:
