@@ -72,8 +72,9 @@ PY
         [ -x /usr/bin/chromium ] || apt_install Chromium chromium
         # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
         # most of a test is waiting on kernels, mpirun and the emulated cloud (see docs/development.md);
-        # -n 0 runs them in this process
-        .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadscope "$@" ;;
+        # -n 0 runs them in this process. exec: pytest takes this shell's place, so an interrupt or a
+        # SIGTERM sent to this script reaches it (and its fixtures stop every server they started)
+        exec .venv/bin/python -m pytest -n "$(( 3 * $(nproc) ))" --dist loadscope "$@" ;;
     notebooks)
         .venv/bin/python notebooks/execute.py "$@" ;;
     bench)

@@ -18,6 +18,7 @@ import urllib.request
 from notebook_runs import NOTEBOOKS, code_cell, stored_notebook
 
 from mpi_magic.shared.procs import free_port
+from mpi_magic.testing import servers
 
 # Debian's Chromium, or the one MPI_MAGIC_CHROMIUM names (a missing file shows how the tests skip without it)
 CHROMIUM = os.environ.get("MPI_MAGIC_CHROMIUM", "/usr/bin/chromium")
@@ -108,8 +109,13 @@ class Server:
                    "--ServerApp.disable_check_xsrf=False", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
                    "jupyterlab.NeverCheckForUpdate"]
         self.log = open(os.path.join(state, "server.log"), "w")
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
-        self._wait_ready()
+        # a session of its own: a Ctrl-C on the tests is theirs to stop it, in order, and it ends with them
+        self.process = servers.start(command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
+        try:
+            self._wait_ready()
+        except BaseException:  # (an interrupt too) no one else holds it yet
+            self.stop()
+            raise
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
@@ -143,12 +149,7 @@ class Server:
         with contextlib.suppress(OSError):
             for kernel in self.api("kernels"):
                 self.api(f"kernels/{kernel['id']}", "DELETE")
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        servers.stop(self.process)
         self.log.close()
         shutil.rmtree(self.sockets, ignore_errors=True)
 

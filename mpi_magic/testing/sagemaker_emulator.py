@@ -333,9 +333,12 @@ class EmulatedJob:
             env.update(private_tmp(base))  # (not forwarded to the ranks of other instances)
             env.update({"SAGEMAKER_BASE_DIR": base, envvars.SSH_AGENT: agent, envvars.EMULATED_HOSTS: self.root,
                         "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn, "PYTHONUNBUFFERED": "1"})
-            process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)
-            self.processes.append(process)
+            with self.lock:  # no instance starts once the job is being killed (``kill``)
+                if self.stop_requested.is_set():
+                    break
+                process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)
+                self.processes.append(process)
             stream = f"{self.name}/{host}-{self._stream_second}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
             pump = threading.Thread(target=_pump, args=(process.stdout, logs, stream, self.pace.log_visible),
@@ -376,7 +379,10 @@ class EmulatedJob:
         self.stop_requested.set()
 
     def kill(self) -> None:
-        """SIGTERM each instance's process group, then SIGKILL, as SageMaker stops containers."""
+        """SIGTERM each instance's process group, then SIGKILL, as SageMaker stops containers (once
+        ``stop_requested`` is set, after any instance being started meanwhile)."""
+        with self.lock:
+            pass  # an instance being started now is among self.processes once this is taken
         for signum in (signal.SIGTERM, signal.SIGKILL):
             alive = [p for p in self.processes if p.poll() is None]
             for process in alive:

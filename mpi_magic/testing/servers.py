@@ -11,11 +11,12 @@ import subprocess
 from ..shared import procs
 
 
-def start(argv: list[str], **popen) -> subprocess.Popen:
-    """``argv`` as a server of the calling thread's process: it ends when that thread does, unless
-    stopped before (start it from a thread that lives as long as the server should, the main one)."""
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_ends_with_parent,
-                            **popen)
+def start(argv: list[str], ends_with_parent: bool = True, **popen) -> subprocess.Popen:
+    """``argv`` as a server of the calling thread's process: it ends when that thread does, unless stopped
+    before (start it from a thread that lives as long as the server should, the main one), or unless not
+    ``ends_with_parent`` (a server started by a command that returns, to be stopped later)."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_ends_with_parent if ends_with_parent else None, **popen)
 
 
 def stop(server: subprocess.Popen, grace: float = 15.0) -> None:

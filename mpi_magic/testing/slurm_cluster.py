@@ -8,13 +8,16 @@ and ``dev.sh`` install them where they are missing; this module installs nothing
 a key of the cluster's own, one ``slurmctld``, and one ``slurmd -N nK`` per node, each node a name
 for this host on a port of its own (Debian builds slurmd to run several on one host). Processes
 are tracked with ``proctrack/linuxproc`` and tasks run without ``task/`` confinement, so neither
-cgroups nor systemd are needed. Every daemon runs in the foreground of a process group of its own,
-recorded in the root folder, so ``stop`` ends each one and leaves no process behind.
+cgroups nor systemd are needed. Every daemon runs in the foreground of a session of its own,
+recorded in the root folder, so ``stop`` ends each one and leaves no process behind. A cluster that
+Python starts (the tests) is stopped as well when that Python ends without stopping it (killed, say):
+a keeper waits for it to end, then stops the cluster (``stop --after PID``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import shutil
@@ -25,6 +28,7 @@ import tempfile
 import time
 
 from ..shared import procs
+from . import servers
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PACKAGES = "slurmctld slurmd slurm-client munge libpmix-dev"  # libpmix-dev: for srun --mpi=pmix
@@ -53,10 +57,12 @@ def _path() -> str:
 class SlurmCluster:
     """A cluster of ``nodes`` nodes (``n1``..``nN``; partitions ``debug``, ``short`` and ``gpu``) under ``root``."""
 
-    def __init__(self, root: str, nodes: int = 4, cpus: int | None = None):
+    def __init__(self, root: str, nodes: int = 4, cpus: int | None = None, outlives_me: bool = False):
         self.root, self.nodes = os.path.abspath(root), nodes
+        self.outlives_me = outlives_me  # it runs on after this process ends (the command's start), until stopped
         self.cpus = cpus or max(2, os.cpu_count() or 1)  # each node may run as many tasks as this machine has cores
         self._daemons: list[subprocess.Popen] = []  # those this process started, to be waited for
+        self._keeper: subprocess.Popen | None = None  # stops the cluster if this process ends first
 
     @property
     def conf(self) -> str:
@@ -83,6 +89,10 @@ class SlurmCluster:
         self._write_key()
         self._write_conf()
         try:
+            if not self.outlives_me:
+                self._keeper = servers.start([sys.executable, "-m", __name__, "stop", "--root", self.root, "--after",
+                                              str(os.getpid())], ends_with_parent=False, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL)
             self._spawn(["munged", "--foreground", "--force", f"--socket={self._munge_socket}",
                          f"--key-file={self._path('munge.key')}", f"--log-file={self._path('munged.log')}",
                          f"--pid-file={self._path('munged.pid')}", f"--seed-file={self._path('munged.seed')}"])
@@ -129,6 +139,10 @@ class SlurmCluster:
         os.remove(path)
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._keeper is not None:  # (last: if this stop is cut short, the keeper finishes it)
+            self._keeper.kill()
+            self._keeper.wait()
+            self._keeper = None
 
     def run(self, *argv: str, **kwargs) -> subprocess.CompletedProcess:
         """A Slurm command against this cluster (sinfo, sbatch, squeue, scancel, scontrol)."""
@@ -212,11 +226,11 @@ PartitionName=gpu Nodes={",".join(gpu_nodes)} MaxTime=INFINITE State=UP
 """)
 
     def _spawn(self, argv: list[str]) -> None:
-        """A daemon in the foreground of a process group of its own, recorded before it runs on."""
+        """A daemon in the foreground of a session of its own (``servers``), recorded before it runs on."""
         log = open(self._path(f"{argv[0]}.out"), "ab")
         try:
-            process = subprocess.Popen(argv, env={**os.environ, **self.environ, "PATH": _path()}, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = servers.start(argv, ends_with_parent=False, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **self.environ, "PATH": _path()})  # (the keeper stops it)
         finally:
             log.close()
         self._daemons.append(process)
@@ -269,9 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("--nodes", type=int, default=4, help="nodes of the cluster (start; default 4)")
     parser.add_argument("--root", default=default_root(), help="its folder (default: %(default)s)")
+    parser.add_argument("--after", type=int, metavar="PID", help="stop: once process PID has ended")
     args = parser.parse_args(argv)
-    cluster = SlurmCluster(args.root, args.nodes)
+    cluster = SlurmCluster(args.root, args.nodes, outlives_me=True)
     if args.action == "stop":
+        if args.after:
+            import psutil
+
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(args.after).wait()
         cluster.stop(remove=True)
         return 0
     try:

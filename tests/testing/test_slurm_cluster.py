@@ -101,3 +101,33 @@ def test_the_command_line_starts_a_cluster_prints_its_variable_and_stops_it():
         stopped = subprocess.run([*command, "stop", "--root", root], capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     assert _cluster_processes(root) == [] and not os.path.exists(root)
+
+
+def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
+    """As a test worker killed before its fixtures' teardown (xdist kills one that takes over 10 s to end):
+    the cluster it started, with a job running, is stopped by its keeper, and its folder removed."""
+    root = _root()
+    script = textwrap.dedent(f"""\
+        import sys, time
+        from mpi_magic.testing.slurm_cluster import SlurmCluster
+        cluster = SlurmCluster({root!r}, nodes=2).start()
+        job = cluster.run("sbatch", "--parsable", "--nodes=2", "--output=/dev/null", "--wrap", "sleep 300")
+        print(job.stdout.strip(), flush=True)
+        time.sleep(600)
+        """)
+    started = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        job = started.stdout.readline().strip()
+        assert job.isdigit()
+        deadline = time.monotonic() + 30
+        while not any("sleep 300" in " ".join(p.cmdline()) for p in _cluster_processes(root)):
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.2)
+    finally:
+        started.kill()
+        started.wait()
+        started.stdout.close()
+    deadline = time.monotonic() + 60
+    while _cluster_processes(root) or os.path.exists(root):
+        assert time.monotonic() < deadline, [p.cmdline() for p in _cluster_processes(root)]
+        time.sleep(0.2)
