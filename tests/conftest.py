@@ -133,7 +133,13 @@ class DurationRecorder:
 
 @pytest.fixture(scope="session")
 def shell() -> InteractiveShell:
-    ip = InteractiveShell.instance()
+    """One shell for the run; its history in memory, so that no history thread of IPython's runs
+    (one that a fork restarts would read as a thread a test left running)."""
+    from traitlets.config import Config as ShellConfig
+
+    settings = ShellConfig()
+    settings.HistoryManager.hist_file = ":memory:"
+    ip = InteractiveShell.instance(config=settings)
     ip.run_line_magic("load_ext", "mpi_magic")
     return ip
 

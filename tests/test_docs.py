@@ -22,6 +22,7 @@ import io
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -175,12 +176,15 @@ def normalised(text: str) -> str:
 
 @pytest.mark.parametrize("page", [pytest.param(page, id=page, marks=[needs_slurm()] if RUNS_ON.get(page) == "slurm" else [])
                                   for page in PAGES])
-def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtests, tmp_path, monkeypatch):
+def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtests, monkeypatch):
     if page in RUNS_ON:
         request.getfixturevalue(RUNS_ON[page])
     document = SYBIL.parse(pathlib.Path(ROOT, page))
-    scratch = tempfile.mkdtemp(prefix="docs_", dir=tmp_path)
-    monkeypatch.chdir(scratch)  # the notebook's folder: what a cell writes beside it lands here
+    # the notebook's folder: what a cell writes beside it lands here. Short, not under tmp_path: a Slurm cluster
+    # a page starts puts Unix sockets under it, whose paths must stay under 108 bytes
+    scratch = tempfile.mkdtemp(prefix="docs_")
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    monkeypatch.chdir(scratch)
     document.namespace.update(ip=sessions, scratch=scratch, installed=lambda name: importlib.util.find_spec(name) is not None)
     for example in document.examples():
         with subtests.test(msg=f"{page}, line {example.line}"):

@@ -34,6 +34,7 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 PACKAGES = "slurmctld slurmd slurm-client munge libpmix-dev"  # libpmix-dev: for srun --mpi=pmix
 PIDS = "daemons.pids"  # in the root: one pid per line, each its process group's leader
 UP_LIMIT = 60.0  # seconds the daemons get to come up and report every node idle
+SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (sun_path's 108, less its NUL)
 # Run before each task of a job where the nodes together declare more CPUs than this machine has: Open
 # MPI, which Slurm tells each node's CPUs, would busy-poll while it waits, each rank taking a core that
 # others need (a collective-heavy cell then runs several times slower). A job's own value stays.
@@ -83,6 +84,11 @@ class SlurmCluster:
         if missing:
             raise ClusterError(f"{', '.join(missing)} not found: install Debian's Slurm with "
                                f"apt-get install {PACKAGES}")
+        longest = os.path.join(self.root, f"spool-n{self.nodes}", f"n{self.nodes}_99999999.4294967295")  # a step's
+        if len(os.fsencode(longest)) > SOCKET_PATH_MAX:
+            raise ClusterError(f"the cluster's folder {self.root} is too long a path for the Unix sockets the daemons "
+                               f"make under it ({len(os.fsencode(longest))} bytes, {SOCKET_PATH_MAX} at most): "
+                               f"choose a shorter --root")
         os.makedirs(os.path.join(self.root, "state"), mode=0o700, exist_ok=True)
         if os.path.exists(os.path.join(self.root, PIDS)):
             raise ClusterError(f"a cluster runs under {self.root} already: stop it first")

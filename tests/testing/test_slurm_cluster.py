@@ -131,3 +131,18 @@ def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
     while _cluster_processes(root) or os.path.exists(root):
         assert time.monotonic() < deadline, [p.cmdline() for p in _cluster_processes(root)]
         time.sleep(0.2)
+
+
+def test_a_folder_too_long_for_the_daemons_sockets_is_refused_before_anything_starts(tmp_path):
+    parent = _root()
+    root = os.path.join(parent, "x" * 80)
+    try:
+        SlurmCluster(root, nodes=2).start()
+    except Exception as refusal:  # noqa: BLE001 - the refusal is what is checked
+        said = str(refusal)
+    else:
+        raise AssertionError("a cluster whose sockets cannot be made was started")
+    assert said.startswith(f"the cluster's folder {root} is too long a path for the Unix sockets") and \
+        said.endswith("choose a shorter --root"), said
+    assert not _cluster_processes(root) and not os.path.exists(root), "nothing made, nothing started"
+    os.rmdir(parent)
