@@ -86,16 +86,17 @@ def test_a_trivial_cell_imports_on_its_rank_only_what_every_cell_needs(ip):
 
 def test_the_collector_on_a_rank_leaves_the_runtime_alone_and_collects_what_the_cell_makes(ip):
     """What the runtime loaded lives as long as the rank, so the garbage collector need not walk it again in
-    every collection of the cell and at the rank's end; the cell's own garbage is collected as ever."""
+    every collection of the cell and at the rank's end (nor run while the runtime starts); the cell's own
+    garbage is collected as ever."""
     cell = ("import gc, weakref\n"
-            "frozen = gc.get_freeze_count()\n"
+            "enabled, frozen = gc.isenabled(), gc.get_freeze_count()\n"
             "class Node:\n    pass\n"
             "node = Node()\nnode.cycle = node\nalive = weakref.ref(node)\ndel node\n"
             "gc.collect()\n"
             "collected = alive() is None\n"
             "del Node, alive\n")
     run(ip, "-g 1 --quiet", cell)
-    assert ip.user_ns["frozen"] > 1000 and ip.user_ns["collected"]
+    assert ip.user_ns["enabled"] and ip.user_ns["frozen"] > 1000 and ip.user_ns["collected"]
 
 
 def test_rank_info_outside_a_job():

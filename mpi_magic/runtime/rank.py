@@ -131,6 +131,7 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
     import gc
 
     gc.freeze()  # what is loaded by now lives as long as the rank: no collection need walk it again (ms a rank)
+    gc.enable()  # (off while the runtime started: __main__)
     return place, emitter, reporter
 
 
