@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -130,17 +131,20 @@ def run_installed(argv: list[str]) -> int:
     """Run this benchmark again against a regular install of the checkout: a scratch virtual
     environment whose packages are this environment's (read through a path file, so none of this
     environment's own path files, an editable install's hook among them, runs), with mpi_magic
-    built from the checkout and installed into it, compiled. Run from the scratch folder, so that
-    neither the notebook nor its ranks import the checkout itself."""
+    built from a copy of the checkout (so no build left in it, or found there, gets in) and
+    installed into it, compiled. Run from the scratch folder, so that neither the notebook nor its
+    ranks import the checkout itself."""
     checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_install_") as scratch:
+        source = os.path.join(scratch, "checkout")
+        shutil.copytree(checkout, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__"))
         environment = os.path.join(scratch, "venv")
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", environment], check=True)
         python = os.path.join(environment, "bin", "python")
         packages = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                   check=True, capture_output=True, text=True).stdout.strip()
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                        "--target", packages, checkout], check=True)
+                        "--target", packages, source], check=True)
         with open(os.path.join(packages, "_bench_packages.pth"), "w") as f:
             f.write("\n".join(dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])) + "\n")
         environ = {name: value for name, value in os.environ.items()
