@@ -228,9 +228,14 @@ def test_an_install_a_page_or_message_names_works():
 
 
 def test_a_missing_package_of_the_sagemaker_backend_is_named_with_the_extras_packages():
+    """With their lowest versions: an older SageMaker SDK already installed would satisfy a bare name."""
+    import tomllib
+
     from mpi_magic.errors import INSTALL_SAGEMAKER
 
-    assert INSTALL_SAGEMAKER == "pip install " + " ".join(extras()["sagemaker"])
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["optional-dependencies"]["sagemaker"]
+    assert INSTALL_SAGEMAKER == "pip install " + " ".join(f"'{requirement}'" for requirement in declared)
 
 
 # -- the option reference ----------------------------------------------------------------------------

@@ -107,7 +107,11 @@ class Rehearsal:
     def __init__(self, pace: str, instance_start: float | None):
         self._servers = contextlib.ExitStack()
         aws = self._servers.enter_context(local_aws(pace=pace, instance_start=instance_start))
-        self.environ = {**aws, **rehearsal_settings(aws)}
+        try:
+            self.environ = {**aws, **rehearsal_settings(aws)}
+        except BaseException:  # no bucket (or no boto3): the servers end here, not with the kernel
+            self._servers.close()
+            raise
         self._before = {name: os.environ.get(name) for name in self.environ}
         os.environ.update(self.environ)
         atexit.register(self.stop)

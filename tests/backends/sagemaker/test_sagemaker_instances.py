@@ -18,6 +18,7 @@ import pytest
 from helpers import BUCKET, ROLE, run, training_jobs, uploaded
 
 import mpi_magic
+from mpi_magic.errors import INSTALL_SAGEMAKER
 
 
 def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, prefix, capsys):
@@ -97,15 +98,12 @@ def test_with_the_sdk_a_default_it_cannot_find_is_refused_after_one_try_saying_w
     assert not os.path.exists(STUDIO)
     ip.run_line_magic("mpirun_config", setting)
     with aws_out_of_reach(monkeypatch) as tried:
-        started = time.monotonic()
         with pytest.raises(mpi_magic.MpiMagicError) as caught:
             run(ip, "", "x = 1\n")
-        took = time.monotonic() - started
     said, why = refusal.format(studio=STUDIO, failure="\0").split("\0")
     failure = re.fullmatch(re.escape(said) + "(.+)" + re.escape(why), str(caught.value))
     assert failure and "https://sts.us-east-1.amazonaws.com" in failure[1], str(caught.value)
-    assert len(tried) == 1, f"{len(tried)} tries"
-    assert took < 3, f"refused after {took:.1f}s"
+    assert len(tried) == 1, f"{len(tried)} tries: each retry waits longer (botocore's backoff)"
     assert uploaded(cloud, prefix) == []
 
 
@@ -132,14 +130,14 @@ except Exception as exc:
 
 @pytest.mark.parametrize(("setting", "refusal"), [
     (f"s3_root=s3://{BUCKET}/x role=", "no execution role: the default (SageMaker Studio's role) comes from the "
-     "SageMaker SDK, which is not installed (pip install boto3 sagemaker cryptography); pass "
+     "SageMaker SDK, which is not installed (" + INSTALL_SAGEMAKER + "); pass "
      "--role arn:aws:iam::ACCOUNT:role/NAME (or set it once with %mpirun_config role=...)"),
     (f"role={ROLE} s3_root=", "no --s3-root: the default (the bucket sagemaker-REGION-ACCOUNT) comes from the "
-     "SageMaker SDK, which is not installed (pip install boto3 sagemaker cryptography); pass "
+     "SageMaker SDK, which is not installed (" + INSTALL_SAGEMAKER + "); pass "
      "--s3-root s3://your-bucket/prefix (or set it once with %mpirun_config s3_root=...)"),
     (f"role={ROLE} s3_root=s3://{BUCKET}/x image_uri=", "no training image: the default (the newest PyTorch "
      "training image for this Python) comes from the SageMaker SDK, which is not installed "
-     "(pip install boto3 sagemaker cryptography); pass --image-uri URI (or set it once with %mpirun_config image_uri=...)"),
+     "(" + INSTALL_SAGEMAKER + "); pass --image-uri URI (or set it once with %mpirun_config image_uri=...)"),
 ])
 def test_without_the_sdk_a_missing_default_says_to_pass_it(aws, setting, refusal):
     """The SDK is installed here: a Python whose imports of it are refused stands in for one without it,
@@ -239,7 +237,7 @@ def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir)
     from IPython.core.error import UsageError
 
     monkeypatch.setitem(sys.modules, "boto3", None)  # what an install without the extra looks like
-    with pytest.raises(UsageError, match=r"needs boto3, which is not installed: pip install boto3 sagemaker cryptography$"):
+    with pytest.raises(UsageError, match=re.escape("needs boto3, which is not installed: " + INSTALL_SAGEMAKER) + "$"):
         run(ip, "--backend sagemaker", "x = 1\n")
 
 
