@@ -16,6 +16,7 @@ built into a scratch folder and removed afterwards, as a user's environment has 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -47,6 +48,9 @@ def main() -> None:
     if args.installed:
         sys.exit(run_installed([arg for arg in sys.argv[1:] if arg != "--installed"]))
     print(f"mpi_magic from {os.path.dirname(mpi_magic.__file__)}")
+    if sys.flags.dont_write_bytecode and not os.path.exists(importlib.util.cache_from_source(local.__file__)):
+        print("note: PYTHONDONTWRITEBYTECODE is set and mpi_magic is not compiled, so every rank compiles it "
+              f"anew: python -m compileall {os.path.dirname(mpi_magic.__file__)} (or unset the variable)")
     ip = shell()
     ip.run_cell_magic("mpirun_remote", LINE, CELL)  # warm the page cache
     magic, tuned, default = interleaved([lambda: ip.run_cell_magic("mpirun_remote", LINE, CELL),
