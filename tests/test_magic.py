@@ -641,3 +641,13 @@ def test_results_changed_before_they_are_read_are_not_unpickled(ip, monkeypatch,
     run(ip, "--out job", "v = 12345\n")
     assert "v" not in ip.user_ns
     assert "does not match the digest" in capsys.readouterr().err
+
+
+def test_the_cell_runs_under_the_python_the_notebook_runs_it_with_no_future_of_ours(ip):
+    """A cell's annotations are evaluated, as IPython evaluates them: the package's own
+    ``from __future__ import annotations`` does not reach the code it compiles for the ranks."""
+    cell = "def scale(x: int) -> float:\n    return 2.0 * x\nhints = scale.__annotations__\n"
+    ip.run_cell(cell)
+    in_the_notebook = ip.user_ns.pop("hints")
+    run(ip, "-g 2", cell)
+    assert ip.user_ns["hints"] == in_the_notebook == {"x": int, "return": float}

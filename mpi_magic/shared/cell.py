@@ -80,8 +80,8 @@ def compiled(source: str, value_at: tuple[int, int] | list[int] | None, filename
     else:
         statements, expression = split_value(source, (value_at[0], value_at[1]))
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    code = (compile(statements, filename, "exec", flags=flags),
-            None if expression is None else compile(expression, filename, "eval", flags=flags))
+    code = (compile(statements, filename, "exec", flags=flags, dont_inherit=True),
+            None if expression is None else compile(expression, filename, "eval", flags=flags, dont_inherit=True))
     return marshal.dumps(code).hex()
 
 
