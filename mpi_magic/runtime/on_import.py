@@ -28,6 +28,7 @@ class _Loader:
 
     def exec_module(self, module):
         self._wrapped.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self._wrapped  # the module as its own loader left it
         self._then(module)
 
 
