@@ -241,7 +241,7 @@ class SlurmJob:
                 nap = READ_AT_ONCE
         self._watcher.forget(self.job_id)
         end = self._end(exit_path)
-        if self._ended is not None and self._ended.state == "REQUEUED":
+        if self._requeued():
             end = self._cancel_requeued(end)
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), end])
@@ -305,6 +305,18 @@ class SlurmJob:
         else:
             reason = f"the job ended ({state}) without its launcher's exit status"
         return LauncherExited(None, reason=reason)
+
+    def _requeued(self) -> bool:
+        """Whether Slurm put the job back in its queue: as squeue said, or, where slurmstepd's words
+        ended it first for what Slurm requeues a job for (a failed node, a preemption), as squeue
+        says now (a job still listed, not ended: back in the queue, or on its way there)."""
+        if self._ended is not None and self._ended.state == "REQUEUED":
+            return True
+        if self._cancelled or self._slurm_said() not in ("NODE_FAIL", "PREEMPTED"):
+            return False
+        states = look([self.job_id])
+        state = None if states is None else states.get(self.job_id)
+        return state is not None and not state.ended
 
     def _cancel_requeued(self, end: LauncherExited) -> LauncherExited:
         """The job Slurm requeued is cancelled: it would run again later by itself, with nobody watching.
