@@ -168,13 +168,19 @@ def job_story(aws, job_name: str) -> str:
     return "\n".join(lines)
 
 
-def needs_slurm():
-    """The mark of a test that runs a Slurm cluster on this machine: skipped, saying how to install
-    Slurm, where it is not installed (./dev.sh test installs it, as root)."""
+def slurm_missing() -> str | None:
+    """Why a Slurm cluster cannot run on this machine, saying how to install Slurm; None where it can."""
     from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
 
-    return pytest.mark.skipif(bool(missing_programs()), reason=f"Slurm is not installed here: apt-get install "
-                                                               f"{PACKAGES} (./dev.sh test installs it, as root)")
+    if not missing_programs():
+        return None
+    return f"Slurm is not installed here: apt-get install {PACKAGES} (./dev.sh test installs it, as root)"
+
+
+def needs_slurm():
+    """The mark of a test that runs a Slurm cluster on this machine: skipped where Slurm is not installed."""
+    missing = slurm_missing()
+    return pytest.mark.skipif(missing is not None, reason=missing or "")
 
 
 def needs_torch():

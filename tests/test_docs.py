@@ -31,7 +31,7 @@ import tempfile
 import threading
 
 import pytest
-from helpers import needs_slurm
+from helpers import needs_slurm, slurm_missing
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer, RawFencedCodeBlockLexer
@@ -308,10 +308,9 @@ class Trial:
         return self.said(f"--backend sagemaker {settings} {line}")
 
     def on_slurm(self, line: str) -> str:
-        from mpi_magic.testing.slurm_cluster import PACKAGES, missing_programs
-
-        if missing_programs():
-            pytest.skip(f"Slurm is not installed here: apt-get install {PACKAGES}")
+        missing = slurm_missing()
+        if missing:
+            pytest.skip(missing)
         self.request.getfixturevalue("slurm")
         return self.said(f"--backend slurm {line}")
 

@@ -149,8 +149,7 @@ def _raise_in(frame: dict, namespace: dict, local: dict, exc: BaseException) -> 
 
 def _remember(filename: str, lines: list[str]) -> None:
     """Lines the debugger shows for ``filename`` (the cell, or a rank's file this machine lacks)."""
-    text = [line + "\n" for line in lines]
-    linecache.cache[filename] = (sum(map(len, text)), None, text, filename)
+    cell.keep_lines(linecache, filename, "".join(line + "\n" for line in lines))
 
 
 def interact(tb: types.TracebackType, debugger_cls: Callable[[], Any], commands: list[str] | None = None) -> None:

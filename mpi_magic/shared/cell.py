@@ -103,8 +103,14 @@ def give_lines(linecache) -> None:
     """Put the lines of every cell remembered so far in ``linecache`` (that module: importing it costs
     a rank milliseconds, so the rank calls this once something has imported it)."""
     for filename, text in _UNGIVEN.items():
-        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # no mtime: never dropped
+        keep_lines(linecache, filename, text)
     _UNGIVEN.clear()
+
+
+def keep_lines(linecache, filename: str, text: str) -> None:
+    """``text`` as the lines of ``filename`` where tracebacks, warnings and debuggers read them
+    (``linecache``, that module); with no mtime, they are never checked against a file, nor dropped."""
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
 
 
 def name_cell(filename: str, name: str) -> None:

@@ -84,8 +84,7 @@ def reduce_code(code: types.CodeType, cell_name: str, cell_text: str) -> tuple:
 def rebuild(code: types.CodeType, filename: str, cell_name: str, cell_text: str) -> types.CodeType:
     """The code as the notebook compiled it (unpickling calls this), its cell's lines and name remembered."""
     if filename not in linecache.cache:
-        lines = cell_text.splitlines(True)
-        linecache.cache[filename] = (len(cell_text), None, lines, filename)  # no mtime: never checked, never dropped
+        cell.keep_lines(linecache, filename, cell_text)
     cell.name_cell(filename, cell_name)
     return code.replace(co_filename=filename)
 
