@@ -185,6 +185,7 @@ class _Worker:
                         self.changed.notify()
                         return
                     self.index, self.since, self.shown, self.working = index, time.monotonic(), None, True
+                    self.changed.notify()  # the watch may be waiting on the total limit: this local has its own
                 entry: tuple[str, object, str]
                 try:
                     if id(value) in self.slow:

@@ -164,3 +164,28 @@ def test_a_local_that_raises_while_it_is_worked_out_comes_at_once_with_what_it_r
                         frame["classless"][2])
     assert frame["lazy"][:2] == frame["classless"][:2] == (postmortem.REPR, None)
     assert pickle.loads(frame["word"][1]) == "kept"
+
+
+def test_a_bad_local_costs_only_its_own_time_when_its_thread_is_slow_to_start(monkeypatch):
+    """As on a loaded machine: the watch is already waiting when the thread takes up the first local."""
+    monkeypatch.setattr(postmortem, "LOCAL_TIME_LIMIT", 0.5)
+    work = postmortem._Worker._work
+
+    def slow_to_start(self):
+        time.sleep(0.2)
+        work(self)
+
+    monkeypatch.setattr(postmortem._Worker, "_work", slow_to_start)
+    release = threading.Event()
+
+    class Sleepy:
+        def __getstate__(self):
+            release.wait()
+            return {}
+
+    try:
+        record, took = timed_capture("raise ValueError\n", {"sleepy": Sleepy()})
+    finally:
+        release.set()  # the thread left behind ends, as the rank's would when it exits
+    assert took < 0.2 + 0.5 + SLACK / 2, "the sleeping local cost its own limit, not the limit for all locals"
+    assert record["frames"][0]["locals"]["sleepy"][2].endswith("(its value unavailable: took longer than 0.5 s)")
