@@ -64,12 +64,14 @@ PY
         # what the suite runs beyond Python comes from Debian, installed here where it is missing (as root,
         # with apt): the tests' Slurm cluster runs Debian's daemons (mpi_magic.testing.slurm_cluster;
         # libpmix-dev: Slurm's srun --mpi=pmix loads its unversioned libpmix.so), MPICH is the second
-        # launcher, and Playwright drives Debian's Chromium in the browser tests (no browser is downloaded)
+        # launcher, Playwright drives Debian's Chromium in the browser tests (no browser is downloaded), and the
+        # test hosts (mpi_magic.testing.hosts) each run Debian's sshd
         if [ ! -x /usr/sbin/slurmctld ] || ! ls /usr/lib/*/libpmix.so >/dev/null 2>&1; then
             apt_install Slurm slurmctld slurmd slurm-client munge libpmix-dev
         fi
         [ -x /usr/bin/mpiexec.mpich ] || apt_install MPICH mpich
         [ -x /usr/bin/chromium ] || apt_install Chromium chromium
+        [ -x /usr/sbin/sshd ] || apt_install "The test hosts' sshd" openssh-server
         # three workers per core; the tests that share a module's servers go to one worker (tests/conftest.py):
         # most of a test is waiting on kernels, mpirun and the emulated cloud (see docs/development.md);
         # -n 0 runs them in this process. exec: pytest takes this shell's place, so an interrupt or a

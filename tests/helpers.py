@@ -183,6 +183,15 @@ def needs_slurm():
     return pytest.mark.skipif(missing is not None, reason=missing or "")
 
 
+def needs_hosts():
+    """The mark of a test that runs on test hosts (mpi_magic.testing.hosts): skipped, with the bed's own
+    sentence, where they cannot be made (not root, or a program missing)."""
+    from mpi_magic.testing.hosts import missing
+
+    why = missing()
+    return pytest.mark.skipif(why is not None, reason=why or "")
+
+
 def needs_torch():
     """The mark of a test that trains with torch: skipped, saying how to install its CPU build, where torch
     is not installed (.ci/run installs it; a large download that a test run need not make)."""
