@@ -380,8 +380,12 @@ class JobModel:
         if self.exit.refused:
             return RankExitError([], f"the launcher refused to start the job: {self.exit.refused}")
         tail = "\n".join(self.launcher_tail)
-        return RankExitError([], f"ranks {unfinished} stopped before the cell finished; the launcher exited with "
-                                 f"status {self.exit.returncode}" + (f":\n{tail}" if tail else ""))
+        hosts = list(dict.fromkeys(s.host for s in self.ranks if s.status != "completed" and s.host))
+        where = f" on {' and '.join(hosts)}" if hosts else ""
+        # Open MPI 5's mpirun exits with 0 when it loses a host: the ranks' own word is what counts
+        anyway = " all the same (as Open MPI's does when it loses a host)" if self.exit.returncode == 0 else ""
+        return RankExitError([], f"ranks {unfinished}{where} stopped before the cell finished; the launcher exited "
+                                 f"with status {self.exit.returncode}{anyway}" + (f":\n{tail}" if tail else ""))
 
     def _valid(self, rank: int | None) -> bool:
         return rank is not None and 0 <= rank < self.world_size

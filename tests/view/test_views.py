@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -746,3 +747,14 @@ def test_ranks_read_one_by_one_until_there_are_too_many_then_by_spans():
     assert ranks_phrase(list(range(64))) == "ranks 0-63", "a whole job reads as one span"
     assert ranks_phrase([r for r in range(64) if r != 40]) == "ranks 0-39, 41-63"
     assert ranks_phrase(list(range(0, 80, 2))) == "ranks 0, 2, 4, 6, 8, 10, 12, 14, ... (40 in all)"
+
+
+def test_ranks_that_never_finished_are_named_with_their_host_though_the_launcher_exited_with_0(world):
+    """Open MPI 5's mpirun exits with 0 when it loses a host: the cell is not done, and the host is named."""
+    clock, model, view, slot, decoder = world
+    wire(model, decoder, *[dataclasses.replace(started(r), host=f"algo-{r // 2 + 1}") for r in range(4)])
+    clock.now += 1.0
+    wire(model, decoder, *[RankFinished(rank=r, ok=True, seq=1, time=11.0) for r in (0, 1)])
+    model.fold(LauncherExited(0))
+    assert str(model.error()) == ("ranks [2, 3] on algo-2 stopped before the cell finished; the launcher exited "
+                                  "with status 0 all the same (as Open MPI's does when it loses a host)")
