@@ -174,8 +174,14 @@ def normalised(text: str) -> str:
 
 # -- the pages --------------------------------------------------------------------------------------
 
+# seconds for a whole page, every block of it: the README builds and installs the package four times, which
+# takes minutes on a loaded machine (each pip build makes an isolated build environment, as a user's does)
+PAGE_LIMIT = 600
+
+
 @pytest.mark.parametrize("page", [pytest.param(page, id=page, marks=[needs_slurm()] if RUNS_ON.get(page) == "slurm" else [])
                                   for page in PAGES])
+@pytest.mark.timeout(PAGE_LIMIT)
 def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtests, monkeypatch):
     if page in RUNS_ON:
         request.getfixturevalue(RUNS_ON[page])

@@ -196,7 +196,7 @@ class TestHosts:
         _run("ip", "netns", "delete", self.switch, check=False)  # (the login link's ends go with it)
         _run("ip", "link", "delete", f"{self.prefix}-login", check=False, quiet=True)
         os.remove(self._file(STATE))
-        if remove:
+        if remove and self.root:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._keeper is not None:  # (last: if this is cut short, the keeper finishes it)
             self._keeper.kill()
