@@ -428,6 +428,9 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
         raise UsageError(f"{instances * gpus} ranks ({instances} x {gpus}) is more than the {backend} backend runs "
                          f"({MAX_RANKS[backend]} at most: {_WHY_MAX[backend]}); lower --instances or --gpus")
     extra = " ".join(a for a in (config.get("mpirun_args"), args.mpirun_args and pick("mpirun_args", args.mpirun_args)) if a)
+    if backend != "local" and instances > 1 and "--oversubscribe" in shlex.split(extra):
+        raise UsageError("--oversubscribe in the mpirun arguments puts every rank on the first instance (Open MPI 5 "
+                         "then maps by core, not by each host's slots): use --map-by slot:oversubscribe instead")
     return LaunchOptions(
         instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),

@@ -34,6 +34,9 @@ from mpi_magic.options import CELL, JOB, LINE, ONE_OFF, OPTIONS, SETTINGS, Confi
     ('--mpirun-args "--mca btl', "cannot be split"),
     ("--view text", "unrecognized arguments: --view text"),
     ("--quiet extra", "unrecognized arguments: extra"),
+    ("--backend slurm -i 2 --mpirun-args=--oversubscribe", "--oversubscribe in the mpirun arguments puts every rank "
+     "on the first instance (Open MPI 5 then maps by core, not by each host's slots): use --map-by slot:oversubscribe"),
+    ('--backend sagemaker -i 2 --mpirun-args "-v --oversubscribe"', "use --map-by slot:oversubscribe instead"),
 ])
 def test_invalid_options_raise_one_usage_error_before_anything_starts(ip, cache_dir, line, message):
     with pytest.raises(UsageError) as caught:
