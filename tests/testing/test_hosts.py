@@ -75,6 +75,18 @@ def test_two_beds_are_up_at_once_on_networks_that_do_not_meet():
 
 
 @needs_hosts()
+def test_the_ssh_sessions_on_a_host_get_the_variables_given_for_it_and_no_other_hosts():
+    with TestHosts(hosts=3, sshd=False, ssh_environment={"algo-2": {"BASE_DIR": "/data/algo 2", "STAGE": "eval"}}) as bed:
+        for name in bed.names:  # started as the SageMaker bootstrap starts it: daemonized, the host's config
+            assert bed.run(name, ["/usr/sbin/sshd"]).returncode == 0
+        shown = bed.run("algo-1", ["sh", "-c", "ssh algo-2 'echo \"$BASE_DIR|$STAGE\"'; "
+                                               "ssh algo-3 'echo \"$BASE_DIR|$STAGE\"'"])
+        assert shown.stdout == "/data/algo 2|eval\n|\n", shown.stderr
+    with pytest.raises(hosts_module.HostsError, match="ssh_environment names algo-9, not a host of the bed"):
+        TestHosts(hosts=2, ssh_environment={"algo-9": {"A": "1"}})
+
+
+@needs_hosts()
 def test_a_lost_host_has_nothing_left_running_and_its_relays_reach_this_machine(tmp_path):
     import http.server
     import threading

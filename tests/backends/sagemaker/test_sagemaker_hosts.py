@@ -1,0 +1,45 @@
+"""SageMaker jobs whose instances are hosts of their own (``mpi_magic.testing.hosts``): the emulator
+runs each instance in a test host, the bootstrap starts the real sshd, and the leader's mpirun
+reaches the others over real ssh and a network of the job's own. Unchanged boto3 against a moto
+server and mpi_magic's SageMaker emulator, one of each for the module (``local_aws_env``); each
+test keeps to its own S3 prefix and its own jobs."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from helpers import leader_log, needs_hosts, run
+
+pytestmark = needs_hosts()
+
+SENT_BYTES = (  # cell code: what this rank's host has sent on its network, from its own /proc
+    "def sent_bytes():\n"
+    "    with open('/proc/net/dev') as f:\n"
+    "        return next(int(line.split(':')[1].split()[8]) for line in f if line.strip().startswith('eth0:'))\n"
+)
+
+
+def test_ranks_run_on_hosts_of_their_own_and_their_allreduce_crosses_the_network(ip, cloud):
+    run(ip, "-i 2 -g 2 --gather --out job", SENT_BYTES + (
+        "import socket, numpy, psutil\n"
+        "from mpi4py import MPI\n"
+        "address = next(a.address for a in psutil.net_if_addrs()['eth0'] if a.family == socket.AF_INET)\n"
+        "data = numpy.full(1 << 19, float(MPI.COMM_WORLD.rank))  # 4 MiB\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "before = sent_bytes()\n"
+        "MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, data)\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "where = (socket.gethostname(), address, float(data[-1]), sent_bytes() - before)\n"
+    ))
+    where = ip.user_ns["where"]
+    assert [name for name, *_ in where] == ["algo-1", "algo-1", "algo-2", "algo-2"]
+    assert [rank.host for rank in ip.user_ns["job"].ranks] == ["algo-1", "algo-1", "algo-2", "algo-2"]
+    addresses = [ipaddress.ip_address(address) for _, address, *_ in where]
+    assert addresses[0] == addresses[1] != addresses[2] == addresses[3]
+    assert ipaddress.ip_network(f"{addresses[0]}/24", strict=False) == ipaddress.ip_network(f"{addresses[2]}/24",
+                                                                                            strict=False)
+    assert [total for _, _, total, _ in where] == [0.0 + 1 + 2 + 3] * 4
+    assert all(sent >= 4 << 20 for *_, sent in where), f"the allreduce's 4 MiB did not leave each host: {where}"
+    log = leader_log(cloud, ip.user_ns["job"].name)
+    launch = next(line for line in log if line.startswith("mpi_magic bootstrap: running mpirun"))
+    assert "plm_ssh_agent ssh " in launch and "btl_tcp_if_include eth0" in launch and "OMPI_MCA_coll" not in launch
