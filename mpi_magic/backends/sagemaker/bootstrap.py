@@ -9,7 +9,10 @@ The first host leads: it waits until every other host answers over ssh, writes a
 with ``slots=<processes per instance>``, and runs ``mpirun`` over all of them, forwarding the
 job's environment with ``-x``. The other hosts start sshd and wait to be released. Whatever
 happens, the leader releases them, exits with mpirun's status, and on failure writes the
-reason where SageMaker reads it (``output/failure``).
+reason where SageMaker reads it (``output/failure``). mpirun's status 0 is not the ranks' word:
+Open MPI 5's mpirun exits with 0 when it loses a host, so the job has failed unless every rank
+finished its cell (or, in a session, rank 0 closed it), and a worker that cannot be released
+stopped answering (lost, or cut off), which the failure names.
 
 Honours ``SAGEMAKER_BASE_DIR`` (the SageMaker training toolkit's convention) instead of
 ``/opt/ml``; ``MPI_MAGIC_SSH_AGENT`` names the ssh command mpirun uses (default ``ssh``).
@@ -37,6 +40,7 @@ SAID = "mpi_magic bootstrap: "
 ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
 ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook need not wait for more
 TOLD_TO_STOP = SAID + "told to stop (SIGTERM): stopping the ranks"  # a stop, or a spot interruption
+UNREACHABLE = SAID + "stopped answering: "  # then the sentence naming the workers that could not be released
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", envvars.PREFIX, "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -129,6 +133,8 @@ def lead(hosts, interface=None):
     agent = os.environ.get(envvars.SSH_AGENT, "ssh")
     workers = hosts[1:]
     mpirun = None
+    relayed = relay_state()
+    unfinished = ""
     try:
         wait_for(workers, agent)
         per_host = int(os.environ[envvars.PROCS_PER_INSTANCE])
@@ -143,7 +149,6 @@ def lead(hosts, interface=None):
         mpirun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         signal.signal(signal.SIGTERM, lambda *_: stop(mpirun))
         failures: list = []  # a RankFailure for each rank that raised
-        relayed: dict = {"at": time.monotonic(), "whole_lines": True, "active": set(), "activity": time.monotonic()}
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
         watch = threading.Thread(target=ask_for_stacks, args=(mpirun, relayed), daemon=True)
@@ -158,13 +163,43 @@ def lead(hosts, interface=None):
         if not relay.is_alive() or time.monotonic() < until:
             print(("" if relayed["whole_lines"] else "\n") + ALL_RELAYED, flush=True)  # a line of its own
         failure = first_failure(failures)
+        unfinished = unfinished_ranks(relayed, per_host * len(hosts), per_host, hosts)
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1
     finally:
-        release(workers, agent)
+        silent = release(workers, agent)
+    if silent:
+        lost = unreachable_sentence(silent, hosts[0])
+        print(UNREACHABLE + lost, flush=True)
+        return fail("; ".join(filter(None, [lost, failure])))
     if status != 0:
         return fail(failure or "mpirun exited with status %d" % status)
+    if unfinished:
+        return fail(unfinished + ", though mpirun exited with status 0")
     return 0
+
+
+def unfinished_ranks(relayed, world_size, per_host, hosts):
+    """What of the ranks' work did not end as it should, in a few words ("" if it all did): a session
+    ends when rank 0 closes it; a cell when every rank has finished it."""
+    if os.environ.get(envvars.SESSION_URI):
+        return "" if relayed["closed"] else "the session's ranks ended without rank 0 closing the session"
+    missing = [rank for rank in range(world_size) if rank not in relayed["finished"]]
+    if not missing:
+        return ""
+    where = sorted({hosts[rank // per_host] for rank in missing}, key=hosts.index)
+    return "ranks %s on %s never finished the cell" % (", ".join(map(str, missing)), ", ".join(where))
+
+
+def unreachable_sentence(workers, leader):
+    """The sentence naming the workers the leader could not reach at the end (``UNREACHABLE`` follows it)."""
+    return "instance%s %s stopped answering (lost, or cut off from %s)" % (
+        "s" if len(workers) > 1 else "", ", ".join(workers), leader)
+
+
+def unreachable_in(line):
+    """The sentence of an ``UNREACHABLE`` line of the leader's log; None for any other line."""
+    return line[len(UNREACHABLE):].strip() if line.startswith(UNREACHABLE) else None
 
 
 def ask_for_stacks(mpirun, relayed, nap=1.0):
@@ -237,21 +272,49 @@ def stop(mpirun):
     mpirun.send_signal(signal.SIGTERM)
 
 
+def on_each(hosts, action):
+    """``action(host)`` for every host at once; the hosts for which it did not return True, in order."""
+    done = {}
+    threads = [threading.Thread(target=lambda host=host: done.update({host: action(host)}), daemon=True)
+               for host in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [host for host in hosts if done.get(host) is not True]
+
+
 def wait_for(workers, agent, limit=600.0):
     deadline = time.monotonic() + limit
-    for host in workers:
+
+    def answers(host):
         while subprocess.run(shlex.split(agent) + [host, "true"], capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
-                raise RuntimeError("instance %s did not answer over ssh within %ds" % (host, limit))
+                return False
             time.sleep(1)
+        return True
+
+    silent = on_each(workers, answers)
+    if silent:
+        raise RuntimeError("instance%s %s did not answer over ssh within %ds"
+                           % ("s" if len(silent) > 1 else "", ", ".join(silent), limit))
 
 
 def release(workers, agent):
-    for host in workers:  # each one, whatever happens to the others
+    """Tell every worker at once that the job is over; the workers that could not be told."""
+    def tell(host):
         try:
-            subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
+            told = subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as exc:
             say("could not release %s: %s" % (host, exc))
+            return False
+        if told.returncode != 0:
+            said = told.stderr.decode("utf-8", errors="replace").strip().splitlines()
+            say("could not release %s: %s exited with status %d%s" % (
+                host, agent, told.returncode, ": " + said[-1] if said else ""))
+        return told.returncode == 0
+
+    return on_each(workers, tell)
 
 
 def find_mpirun():
@@ -335,13 +398,21 @@ def first_failure(failures):
     return first and "rank %d raised %s: %s" % (first.rank, first.error_type, first.message)
 
 
+def relay_state():
+    """What ``relay_output`` notes of mpirun's output, before its first line."""
+    now = time.monotonic()
+    return {"at": now, "whole_lines": True, "active": set(), "activity": now, "finished": set(), "closed": False}
+
+
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed (and when, by this
     instance's clock: ``ClockOffsets``), when the last line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
     (``relayed["active"]``) and when one last printed or reported (``relayed["activity"]``; a
-    stack it was asked for is no sign of life)."""
+    stack it was asked for is no sign of life), which ranks finished a cell (``relayed["finished"]``) and
+    whether rank 0 closed the session (``relayed["closed"]``)."""
     from mpi_magic.errors import RankFailure  # the job's code, unpacked by now
-    from mpi_magic.shared.events import ClockOffsets, RankFinished, RankStacks, RankStarted, Resources, StreamDecoder
+    from mpi_magic.shared.events import (ClockOffsets, RankFinished, RankStacks, RankStarted, Resources, SessionClosing,
+                                         StreamDecoder)
 
     clocks, instance_of = ClockOffsets(), {}
 
@@ -360,8 +431,11 @@ def relay_output(output, failures, relayed):
                 instance_of[event.rank] = event.instance
             instance = instance_of.get(getattr(event, "rank", -1), -1)
             clocks.heard(instance, getattr(event, "time", 0.0), relayed["at"])
+            if isinstance(event, SessionClosing):
+                relayed["closed"] = True
             if isinstance(event, RankFinished):
                 relayed["active"].discard(event.rank)
+                relayed["finished"].add(event.rank)
                 if not event.ok:
                     failures.append(RankFailure(event.rank, instance, error_type=event.error_type,
                                                 message=event.message, at=clocks.ours(instance, event.time)))

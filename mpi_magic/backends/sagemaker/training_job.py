@@ -8,7 +8,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import JobError, SageMakerSetupError
@@ -18,7 +18,7 @@ from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, N
 from ..launcher import LauncherLog
 from ...shared.layout import RESULTS, result_path, result_uri, split_s3, stacks_request_uri
 from ...shared.payload import PAYLOAD_FILE, read_header
-from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style
+from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style, unreachable_in
 from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
 from .aws import aws_clients
@@ -155,6 +155,7 @@ class SageMakerJob:
         self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
         self._told_to_stop = False  # the leader said it was told to stop (a stop, or capacity reclaimed)
+        self._unreachable = ""  # the leader's sentence naming the instances that stopped answering
         self._ending_wait = ENDING_DESCRIBE  # between DescribeTrainingJob calls once mpirun is gone
         self._line_at = time.monotonic()  # when the last line came
         self._close_live()
@@ -350,7 +351,9 @@ class SageMakerJob:
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
         self.calls_at_end = self.api_calls
         events += self._decoder.rejections()
-        events.append(self._launcher_log.ended(code, self._world_size is not None))
+        ended = self._launcher_log.ended(code, self._world_size is not None)
+        # an instance that stopped answering ended the job, whatever its launcher said
+        events.append(replace(ended, reason=self._unreachable) if self._unreachable else ended)
         self._finished = True
         return events
 
@@ -407,6 +410,7 @@ class SageMakerJob:
         self._lines += 1
         self._quiet_since, self._line_at = None, time.monotonic()
         self._decoder.style = announced_tag_style(line) or self._decoder.style
+        self._unreachable = unreachable_in(line) or self._unreachable
         if line in (ALL_RELAYED, TOLD_TO_STOP):  # mpirun is gone, or a stop or capacity reclaimed: the status says
             self._all_relayed = self._all_relayed or line == ALL_RELAYED
             self._told_to_stop = self._told_to_stop or line == TOLD_TO_STOP

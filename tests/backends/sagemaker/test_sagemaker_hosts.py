@@ -7,8 +7,11 @@ test keeps to its own S3 prefix and its own jobs."""
 from __future__ import annotations
 
 import ipaddress
+import threading
 
-from helpers import leader_log, needs_hosts, run
+from helpers import leader_log, needs_hosts, once_running, run, waiting_for
+
+from mpi_magic.testing.sagemaker_emulator import instance_fault
 
 pytestmark = needs_hosts()
 
@@ -43,3 +46,44 @@ def test_ranks_run_on_hosts_of_their_own_and_their_allreduce_crosses_the_network
     log = leader_log(cloud, ip.user_ns["job"].name)
     launch = next(line for line in log if line.startswith("mpi_magic bootstrap: running mpirun"))
     assert "plm_ssh_agent ssh " in launch and "btl_tcp_if_include eth0" in launch and "OMPI_MCA_coll" not in launch
+
+
+def test_a_slow_link_slows_the_collectives_yet_the_cell_completes_and_its_progress_stays_live(ip, cloud, local_aws_env,
+                                                                                              tmp_path):
+    slowed = str(tmp_path / "slowed")  # the cell's collectives start once algo-2's link is slow
+
+    def slow() -> None:
+        instance_fault(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], ip.user_ns["job"].name, "algo-2", "slow", "20mbit")
+        open(slowed, "w").close()
+
+    seen, over = [], threading.Event()  # rank 2's progress (on algo-2) as the notebook shows it while the cell runs
+
+    def watch() -> None:
+        while not over.wait(0.1):
+            job = ip.user_ns.get("job")
+            if job is not None and job.status == "running":
+                seen.append(job.ranks[2].n)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with once_running(ip, slow):
+            run(ip, "-i 2 -g 2 --gather --out job", waiting_for(slowed) + (
+                "import time, numpy, mpi_magic\n"
+                "from mpi4py import MPI\n"
+                "took = []\n"
+                "for step in mpi_magic.progress(range(10)):\n"
+                "    started = time.monotonic()\n"
+                "    MPI.COMM_WORLD.Allreduce(numpy.ones(1 << 16), numpy.empty(1 << 16))  # 512 KiB\n"
+                "    took.append(time.monotonic() - started)\n"
+                "    time.sleep(0.3)\n"
+            ))
+    finally:
+        over.set()
+        watcher.join()
+    job = ip.user_ns["job"]
+    assert job.status == "completed" and [(s.n, s.total) for s in job.ranks] == [(10, 10)] * 4
+    median = sorted(ip.user_ns["took"][2])[len(ip.user_ns["took"][2]) // 2]
+    assert median > 0.1, f"512 KiB at 20 Mbit/s take 0.2 s, not {median:.3f} s: the link was not slowed"
+    live = sorted({n for n in seen if 0 < n < 10})
+    assert len(live) >= 3, f"rank 2's progress came in bursts, not step by step: {seen}"

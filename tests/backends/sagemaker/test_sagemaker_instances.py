@@ -588,7 +588,40 @@ def test_the_failure_reason_names_the_rank_that_failed_first_by_its_instances_co
             return f"[1,{event.rank}]<stdout>: {encode(event, token)}\n".encode()
 
     failures: list = []
-    bootstrap.relay_output(Mpirun(), failures, {"at": 0.0, "whole_lines": True, "active": set(), "activity": 0.0})
+    bootstrap.relay_output(Mpirun(), failures, bootstrap.relay_state())
     capsys.readouterr()
     assert [f.rank for f in failures] == [3, 0, 2], "as they came"
     assert bootstrap.first_failure(failures) == "rank 2 raised ValueError: root cause"
+
+
+def test_the_leader_names_the_workers_it_cannot_release_and_the_ranks_that_never_finished(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """What the leader makes of a job's end beside mpirun's status (the jobs themselves on test hosts:
+    test_sagemaker_host_faults.py)."""
+    from mpi_magic.backends.sagemaker import bootstrap
+
+    agent = tmp_path / "ssh"  # an ssh for which algo-3 is gone
+    agent.write_text('#!/bin/sh\nif [ "$1" = algo-3 ]; then\n'
+                     '    echo "ssh: connect to host algo-3 port 22: Connection refused" >&2; exit 255\nfi\n'
+                     'touch "$0.$1"\n')
+    agent.chmod(0o755)
+    assert bootstrap.release(["algo-2", "algo-3", "algo-4"], str(agent)) == ["algo-3"]
+    assert (tmp_path / "ssh.algo-2").exists() and (tmp_path / "ssh.algo-4").exists()
+    assert ("could not release algo-3: " + str(agent) + " exited with status 255: ssh: connect to host algo-3 port 22: "
+            "Connection refused") in capsys.readouterr().out
+    assert bootstrap.unreachable_sentence(["algo-3"], "algo-1") == ("instance algo-3 stopped answering (lost, or cut "
+                                                                     "off from algo-1)")
+    line = bootstrap.UNREACHABLE + bootstrap.unreachable_sentence(["algo-2", "algo-3"], "algo-1")
+    assert bootstrap.unreachable_in(line) == "instances algo-2, algo-3 stopped answering (lost, or cut off from algo-1)"
+    assert bootstrap.unreachable_in(bootstrap.ALL_RELAYED) is None
+
+    relayed = bootstrap.relay_state()
+    relayed["finished"].update({0, 1})  # (as relay_output notes them)
+    hosts = ["algo-1", "algo-2"]
+    assert bootstrap.unfinished_ranks(relayed, 4, 2, hosts) == "ranks 2, 3 on algo-2 never finished the cell"
+    relayed["finished"].update({2, 3})
+    assert bootstrap.unfinished_ranks(relayed, 4, 2, hosts) == ""
+    monkeypatch.setenv("MPI_MAGIC_SESSION_URI", "s3://bucket/jobs/session-1/session")
+    assert bootstrap.unfinished_ranks(relayed, 4, 2, hosts) == "the session's ranks ended without rank 0 closing the session"
+    relayed["closed"] = True
+    assert bootstrap.unfinished_ranks(relayed, 4, 2, hosts) == ""

@@ -1,0 +1,100 @@
+"""SageMaker jobs on test hosts (``mpi_magic.testing.hosts``) meeting the faults real clusters have:
+an instance lost mid-cell, an instance cut off from the others, a session that loses an instance.
+The emulator does each to one instance's host (``instance_fault``). Unchanged boto3 against a moto
+server and mpi_magic's SageMaker emulator, one of each for the module (``local_aws_env``); each
+test keeps to its own S3 prefix and its own jobs."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+from helpers import described, job_story, needs_hosts, once, once_running, run, start_session, wait_until
+
+import mpi_magic
+from mpi_magic.testing.sagemaker_emulator import instance_fault
+
+pytestmark = needs_hosts()
+
+BUSY_CELL = (  # ranks that talk to each other until the test is over
+    "import time\n"
+    "from mpi4py import MPI\n"
+    "for step in range(1200):\n"
+    "    MPI.COMM_WORLD.allreduce(step)\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def _fault(local_aws_env, job_name: str, host: str, fault: str) -> float:
+    """Do ``fault`` to ``host`` of the job now; when it was done (time.monotonic)."""
+    instance_fault(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], job_name, host, fault)
+    return time.monotonic()
+
+
+def _left_running(pids) -> list[int]:
+    return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_an_instance_lost_mid_cell_ends_the_cell_naming_it_and_fails_the_job(ip, cloud, local_aws_env):
+    done = {}
+    lose = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-2", "lose"))  # noqa: E731
+    with once_running(ip, lose), pytest.raises(mpi_magic.MpiMagicError) as raised:
+        run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
+    ended_after = time.monotonic() - done["at"]
+    job = ip.user_ns["job"]
+    assert ended_after < 10, f"the cell ended {ended_after:.1f}s after algo-2 was lost"
+    assert "algo-2" in str(raised.value) and job.status != "completed"
+    sagemaker = described(cloud, job.name)
+    assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
+    assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
+    assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
+
+
+def test_an_instance_cut_off_mid_cell_ends_the_cell_naming_it_and_leaves_nothing(ip, cloud, local_aws_env):
+    done = {}
+    cut = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-2", "cut"))  # noqa: E731
+    with once_running(ip, cut), pytest.raises(mpi_magic.MpiMagicError) as raised:
+        run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
+    ended_after = time.monotonic() - done["at"]
+    job = ip.user_ns["job"]
+    assert ended_after < 30, f"the cell ended {ended_after:.1f}s after algo-2 was cut off"
+    assert "algo-2" in str(raised.value) and job.status != "completed"
+    sagemaker = described(cloud, job.name)
+    assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
+    assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
+    # the ranks cut off with algo-2 ended with the job, as every other process of it
+    assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
+
+
+def test_a_session_that_loses_an_instance_under_a_cell_ends_with_a_sentence_naming_it(cloud_sessions, aws,
+                                                                                      local_aws_env):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 2 -g 2")
+    pids = [rank.pid for rank in s.ranks]
+    lose = lambda: _fault(local_aws_env, s.job_name, "algo-2", "lose")  # noqa: E731
+    with once(lambda: s.status == "running", lose, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
+        run(ip, "--quiet", BUSY_CELL)
+    assert (f"session {s.name} ended: instance algo-2 stopped answering (lost, or cut off from algo-1); every rank "
+            "was stopped") in str(raised.value)
+    sagemaker = described(aws, s.job_name)
+    assert sagemaker["TrainingJobStatus"] == "Failed" and "algo-2" in sagemaker["FailureReason"]
+    assert wait_until(lambda: _left_running(pids) == [], 10)
+
+
+def test_a_session_that_loses_an_instance_between_cells_says_so_at_the_next_cell(cloud_sessions, aws, local_aws_env,
+                                                                                 capsys):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 2 -g 2")
+    run(ip, "--quiet", "kept = 1")
+    pids = [rank.pid for rank in s.ranks]
+    _fault(local_aws_env, s.job_name, "algo-2", "lose")
+    assert wait_until(lambda: s.status == "stopped", 20), job_story(aws, s.job_name)
+    capsys.readouterr()
+    run(ip, "-i 1 -g 2 --quiet", "kept = 2")  # (as a one-off job)
+    said = capsys.readouterr()
+    assert (f"session {s.name} ended (instance algo-2 stopped answering (lost, or cut off from algo-1)); this cell "
+            "runs as a one-off job") in said.out + said.err
+    assert ip.user_ns["kept"] == 2
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "Failed"
+    assert wait_until(lambda: _left_running(pids) == [], 10)
