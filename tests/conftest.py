@@ -197,9 +197,10 @@ def local_aws_env(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def slurm_cluster():
-    """A Slurm cluster of four nodes n1..n4 on this machine (partitions debug; short, with a 10-minute
-    limit; gpu, n3 and n4 counting 2 GPUs each), for one module's tests; SLURM_CONF points Slurm's
-    commands at it meanwhile."""
+    """A Slurm cluster of four nodes n1..n4 (partitions debug; short, with a 10-minute limit; gpu, n3 and
+    n4 counting 2 GPUs each), for one module's tests: on test hosts of their own where they can be made
+    (root), else all on this machine; its environment (SLURM_CONF, which points Slurm's commands at it,
+    and on test hosts the notebook's address there) is set meanwhile."""
     import tempfile
 
     from mpi_magic.testing.slurm_cluster import SlurmCluster
@@ -210,26 +211,29 @@ def slurm_cluster():
     servers = _children() - before
     _MODULE_SERVERS.update(servers)
     _MODULE_ROOTS.add(root)
-    conf = os.environ.get("SLURM_CONF")
+    environ = {name: os.environ.get(name) for name in cluster.environ}
     os.environ.update(cluster.environ)
     try:
         yield cluster
     finally:
-        if conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = conf
+        for name, value in environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         cluster.stop(remove=True)
         _MODULE_SERVERS.difference_update(servers)
         _MODULE_ROOTS.discard(root)
 
 
 @pytest.fixture
-def slurm(ip, slurm_cluster):
-    """The shell, its cells on the module's Slurm cluster shown as text; the test fails if it leaves
-    a job in the queue for 10 s."""
+def slurm(ip, slurm_cluster, monkeypatch):
+    """The shell, its cells on the module's Slurm cluster shown as text (its sessions' rank 0 reaching the
+    notebook where the cluster says); the test fails if it leaves a job in the queue for 10 s."""
     from helpers import SLURM_GONE_WITHIN, slurm_queue, wait_until
 
+    for name, value in slurm_cluster.environ.items():
+        monkeypatch.setenv(name, value)
     ip.run_line_magic("mpirun_config", "view=text")
     yield ip
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), \

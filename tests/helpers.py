@@ -251,7 +251,15 @@ def node_down(cluster, node: str, reason: str, ready):
         with once(ready, down):
             yield
     finally:
-        cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+        resume(cluster, node)
+
+
+def resume(cluster, node: str) -> None:
+    """``node`` back in service, once slurmctld has heard from it again (until then it takes no job, and
+    the next test's would go to other nodes)."""
+    cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+    assert wait_until(lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%t").stdout.split()[:1] == ["idle"], 30), \
+        cluster.run("sinfo", "-h", "-n", node, "-o", "%t %E").stdout
 
 
 def wait_until(check, limit: float) -> bool:

@@ -214,9 +214,10 @@ class TestHosts:
 
     def _running(self, pid: int) -> bool:
         """Whether process ``pid`` runs on (one this process started, and has not waited for yet, is
-        reaped here: it runs on no more once it has ended)."""
+        reaped here: it runs on no more once it has ended; another's that has ended waits for its parent,
+        or init, to reap it, which may take seconds)."""
         ours = next((process for process in self._daemons if process.pid == pid), None)
-        return ours.poll() is None if ours is not None else procs.alive(pid)
+        return ours.poll() is None if ours is not None else procs.alive(pid) and not _zombie(pid)
 
     def __enter__(self) -> TestHosts:
         return self.up()
@@ -333,11 +334,13 @@ Host *
         out, err = process.communicate(timeout=timeout)
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-    def spawn(self, name: str, argv: list[str], log: str) -> subprocess.Popen:
-        """A daemon in host ``name``, in a session of its own, recorded before it runs on (``down`` ends it)."""
+    def spawn(self, name: str, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
+        """A daemon in host ``name``, in a session of its own, with this machine's environment (or ``env``),
+        recorded before it runs on (``down`` ends it)."""
+        env = {**(os.environ if env is None else env), "MM_BED": self.root, "PATH": _path()}
         with open(self._file(log), "ab") as out:
             process = servers.start(self.enter(name) + list(argv), ends_with_parent=False, stdout=out,
-                                    stderr=subprocess.STDOUT, env={**os.environ, "MM_BED": self.root, "PATH": _path()})
+                                    stderr=subprocess.STDOUT, env=env)
         self._daemons.append(process)
         self.started.append(process.pid)
         self._save()
@@ -463,6 +466,15 @@ def _listening(address: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=0.5):
         return True
     return False
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended, and is only waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def _namespace_pids(namespace: str) -> list[int]:

@@ -5,13 +5,17 @@
 
 Debian's daemons, unchanged (``apt-get install slurmctld slurmd slurm-client munge``: ``.ci/run``
 and ``dev.sh`` install them where they are missing; this module installs nothing): ``munged`` with
-a key of the cluster's own, one ``slurmctld``, and one ``slurmd -N nK`` per node, each node a name
-for this host on a port of its own (Debian builds slurmd to run several on one host). Processes
-are tracked with ``proctrack/linuxproc`` and tasks run without ``task/`` confinement, so neither
-cgroups nor systemd are needed. Every daemon runs in the foreground of a session of its own,
+a key of the cluster's own, one ``slurmctld``, and one ``slurmd -N nK`` per node. Where this machine
+can make test hosts (root: ``mpi_magic.testing.hosts``), the cluster is one as on a real network:
+``slurmctld`` runs in host ``head``, node nK's ``slurmd`` in host ``nK``, each with its own address,
+and this machine is the cluster's login node (Slurm's commands here reach ``slurmctld`` over its
+link to the hosts). Elsewhere, or with ``--stand-in``, every node is a name for this host on a port of
+its own (Debian builds slurmd to run several on one host), and mpirun in an allocation sees one host.
+Processes are tracked with ``proctrack/linuxproc`` and tasks run without ``task/`` confinement, so
+neither cgroups nor systemd are needed. Every daemon runs in the foreground of a session of its own,
 recorded in the root folder, so ``stop`` ends each one and leaves no process behind. A cluster that
 Python starts (the tests) is stopped as well when that Python ends without stopping it (killed, say):
-a keeper waits for it to end, then stops the cluster (``stop --after PID``).
+a keeper waits for it to end, then stops the cluster (``stop --after PID``); its hosts go down with it.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ import tempfile
 import time
 
 from ..shared import procs
-from . import servers
+from . import hosts, servers
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PACKAGES = "slurmctld slurmd slurm-client munge libpmix-dev"  # libpmix-dev: for srun --mpi=pmix
 PIDS = "daemons.pids"  # in the root: one pid per line, each its process group's leader
 UP_LIMIT = 60.0  # seconds the daemons get to come up and report every node idle
+STOP_GRACE = 1.0  # seconds between SIGTERM to the daemons and SIGKILL
+HEAD = "head"  # the test host slurmctld runs in (on test hosts)
+BED = "bed"  # in the root: the test hosts' folder
+CTLD_PORT, SLURMD_PORT = 6817, 6818  # Slurm's own ports, on test hosts (each host's are its own)
 SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (sun_path's 108, less its NUL)
 # Run before each task of a job where the nodes together declare more CPUs than this machine has: Open
 # MPI, which Slurm tells each node's CPUs, would busy-poll while it waits, each rank taking a core that
@@ -56,14 +64,35 @@ def _path() -> str:
 
 
 class SlurmCluster:
-    """A cluster of ``nodes`` nodes (``n1``..``nN``; partitions ``debug``, ``short`` and ``gpu``) under ``root``."""
+    """A cluster of ``nodes`` nodes (``n1``..``nN``; partitions ``debug``, ``short`` and ``gpu``) under ``root``:
+    on test hosts where this machine can make them, unless ``stand_in`` (every node on this host)."""
 
-    def __init__(self, root: str, nodes: int = 4, cpus: int | None = None, outlives_me: bool = False):
+    def __init__(self, root: str, nodes: int = 4, cpus: int | None = None, outlives_me: bool = False,
+                 stand_in: bool = False):
         self.root, self.nodes = os.path.abspath(root), nodes
         self.outlives_me = outlives_me  # it runs on after this process ends (the command's start), until stopped
         self.cpus = cpus or max(2, os.cpu_count() or 1)  # each node may run as many tasks as this machine has cores
         self._daemons: list[subprocess.Popen] = []  # those this process started, to be waited for
         self._keeper: subprocess.Popen | None = None  # stops the cluster if this process ends first
+        # why every node runs on this host (None: each runs in a test host of its own, ``bed``)
+        self.stand_in_reason = "asked for (--stand-in)" if stand_in else hosts.missing()
+        self.bed = None if self.stand_in_reason else hosts.TestHosts(
+            self._path(BED), names=[HEAD, *self.node_names], sshd=False, outlives_me=True)  # (the cluster's keeper)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{n}" for n in range(1, self.nodes + 1)]
+
+    @property
+    def layout(self) -> str:
+        """Where the nodes run, in a sentence."""
+        nodes = f"nodes n1..n{self.nodes}" if self.nodes > 1 else "node n1"
+        if self.bed is None:
+            return f"{nodes} all on this host (test hosts are not used: {self.stand_in_reason})"
+        last = self.bed.address(self.node_names[-1]).rsplit(".", 1)[1]
+        addresses = self.bed.address("n1") + (f"-{last}" if self.nodes > 1 else "")
+        return (f"{nodes} on test hosts of their own ({addresses}), slurmctld on host {HEAD} "
+                f"({self.bed.address(HEAD)}); this machine is their login node, {self.bed.login_address}")
 
     @property
     def conf(self) -> str:
@@ -76,8 +105,10 @@ class SlurmCluster:
 
     @property
     def environ(self) -> dict[str, str]:
-        """What a client needs: Slurm's commands read the cluster's configuration from SLURM_CONF."""
-        return {"SLURM_CONF": self.conf}
+        """What a client needs: Slurm's commands read the cluster's configuration from SLURM_CONF; on test
+        hosts, a session's rank 0 reaches the notebook at this machine's address there."""
+        notebook = {"MPI_MAGIC_NOTEBOOK_HOST": self.bed.login_address} if self.bed is not None else {}
+        return {"SLURM_CONF": self.conf, **notebook}
 
     def start(self) -> SlurmCluster:
         missing = missing_programs()
@@ -93,62 +124,87 @@ class SlurmCluster:
         if os.path.exists(os.path.join(self.root, PIDS)):
             raise ClusterError(f"a cluster runs under {self.root} already: stop it first")
         self._write_key()
-        self._write_conf()
         try:
             if not self.outlives_me:
                 self._keeper = servers.start([sys.executable, "-m", __name__, "stop", "--root", self.root, "--after",
                                               str(os.getpid())], ends_with_parent=False, stdout=subprocess.DEVNULL,
                                              stderr=subprocess.DEVNULL)
+            if self.bed is not None:
+                self.bed.up()
+            self._write_conf()
+            # one munged, on this machine: its socket is a path that every host sees
             self._spawn(["munged", "--foreground", "--force", f"--socket={self._munge_socket}",
                          f"--key-file={self._path('munge.key')}", f"--log-file={self._path('munged.log')}",
                          f"--pid-file={self._path('munged.pid')}", f"--seed-file={self._path('munged.seed')}"])
             self._wait_for(lambda: os.path.exists(self._munge_socket), "munged did not start")
-            self._spawn(["slurmctld", "-D", "-i", "-f", self.conf])
-            for node in range(1, self.nodes + 1):
+            self._spawn(["slurmctld", "-D", "-i", "-f", self.conf], host=HEAD)
+            for node in self.node_names:
                 for folder in ("spool", "tmp"):  # each node's own, so that two nodes' steps never meet
-                    os.makedirs(self._path(f"{folder}-n{node}"), mode=0o700, exist_ok=True)
-                self._spawn(["slurmd", "-D", "-N", f"n{node}", "-f", self.conf])
+                    os.makedirs(self._path(f"{folder}-{node}"), mode=0o700, exist_ok=True)
+                self.boot(node)
             self._wait_for(self._all_idle, "the nodes did not all come up idle")
         except BaseException:
             self.stop()
             raise
         return self
 
+    def boot(self, node: str) -> None:
+        """Node ``node``'s slurmd started: at the cluster's start, and again on a test host that was lost
+        (``bed.lose``), as on a node that rebooted (Slurm puts it back in service)."""
+        self._spawn(["slurmd", "-D", "-N", node, "-f", self.conf], host=node)
+
     def stop(self, remove: bool = False) -> None:
         """End the jobs, then every daemon (SIGTERM, then SIGKILL after a grace), then whatever a
-        job left behind; with ``remove``, the cluster's folder too (its logs with it)."""
+        job left behind, and the test hosts; with ``remove``, the cluster's folder too (its logs with it)."""
         path = os.path.join(self.root, PIDS)
+        bed = self.bed if self.bed is not None else hosts.TestHosts(self._path(BED), outlives_me=True)  # (the keeper's)
         try:
             with open(path) as f:
                 pids = [int(line) for line in f if line.strip()]
         except FileNotFoundError:
+            pids = []
+        if not pids and not os.path.exists(os.path.join(self.root, BED, hosts.STATE)):
             if remove:
                 shutil.rmtree(self.root, ignore_errors=True)
             return
         try:
-            self.run("scancel", "--user", getpass.getuser(), timeout=10)
+            if pids:
+                self.run("scancel", "--user", getpass.getuser(), timeout=10)
         except (OSError, subprocess.SubprocessError):
             pass  # the controller is gone already
-        for signum, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        # SIGTERM, and a second for each daemon to end (busy with a job, slurmctld and slurmd take longer, and
+        # nothing of a test cluster's state is worth the wait); then SIGKILL to what is left of its group (a
+        # job's step daemon, which outlives SIGTERM)
+        for signum, group, grace in ((signal.SIGTERM, False, STOP_GRACE), (signal.SIGKILL, True, 5.0)):
             for pid in pids:
                 try:
                     os.killpg(pid, signum)
                 except (ProcessLookupError, PermissionError):
                     pass
             deadline = time.monotonic() + grace
-            while any(procs.alive(pid, group=True) for pid in pids) and time.monotonic() < deadline:
+            while any(self._running(pid, group) for pid in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for process in self._daemons:
             process.wait(timeout=5)
         self._daemons.clear()
         _kill_left_behind(self.conf)
-        os.remove(path)
+        bed.down()  # (and whatever else still runs in a host)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._keeper is not None:  # (last: if this stop is cut short, the keeper finishes it)
             self._keeper.kill()
             self._keeper.wait()
             self._keeper = None
+
+    def _running(self, leader: int, group: bool) -> bool:
+        """Whether daemon ``leader`` (with ``group``, a process of its group) runs on; a daemon this process
+        started is reaped here once it has ended (as a zombie it would stay, in its group too)."""
+        ours = next((process for process in self._daemons if process.pid == leader), None)
+        if ours is not None and ours.poll() is not None and not group:
+            return False
+        return procs.alive(leader, group=group)
 
     def run(self, *argv: str, **kwargs) -> subprocess.CompletedProcess:
         """A Slurm command against this cluster (sinfo, sbatch, squeue, scancel, scontrol)."""
@@ -184,9 +240,16 @@ class SlurmCluster:
         # ReturnToService=1: a node set down (scontrol update state=down reason=...) stays down, with its
         # reason, until it is resumed, as a failed node does; one that only stopped answering comes back.
         gpu_nodes = [f"n{n}" for n in range(max(1, self.nodes - 1), self.nodes + 1)]
-        nodes = "\n".join(f"NodeName=n{n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()} "
-                          f"CPUs={self.cpus} RealMemory=1000 State=UNKNOWN" + (" Gres=gpu:2" if f"n{n}" in gpu_nodes else "")
-                          for n in range(1, self.nodes + 1))
+        if self.bed is None:  # every node a name for this host, on a port of its own
+            controller = f"localhost(127.0.0.1)\nSlurmctldPort={procs.free_port()}"
+            where = {node: f"NodeHostname=localhost NodeAddr=127.0.0.1 Port={procs.free_port()}"
+                     for node in self.node_names}
+        else:  # each in its own host, at its own address
+            controller = f"{HEAD}({self.bed.address(HEAD)})\nSlurmctldPort={CTLD_PORT}"
+            where = {node: f"NodeHostname={node} NodeAddr={self.bed.address(node)} Port={SLURMD_PORT}"
+                     for node in self.node_names}
+        nodes = "\n".join(f"NodeName={node} {where[node]} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
+                          + (" Gres=gpu:2" if node in gpu_nodes else "") for node in self.node_names)
         with open(self._path("gres.conf"), "w") as f:
             f.write("".join(f"NodeName={node} Name=gpu File=/dev/null,/dev/zero\n" for node in gpu_nodes))
         task_prolog = ""
@@ -197,8 +260,7 @@ class SlurmCluster:
         with open(self.conf, "w") as f:
             f.write(f"""\
 ClusterName=mpimagic
-SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={procs.free_port()}
+SlurmctldHost={controller}
 AuthType=auth/munge
 AuthInfo=socket={self._munge_socket}
 CredType=cred/munge
@@ -231,14 +293,16 @@ PartitionName=short Nodes=n[1-{self.nodes}] MaxTime=10 State=UP
 PartitionName=gpu Nodes={",".join(gpu_nodes)} MaxTime=INFINITE State=UP
 """)
 
-    def _spawn(self, argv: list[str]) -> None:
-        """A daemon in the foreground of a session of its own (``servers``), recorded before it runs on."""
-        log = open(self._path(f"{argv[0]}.out"), "ab")
-        try:
-            process = servers.start(argv, ends_with_parent=False, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **self.environ, "PATH": _path()})  # (the keeper stops it)
-        finally:
-            log.close()
+    def _spawn(self, argv: list[str], host: str | None = None) -> None:
+        """A daemon in the foreground of a session of its own (``servers``), recorded before it runs on; on
+        test hosts, in ``host`` (this machine without one)."""
+        log = self._path(f"{argv[0]}.out")
+        if self.bed is not None and host is not None:
+            process = self.bed.spawn(host, argv, log=log, env={**os.environ, **self.environ})  # (the bed records it)
+        else:
+            with open(log, "ab") as out:
+                process = servers.start(argv, ends_with_parent=False, stdout=out, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **self.environ, "PATH": _path()})  # (the keeper stops it)
         self._daemons.append(process)
         with open(self._path(PIDS), "a") as f:
             f.write(f"{process.pid}\n")
@@ -290,8 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="nodes of the cluster (start; default 4)")
     parser.add_argument("--root", default=default_root(), help="its folder (default: %(default)s)")
     parser.add_argument("--after", type=int, metavar="PID", help="stop: once process PID has ended")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="start: every node on this host, even where test hosts can be made (they need root)")
     args = parser.parse_args(argv)
-    cluster = SlurmCluster(args.root, args.nodes, outlives_me=True)
+    cluster = SlurmCluster(args.root, args.nodes, outlives_me=True, stand_in=args.stand_in)
     if args.action == "stop":
         if args.after:
             import psutil
@@ -305,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"slurm_cluster: {exc}", file=sys.stderr)
         return 1
+    print(f"# {cluster.layout}")
     for name, value in cluster.environ.items():
         print(f"export {name}={value}")
     return 0

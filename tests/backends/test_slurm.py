@@ -14,8 +14,8 @@ import textwrap
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, node_down, once, once_running,
-                     ranks_running, run, slurm_listed, slurm_queue, wait_until)
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, once_running,
+                     ranks_running, resume, run, slurm_listed, slurm_queue, wait_until)
 
 from mpi_magic.backends.slurm import commands
 from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
@@ -29,17 +29,42 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluste
         import mpi_magic
         from mpi4py import MPI
         node = os.environ["SLURMD_NODENAME"]
-        where = (mpi_magic.instance(), int(os.environ["SLURM_NODEID"]), os.environ["RANK"], os.environ["LOCAL_RANK"])
+        where = (mpi_magic.instance(), os.environ["RANK"], os.environ["LOCAL_RANK"])
         total = base + MPI.COMM_WORLD.allreduce(mpi_magic.rank())
         """))
     assert slurm.user_ns["node"] == ["n1", "n1", "n2", "n2"]
-    # mpi_magic.instance() is the node's index in the allocation; RANK and LOCAL_RANK as elsewhere
-    assert slurm.user_ns["where"] == [(0, 0, "0", "0"), (0, 0, "1", "1"), (1, 1, "2", "0"), (1, 1, "3", "1")]
+    # mpi_magic.instance() is the node's index in the allocation (Slurm's SLURM_NODEID is that of the step
+    # mpirun started its daemons in); RANK and LOCAL_RANK as elsewhere
+    assert slurm.user_ns["where"] == [(0, "0", "0"), (0, "1", "1"), (1, "2", "0"), (1, "3", "1")]
     assert slurm.user_ns["total"] == [16] * 4
     job = slurm.user_ns["job"]
     assert job.status == "completed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
     # (its batch shell ends at once)
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+@needs_hosts()
+@pytest.mark.parametrize("line", ["", "--srun"], ids=["mpirun", "srun"])
+def test_the_ranks_run_on_every_node_of_the_allocation_each_a_host_of_its_own(slurm, slurm_cluster, line):
+    """On test hosts: two ranks on each node's host, with its name and address, and MPI's bytes between
+    the nodes cross the network (an allreduce of 2 MiB: more than that leaves n2)."""
+    bed = slurm_cluster.bed
+    slurm.user_ns["login"] = bed.login_address
+    before = bed.bytes_sent("n2")
+    run(slurm, f"--backend slurm -i 2 -g 2 {line} --gather", textwrap.dedent("""\
+        import socket
+        import numpy as np
+        from mpi4py import MPI
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((login, 9))  # (nothing is sent: the address this host sends from)
+            where = (socket.gethostname(), probe.getsockname()[0])
+        total = np.zeros(1 << 18)
+        MPI.COMM_WORLD.Allreduce(np.ones(1 << 18), total)
+        summed = total[0]
+        """))
+    assert slurm.user_ns["where"] == [("n1", bed.address("n1"))] * 2 + [("n2", bed.address("n2"))] * 2
+    assert slurm.user_ns["summed"] == [4.0] * 4
+    assert bed.bytes_sent("n2") - before > 2 << 20
 
 
 def test_what_slurm_and_the_batch_script_write_is_private_whatever_the_umask(slurm, slurm_cluster, cache_dir):
@@ -154,7 +179,7 @@ def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(
                 pytest.raises(RankExitError) as raised:
             run(slurm, f"--backend slurm -i 2 -g 1 {line} --out job", "import time\ntime.sleep(300)")
     finally:
-        slurm_cluster.run("scontrol", "update", "nodename=n1", "state=resume")
+        resume(slurm_cluster, "n1")
     assert str(raised.value) == ("ranks [0, 1] stopped before the cell finished: node n2 of the job failed "
                                  "(NODE_FAIL; Slurm's reason: disk on fire)")
     job = slurm.user_ns["job"]

@@ -1,9 +1,11 @@
-"""A real Slurm cluster on this machine (Debian's slurmctld, slurmd and munge): it runs a job of
-mpirun over two nodes, and stopping it leaves no daemon and no job's process behind."""
+"""A real Slurm cluster on this machine (Debian's slurmctld, slurmd and munge), on test hosts of their
+own where they can be made: it runs a job of mpirun over two nodes, and stopping it leaves no daemon,
+no job's process and nothing of its hosts behind."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -11,8 +13,10 @@ import textwrap
 import time
 
 import psutil
+import pytest
 from helpers import needs_slurm
 
+from mpi_magic.testing import hosts
 from mpi_magic.testing.slurm_cluster import SlurmCluster
 
 pytestmark = needs_slurm()
@@ -38,6 +42,13 @@ def _cluster_processes(root: str) -> list[psutil.Process]:
     return [p for p in found if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _bed_left(number: int) -> list[str]:
+    """What this machine still shows of bed ``number``: its namespaces and its login link."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in namespaces + links if f"mm{number}-" in line]
+
+
 def _wait_gone(cluster: SlurmCluster, job: str, limit: float = 60.0) -> None:
     deadline = time.monotonic() + limit
     while cluster.run("squeue", "-h", "-j", job).stdout.strip():
@@ -59,9 +70,9 @@ def test_a_four_node_cluster_runs_mpirun_over_two_nodes_and_stops_without_a_trac
                 #SBATCH --nodes=2 --ntasks-per-node=2 --output={root}/allreduce-%j.out
                 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
                 echo "nodes $SLURM_JOB_NODELIST tasks $SLURM_NTASKS"
-                {os.path.dirname(sys.executable)}/mpirun --oversubscribe {sys.executable} -c \\
-                    "import os; from mpi4py import MPI; print('sum', MPI.COMM_WORLD.allreduce(1), 'yield', \\
-                    os.environ.get('OMPI_MCA_mpi_yield_when_idle'), flush=True)"
+                {os.path.dirname(sys.executable)}/mpirun {sys.executable} -c \\
+                    "import os, socket; from mpi4py import MPI; print('sum', MPI.COMM_WORLD.allreduce(1), 'yield', \\
+                    os.environ.get('OMPI_MCA_mpi_yield_when_idle'), 'on', socket.gethostname(), flush=True)"
                 """))
         job = cluster.run("sbatch", "--parsable", script).stdout.strip()
         assert job.isdigit()
@@ -69,7 +80,10 @@ def test_a_four_node_cluster_runs_mpirun_over_two_nodes_and_stops_without_a_trac
         with open(os.path.join(root, f"allreduce-{job}.out")) as f:
             out = f.read()
         # four nodes of this machine's cores: Open MPI's ranks are told to yield, not to busy-poll
-        assert out.startswith("nodes n[1-2] tasks 4\n") and out.count("sum 4 yield 1\n") == 4, out
+        assert out.startswith("nodes n[1-2] tasks 4\n") and out.count("sum 4 yield 1 on ") == 4, out
+        # mpirun read the allocation: two ranks on each node, each node a host of its own where it can be
+        where = sorted(line.rsplit(" ", 1)[1] for line in out.splitlines()[1:])
+        assert where == (["n1", "n1", "n2", "n2"] if cluster.bed else [socket.gethostname()] * 4), out
         own = cluster.run("srun", "-N", "2", "printenv", "OMPI_MCA_mpi_yield_when_idle",
                           env={"OMPI_MCA_mpi_yield_when_idle": "0"})
         assert own.stdout == "0\n0\n", "a job's own value stays"
@@ -80,19 +94,37 @@ def test_a_four_node_cluster_runs_mpirun_over_two_nodes_and_stops_without_a_trac
             assert time.monotonic() < deadline
             time.sleep(0.2)
     finally:
+        stopping = time.monotonic()
         cluster.stop(remove=True)
+    took = time.monotonic() - stopping
     assert _cluster_processes(root) == [], "no daemon, step or job process is left"
     assert not os.path.exists(root)
+    assert cluster.bed is None or _bed_left(cluster.bed.number) == []
+    assert took < 4, f"the stop took {took:.1f}s: does it wait out SIGTERM's grace for daemons that have ended?"
 
 
-def test_the_command_line_starts_a_cluster_prints_its_variable_and_stops_it():
+@pytest.mark.parametrize("stand_in", [False, True], ids=["hosts", "stand-in"])
+def test_the_command_line_starts_a_cluster_says_where_prints_its_variables_and_stops_it(stand_in):
+    """On test hosts where this machine can make them, unless --stand-in puts every node on this host."""
     root = _root()
     command = [sys.executable, "-m", "mpi_magic.testing.slurm_cluster"]
+    on_hosts = not stand_in and hosts.missing() is None
     try:
-        started = subprocess.run([*command, "start", "--nodes", "2", "--root", root], capture_output=True, text=True,
-                                 timeout=120)
+        started = subprocess.run([*command, "start", "--nodes", "2", "--root", root] + ["--stand-in"] * stand_in,
+                                 capture_output=True, text=True, timeout=120)
         assert started.returncode == 0, started.stderr
-        assert started.stdout == f"export SLURM_CONF={root}/slurm.conf\n"
+        said, *exports = started.stdout.splitlines()
+        if on_hosts:
+            assert said.startswith("# nodes n1..n2 on test hosts of their own (10.213."), said
+            login = said.rsplit(" ", 1)[1]
+            assert exports == [f"export SLURM_CONF={root}/slurm.conf", f"export MPI_MAGIC_NOTEBOOK_HOST={login}"]
+        else:
+            assert said == "# nodes n1..n2 all on this host (test hosts are not used: " + (
+                "asked for (--stand-in))" if stand_in else f"{hosts.missing()})")
+            assert exports == [f"export SLURM_CONF={root}/slurm.conf"]
+        client = {**os.environ, "SLURM_CONF": f"{root}/slurm.conf"}
+        shown = subprocess.run(["srun", "-N", "2", "hostname"], capture_output=True, text=True, env=client, timeout=60)
+        assert sorted(shown.stdout.split()) == (["n1", "n2"] if on_hosts else [socket.gethostname()] * 2), shown
         again = subprocess.run([*command, "start", "--nodes", "2", "--root", root], capture_output=True, text=True,
                                timeout=120)
         assert again.returncode == 1 and f"a cluster runs under {root} already: stop it first" in again.stderr
@@ -101,6 +133,8 @@ def test_the_command_line_starts_a_cluster_prints_its_variable_and_stops_it():
         stopped = subprocess.run([*command, "stop", "--root", root], capture_output=True, text=True, timeout=120)
     assert stopped.returncode == 0, stopped.stderr
     assert _cluster_processes(root) == [] and not os.path.exists(root)
+    if on_hosts:
+        assert _bed_left(int(login.split(".")[2])) == []
 
 
 def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
