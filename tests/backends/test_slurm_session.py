@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import _thread
 import os
+import subprocess
+import sys
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_slurm, node_down, once, run, slurm_listed,
-                     slurm_queue, wait_until)
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, run,
+                     slurm_listed, slurm_queue, wait_until)
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import JobError, JobTimeoutError
@@ -114,3 +116,22 @@ def test_an_interrupt_reaches_the_ranks_still_in_a_cell_rank_0_has_left(slurm, s
     run(slurm, "--quiet", "back = 1")
     assert slurm.user_ns["back"] == 1 and session.status == "idle", session.ended_reason
     slurm.run_line_magic("mpirun_session", "stop")
+
+
+@needs_hosts()
+@pytest.mark.parametrize("etc_hosts, name", [
+    ("127.0.0.1 localhost\n127.0.0.1 nb\n", "nb"),  # getfqdn() says "localhost": a name of every machine
+    ("127.0.0.1 localhost\n10.1.2.3 nb.cluster.example nb\n", "nb.cluster.example"),
+    ("127.0.0.1 localhost\n127.0.1.1 nb.cluster.example nb\n", "nb.cluster.example"),  # (Debian's own line)
+], ids=["name-on-loopback", "fqdn", "fqdn-on-127.0.1.1"])
+def test_a_session_tells_rank_0_this_machines_own_name_never_localhost(tmp_path, etc_hosts, name):
+    """Where this machine's name shares 127.0.0.1 with localhost in /etc/hosts, its fully qualified name
+    is "localhost", which on a node names the node: the machine's own name is told instead."""
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text(etc_hosts)
+    shown = subprocess.run(
+        ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+         'mount --bind "$0" /etc/hosts && hostname nb && exec "$1" -c "$2"', str(hosts_file), sys.executable,
+         "from mpi_magic.backends.slurm.allocation import this_host; print(this_host())"],
+        capture_output=True, text=True, timeout=60)
+    assert (shown.returncode, shown.stdout, shown.stderr) == (0, f"{name}\n", "")
