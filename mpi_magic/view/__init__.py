@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from .model import JobModel
+if TYPE_CHECKING:
+    from .model import JobModel
 
 
 class View(Protocol):

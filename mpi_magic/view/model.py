@@ -8,6 +8,7 @@ so tests are deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from ..shared import events
 from ..shared.cost import Cost, estimate
 from ..shared.metrics import MetricStore
 from ..errors import JobError, RankExitError, RankFailure, RemoteRankError, first_failed_first, ranks_phrase
+from .pace import Slow, Stragglers, ended_by
 
 ACTIVE = ("starting", "running")
 ENDED = ("completed", "failed", "stopped")
@@ -72,6 +74,8 @@ class RankState:
     gpu_util: float | None = None  # percent busy, of the GPU it uses
     peak_rss: int | None = None  # the largest rss sampled
     peak_gpu_memory: int | None = None
+    steps: float = 0.0  # what its bars counted, every bar together (its pace: ``pace.py``)
+    stepped_at: float = 0.0  # when it made its latest step, by its own clock
 
     def restart(self, attempt: int) -> "RankState":
         """This rank as the job starts again: what it did belongs to the attempt that ended; its
@@ -87,6 +91,13 @@ class RankState:
         if open_bars:
             return self.bars[min(open_bars)]
         return max(self.bars.items(), key=lambda item: (item[1].last_time, item[0]))[1] if self.bars else None
+
+    @property
+    def stepping(self) -> bool:
+        """Running with steps left: its bar is open and short of its total."""
+        bar = self.bar
+        return (self.status == "running" and bar is not None and not bar.closed
+                and not (bar.total and bar.n >= bar.total))
 
     @property
     def n(self) -> float:
@@ -166,6 +177,7 @@ class JobModel:
         self.stall_after = WAITING_AFTER  # seconds of quiet that make a stall (%mpirun_config stall_after)
         self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
         self.clock_offsets = events.ClockOffsets()  # so ranks' times on different instances compare
+        self.pace = Stragglers(world_size)  # which ranks hold the others back
 
     @property
     def num_instances(self) -> int:
@@ -196,10 +208,15 @@ class JobModel:
                 bar = state.bars[event.bar] = Bar()
             elif event.time < bar.last_time:
                 return  # older than the state shown (a session cell's log catching up with its end record)
+            if event.n > bar.n:
+                state.steps += event.n - bar.n
+                state.stepped_at = event.time
             if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
                 bar.first = (event.time, event.n)
             bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
             now = self.clock()
+            if now >= self.pace.due:
+                self.pace.assess(now, self.ranks, self.stall_after)
             self.clock_offsets.heard(state.instance, event.time, now)
             if event.desc:
                 bar.desc = event.desc
@@ -276,6 +293,7 @@ class JobModel:
             self.clock_offsets.clear()  # the attempt runs on new instances, with clocks of their own
             self.ranks = [state.restart(event.attempt) for state in self.ranks]
             self.metrics = MetricStore()
+            self.pace = Stragglers(self.world_size)
             self.last_activity = self.clock()
         elif isinstance(event, events.Resources):
             if not self._valid(event.rank):
@@ -306,6 +324,8 @@ class JobModel:
             if self.exit is None:
                 self.exit = event
                 self._settle(event)
+                self.pace.assess(self.clock(), self.ranks, self.stall_after)  # how each spell ended
+                self.pace.end(self.ranks)
         else:
             return
         self.version += 1
@@ -441,6 +461,22 @@ class JobModel:
         """Running ranks furthest behind, by fraction done."""
         running = [s for s in self.ranks if s.status == "running" and s.fraction is not None]
         return sorted(running, key=lambda s: (s.fraction, s.rank))[:count]
+
+    def stragglers(self) -> list[Slow]:
+        """The ranks named as stragglers now: slower than the others, or stopped while they go on
+        (``pace.py``), looked at again when due."""
+        now = self.clock()
+        if self.exit is None and now >= self.pace.due and self.pace.assess(now, self.ranks, self.stall_after):
+            self.version += 1
+        return sorted(self.pace.named.values(), key=lambda slow: (slow.kind != "stopped", -slow.ratio, slow.rank))
+
+    def straggler_spells(self) -> list[Slow]:
+        """What the summary tells: each rank's spell as a straggler that lasted to its end or long
+        enough (``pace.NOTABLE``), and those still named, as lasting until now."""
+        spells = dict(self.pace.spells)
+        for rank, slow in self.pace.named.items():
+            spells[rank] = dataclasses.replace(slow, ended_by=ended_by(self.ranks[rank]) or "now")
+        return [spells[rank] for rank in sorted(spells)]
 
     def largest(self, count: int = 5, measure: str = "rss") -> list[RankState]:
         """The ranks that hold the most memory now (``measure``: rss or gpu_memory), largest first."""

@@ -11,6 +11,7 @@ import time
 from ..shared.payload import size_text
 from ..shared.slurmtime import clock
 from .model import BEFORE_RANKS, JobModel, RankState
+from .pace import Slow
 from .plot import charts, metric_lines
 
 
@@ -70,6 +71,48 @@ def largest_phrase(model: JobModel) -> str:
     """'most memory: rank 3 1.2 GiB' (resident, now); '' until a rank reports."""
     largest = model.largest(1)
     return f"most memory: rank {largest[0].rank} {memory(largest[0].rss)}" if largest else ""
+
+
+NAMED_STRAGGLERS = 5  # stragglers named one by one; the others are counted
+
+
+def step_time(seconds: float) -> str:
+    """'40ms', '1.2s', '2m05s'."""
+    return f"{1000 * seconds:.0f}ms" if seconds < 1 else duration(seconds)
+
+
+def _straggler_words(slow: Slow) -> str:
+    """'rank 3: 2.5x the others' median step time (100ms vs 40ms)', 'rank 2: no progress for 45.0s
+    while the others advanced 120 steps'."""
+    if slow.kind == "stopped":
+        others = ("the other rank" if slow.compared == 1 else "the others" if slow.movers == slow.compared
+                  else f"{slow.movers} of the other {slow.compared} ranks")
+        return (f"rank {slow.rank}: no progress for {duration(slow.quiet)} while {others} advanced "
+                f"{count(slow.advanced)} steps")
+    others = f"rank {slow.reference}'s step time" if slow.compared == 1 else "the others' median step time"
+    return f"rank {slow.rank}: {slow.ratio:.1f}x {others} ({step_time(slow.step_time)} vs {step_time(slow.others)})"
+
+
+def stragglers_phrase(model: JobModel) -> str:
+    """The stragglers named now ("rank 3: 2.5x the others' median step time (100ms vs 40ms) over
+    the last 20.0s"; ``pace.py``), '' when none is."""
+    named = model.stragglers()
+    words = [_straggler_words(slow) + (f" over the last {duration(slow.span)}" if slow.kind == "slower" else "")
+             for slow in named[:NAMED_STRAGGLERS]]
+    if len(named) > NAMED_STRAGGLERS:
+        words.append(f"and {len(named) - NAMED_STRAGGLERS} more")
+    return "; ".join(words)
+
+
+def spell_phrase(slow: Slow, model: JobModel) -> str:
+    """A straggler's spell once the job has ended: 'rank 3: 2.5x the others' median step time
+    (100ms vs 40ms) for 12.0s, until it finished', or where it caught up '..., from 1m02s; then it
+    caught up'."""
+    words = _straggler_words(slow) + ("" if slow.kind == "stopped" else f" for {duration(slow.lasted)}")
+    if slow.ended_by:
+        return f"{words}, until {slow.ended_by}"
+    went_on = "then it went on" if slow.kind == "stopped" else "then it caught up"
+    return f"{words}, from {duration(slow.began - model.started_at)}; {went_on}"
 
 
 def peaks_phrase(model: JobModel) -> str:
@@ -189,6 +232,7 @@ class Summary:
             lines.append(f"  progress: {shares(self.model)}")
         if self.model.roll_call:
             lines.append(f"  {roll_call_phrase(self.model)}")
+        lines += [f"  straggler: {spell_phrase(slow, self.model)}" for slow in self.model.straggler_spells()]
         peaks = peaks_phrase(self.model)
         lines += [f"  {line}" for line in last_metrics(self.model)] + ([f"  {peaks}"] if peaks else [])
         if self.model.phase == "completed":
@@ -222,6 +266,8 @@ class Summary:
             f"<b>mpi_magic</b> {html.escape(headline(model))}"
             + "".join(f"<div>{html.escape(note)}</div>" for note in model.notes)
             + (f"<div class='mpi-magic-roll-call'>{html.escape(roll_call_phrase(model))}</div>" if model.roll_call else "")
+            + "".join(f"<div class='mpi-magic-straggler'>straggler: {html.escape(spell_phrase(slow, model))}</div>"
+                      for slow in model.straggler_spells())
             + charts(model.metrics.by_name())
             + (f"<div class='mpi-magic-peaks'>{html.escape(peak_words)}</div>" if peak_words else "")
             + table + self._failed_html() + "</div>"

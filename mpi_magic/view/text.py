@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, TextIO
 
 from .model import JobModel
-from .summary import Summary, headline, largest_phrase, percent, rate, shares
+from .summary import Summary, headline, largest_phrase, percent, rate, shares, stragglers_phrase
 
 if TYPE_CHECKING:
     from . import View
@@ -30,6 +30,7 @@ class TextView:
         self._reported_failures: set[int] = set()
         self._waiting_said_at: float | None = None
         self._roll_call_said = ""
+        self._stragglers_said: set[tuple[int, str]] = set()
         self._attempt_said = 1
         self.widget = None
 
@@ -58,6 +59,7 @@ class TextView:
         if roll_call and roll_call != self._roll_call_said:  # once per stall, as soon as it is taken
             self._roll_call_said = roll_call
             self._write(f"where the ranks are: {roll_call}")
+        self._report_stragglers()
         if elapsed < QUIET_START or model.version == self._seen_version:
             return
         if self._last_at is not None and elapsed - self._last_at < self._every:
@@ -74,6 +76,13 @@ class TextView:
         if largest:
             line += "; " + largest
         self._write(line)
+
+    def _report_stragglers(self) -> None:
+        """Stragglers as they are named (once each spell: their figures move on every look)."""
+        named = {(slow.rank, slow.kind) for slow in self.model.stragglers()}
+        if named - self._stragglers_said:
+            self._write(f"straggler: {stragglers_phrase(self.model)}")
+        self._stragglers_said = named
 
     def _write(self, line: str) -> None:
         self.stream.write(f"mpi_magic: {line}\n")

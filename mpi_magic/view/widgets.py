@@ -23,7 +23,8 @@ import ipywidgets as w
 from ..errors import compact_ranks
 from .model import JobModel, RankState
 from .plot import charts
-from .summary import Summary, count, duration, headline, memory, percent, rate, resources, total_resources
+from .summary import (Summary, count, duration, headline, memory, percent, rate, resources, stragglers_phrase,
+                      total_resources)
 
 if TYPE_CHECKING:
     from . import View
@@ -257,9 +258,11 @@ class WidgetView:
         waiting = model.waiting()
         restarting = model.restart_cause if model.phase == "restarting" else ""  # the headline says "restarting"
         roll_call = model.stall_roll_call() if waiting else ""
+        stragglers = stragglers_phrase(model)
         self.header.value = f"<b>mpi_magic</b> {html.escape(headline(model))}" + "".join(
             f" <b>· ⚠ {html.escape(text)}</b>" for text in (restarting, waiting) if text) + (  # the theme's text colour
-            f"<div class='mpi-magic-roll-call'>where the ranks are: {html.escape(roll_call)}</div>" if roll_call else "")
+            f"<div class='mpi-magic-roll-call'>where the ranks are: {html.escape(roll_call)}</div>" if roll_call else "") + (
+            f"<div class='mpi-magic-straggler'>⚠ straggler: {html.escape(stragglers)}</div>" if stragglers else "")
         self._draw_total()
         if self.compact:
             titles = [_cell_title(state) for state in model.ranks]  # what hovering over a square says, in both grids

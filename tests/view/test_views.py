@@ -251,21 +251,25 @@ def test_text_view_prints_compact_lines_at_a_sane_rate_and_the_summary():
              Progress(rank=1, n=step / 2, total=50, seq=step, time=10 + step / 10))
         view.update()
     lines = out.getvalue().splitlines()
-    assert 2 <= len(lines) <= 3
+    assert 3 <= len(lines) <= 4
     assert lines[-1].startswith("mpi_magic: job job-2 (local, 2 x 1) running ")
     import re
 
     each = re.search(r"; ranks 0:(\d+)% 1:(\d+)%$", lines[-1])
     assert each and int(each.group(1)) == 2 * int(each.group(2)), "rank 1 runs at half rank 0's pace"
+    assert re.fullmatch(r"mpi_magic: straggler: rank 1: 2\.0x rank 0's step time \(200ms vs 100ms\) over the last "
+                        r"\d\.\ds", lines[1]), "which is said once"
     wire(model, decoder, RankFinished(rank=1, ok=False, error_type="OSError", message="disk", seq=99, time=20.0))
     view.update()
     assert out.getvalue().splitlines()[-1] == "mpi_magic: rank 1 (instance 1, h) raised OSError: disk"
     model.fold(Phase("failed"))
     view.close()
-    summary = out.getvalue().splitlines()[-4:]
+    summary = out.getvalue().splitlines()[-5:]
     assert summary[0].startswith("mpi_magic: job job-2 (local, 2 x 1) failed")
     assert summary[1] == "  progress: ranks 0:100% 1:50%", "where each rank's bar ended, kept after the job"
-    assert summary[2:] == ["  rank 1 (instance 1, h) raised OSError: disk", "  rank 0 (instance 0) stopped"], \
+    assert re.fullmatch(r"  straggler: rank 1: 2\.0x rank 0's step time \(200ms vs 100ms\) for \d\.\ds, until it failed",
+                        summary[2])
+    assert summary[3:] == ["  rank 1 (instance 1, h) raised OSError: disk", "  rank 0 (instance 0) stopped"], \
         "the failures first, then the ranks that did not complete"
 
 
