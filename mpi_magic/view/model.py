@@ -203,21 +203,23 @@ class JobModel:
             if not 0 <= event.rank < self.world_size:
                 return
             state = self.ranks[event.rank]
+            n, stamped = event.n, event.time
             bar = state.bars.get(event.bar)
             if bar is None:
                 bar = state.bars[event.bar] = Bar()
-            elif event.time < bar.last_time:
+            elif stamped < bar.last_time:
                 return  # older than the state shown (a session cell's log catching up with its end record)
-            if event.n > bar.n:
-                state.steps += event.n - bar.n
-                state.stepped_at = event.time
-            if bar.first is None or event.n < bar.n:  # a bar restarted (reset) measures its rate anew
-                bar.first = (event.time, event.n)
-            bar.n, bar.total, bar.last_time, bar.closed = event.n, event.total, event.time, event.closed
+            made = n - bar.n
+            if made > 0:
+                state.steps += made
+                state.stepped_at = stamped
+            if made < 0 or bar.first is None:  # a new bar, or one restarted (reset), measures its rate anew
+                bar.first = (stamped, n)
+            bar.n, bar.total, bar.last_time, bar.closed = n, event.total, stamped, event.closed
             now = self.clock()
             if now >= self.pace.due:
                 self.pace.assess(now, self.ranks, self.stall_after)
-            self.clock_offsets.heard(state.instance, event.time, now)
+            self.clock_offsets.heard(state.instance, stamped, now)
             if event.desc:
                 bar.desc = event.desc
             if state.status == "starting":

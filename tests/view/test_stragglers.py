@@ -287,6 +287,7 @@ def test_ranks_out_of_phase_in_a_real_job_are_not_named(ip, capsys):
         "        bar.update()\n"
         "bar.close()\n"
         "total = comm.allreduce(bar.n)\n"
+        "del bar\n"
     ))
     err = capsys.readouterr().err
     assert ip.user_ns["total"] == 360
