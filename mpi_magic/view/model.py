@@ -2,8 +2,8 @@
 widget and text views render it, and the job and session handles read it (a session's model
 folds the events of its ranks' life between and around cells: who is up, waiting, billed).
 
-Rates and ETAs come from the ranks' own timestamps, elapsed times from an injected clock,
-so tests are deterministic.
+Rates, ETAs and the step times that name stragglers (``pace.py``) come from the ranks' own
+timestamps, elapsed times from an injected clock, so tests are deterministic.
 """
 
 from __future__ import annotations
