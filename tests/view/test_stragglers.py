@@ -13,7 +13,7 @@ from helpers import run
 
 from mpi_magic.shared.events import LauncherExited, Progress, RankFinished, RankStarted
 from mpi_magic.view.model import JobModel
-from mpi_magic.view.summary import Summary
+from mpi_magic.view.summary import Summary, stragglers_phrase
 from mpi_magic.view.text import TextView
 from mpi_magic.view.widgets import WidgetView
 
@@ -40,7 +40,7 @@ class Slot:
 
 
 def bar_of(rank: int, ends: list[float], total: int | None = None, opened: float = 0.0, skew: float = 0.0,
-           every: float = 0.1, arrives=lambda at: at) -> list[tuple[float, Progress]]:
+           every: float = 0.1, arrives=lambda at: at, bar: int = 0) -> list[tuple[float, Progress]]:
     """[(arrival by our clock, event)] of a rank whose bar opened at ``opened`` and made a step at
     each of ``ends`` (seconds after the start, ours), as a rank sends them: at most one update per
     ``every`` seconds, the last always (``reporting.Reporter``), stamped by a clock ``skew``
@@ -49,8 +49,8 @@ def bar_of(rank: int, ends: list[float], total: int | None = None, opened: float
     for n, end in enumerate(ends, 1):
         if end >= sent[-1][0] + every or n == len(ends):
             sent.append((end, n))
-    return [(START + arrives(at), Progress(rank=rank, n=n, total=total, time=START + at + skew, closed=n == total))
-            for at, n in sent]
+    return [(START + arrives(at), Progress(rank=rank, n=n, total=total, time=START + at + skew, closed=n == total,
+                                           bar=bar)) for at, n in sent]
 
 
 def play(model: JobModel, *streams, until: float | None = None) -> dict[float, list[str]]:
@@ -152,6 +152,28 @@ def test_a_rank_that_caught_up_is_told_in_the_summary_from_when_and_for_how_long
     summary = repr(Summary(model))
     assert re.search(r"\n  straggler: rank 1: 1\.\dx the others' median step time \(1\d\dms vs 100ms\) for "
                      r"\d+\.\ds, from 1\d\.\ds; then it caught up\n", summary), summary
+
+
+def epochs_of(rank: int, step: float, epochs: int = 8, batches: int = 30) -> list[tuple[float, Progress]]:
+    """A rank's nested bars: one over the epochs (bar 0), and a new one over each epoch's batches."""
+    ends = every(step, epochs * batches)
+    stream = bar_of(rank, ends[batches - 1::batches], total=epochs)
+    for epoch in range(epochs):
+        stream += bar_of(rank, ends[epoch * batches:(epoch + 1) * batches], total=batches, bar=1 + epoch,
+                         opened=epoch * batches * step)
+    return stream
+
+
+def test_steps_are_counted_over_nested_bars_and_a_bar_for_each_epoch():
+    clock = Clock()
+    model = JobModel("job-1", "local", 3, 3, clock)
+    started(model)
+    named = play(model, epochs_of(0, 0.1), epochs_of(1, 0.2), epochs_of(2, 0.1), until=20.0)
+    assert list(named.values()) == [[], ["rank 1 slower"]]
+    assert stragglers_phrase(model).startswith("rank 1: 2.0x the others' median step time"), "every bar's steps count"
+    even = JobModel("job-2", "local", 3, 3, Clock())
+    started(even)
+    assert not any(play(even, *[epochs_of(rank, 0.1) for rank in range(3)]).values())
 
 
 def test_ranks_only_out_of_phase_are_never_named():
