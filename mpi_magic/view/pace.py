@@ -3,9 +3,12 @@
 What is measured, and why. The ranks send when each progress bar moved (tqdm or
 ``mpi_magic.progress``), stamped by the rank's own clock. A rank's steps are what its bars
 counted, every bar together (``RankState.steps``), and its **step time** is the seconds its own
-clock took per step over its last ``STEP_WINDOW`` seconds of steps. A rank is named when its step
-time is ``SLOWER`` times the median of the other ranks' (and stays named until it falls below
-``STILL_SLOWER``, so a figure near the line does not come and go). This is what a collective does
+clock took per step over its last ``STEP_WINDOW`` seconds of steps, pauses included (a rank held
+up by its own pauses is slower too). A rank is named when its step time is ``SLOWER`` times the
+median of the other ranks' (once at least half of the others with bars are measured; and it stays
+named until it falls below ``STILL_SLOWER``, so a figure near the line does not come and go).
+Metrics' steps are not used: they are the cell's own numbering (a global step, an epoch) and say
+nothing of when a rank is done, which a bar's total does. This is what a collective does
 not hide when the ranks meet less often than every step (a sharded loop that meets at its end, an
 epoch's last allreduce, periodic averaging): between meetings a slower rank takes longer per step
 and the others finish first and wait. It is measured on each rank's own clock alone, so clocks that
