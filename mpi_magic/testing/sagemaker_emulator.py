@@ -759,11 +759,12 @@ def main(argv: list[str] | None = None) -> None:
                              f"also {envvars.EMULATOR_HOSTS})")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    root = args.root or tempfile.mkdtemp(prefix="sagemaker_emulator_")
     try:
-        emulator = Emulator(root, args.region, named_pace(args.pace, args.instance_start), args.hosts)
+        hosts = hosts_choice(args.hosts)
     except ValueError as exc:
         parser.error(str(exc))
+    root = args.root or tempfile.mkdtemp(prefix="sagemaker_emulator_")
+    emulator = Emulator(root, args.region, named_pace(args.pace, args.instance_start), hosts)
     server = make_server(emulator, args.host, args.port)
 
     def stop(*_) -> None:

@@ -120,3 +120,30 @@ def test_the_servers_end_when_the_python_that_started_them_is_killed():
         started.wait()
         started.stdout.close()
     assert gone(servers, endpoints)
+
+
+def test_a_rehearsal_told_to_keep_its_instances_on_this_machine_runs_them_all_here(ip, monkeypatch):
+    """As where no test host can be made (not root): every instance on this machine, the ssh stand-in between them."""
+    from mpi_magic.testing.local_aws import local_aws, rehearsal_settings
+
+    monkeypatch.setenv("MPI_MAGIC_EMULATOR_HOSTS", "stand-in")
+    with local_aws() as env:
+        for name, value in {**env, **rehearsal_settings(env)}.items():
+            monkeypatch.setenv(name, value)
+        run(ip, "--backend sagemaker --instance-type ml.m5.xlarge -i 2 -g 2 --gather --quiet",
+            "import os, socket\nwhere = (socket.gethostname(), os.path.basename(os.environ['SAGEMAKER_BASE_DIR']))\n")
+    assert ip.user_ns["where"] == [(socket.gethostname(), f"algo-{rank // 2 + 1}") for rank in range(4)]
+
+
+def test_the_emulator_says_in_a_sentence_where_its_instances_cannot_run():
+    emulator = [sys.executable, "-m", "mpi_magic.testing.sagemaker_emulator", "--port", "0"]
+    done = subprocess.run(emulator, env={**os.environ, "MPI_MAGIC_EMULATOR_HOSTS": "elsewhere"}, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.endswith(": error: MPI_MAGIC_EMULATOR_HOSTS is auto, test-hosts or stand-in, not 'elsewhere'\n")
+    as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+    done = subprocess.run(as_user + emulator + ["--hosts", "test-hosts"], capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.endswith(": error: the emulated instances cannot run on test hosts here: test hosts need root "
+                                "(network namespaces and interfaces): run as root\n")
