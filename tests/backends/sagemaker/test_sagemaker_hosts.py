@@ -7,6 +7,7 @@ test keeps to its own S3 prefix and its own jobs."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 
 from helpers import leader_log, needs_hosts, once_running, run, waiting_for
@@ -33,7 +34,11 @@ def test_ranks_run_on_hosts_of_their_own_and_their_allreduce_crosses_the_network
         "MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, data)\n"
         "MPI.COMM_WORLD.Barrier()\n"
         "where = (socket.gethostname(), address, float(data[-1]), sent_bytes() - before)\n"
+        "import os\n"
+        "bed = os.path.join(os.path.dirname(os.environ['SAGEMAKER_BASE_DIR']), 'hosts-1')  # (the job's folder)\n"
+        "bed_up = os.path.isdir(bed)\n"
     ))
+    assert all(ip.user_ns["bed_up"]) and not os.path.exists(ip.user_ns["bed"][0]), "the job's hosts end with it"
     where = ip.user_ns["where"]
     assert [name for name, *_ in where] == ["algo-1", "algo-1", "algo-2", "algo-2"]
     assert [rank.host for rank in ip.user_ns["job"].ranks] == ["algo-1", "algo-1", "algo-2", "algo-2"]
