@@ -291,11 +291,11 @@ def _children() -> set[int]:
 
 
 def _job_processes(markers: list[str]) -> list[psutil.Process]:
-    found = []
+    found, servers = [], _MODULE_SERVERS | _cluster_daemons()
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             command = " ".join(proc.info["cmdline"] or [])
-            if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid not in _MODULE_SERVERS
+            if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.pid not in servers
                     and any(marker in command for marker in markers)):
                 found.append(proc)
         except psutil.Error:
@@ -322,13 +322,24 @@ def _command(process: psutil.Process) -> list[str] | int:
 
 
 def _served() -> set[int]:
-    """A module's shared servers and what they run (a Slurm node's job steps: their ranks are
-    found by their job folder instead)."""
-    served = set(_MODULE_SERVERS)
-    for pid in _MODULE_SERVERS:
+    """A module's shared servers (a Slurm node's slurmd that a test started again among them) and what
+    they run (a Slurm node's job steps: their ranks are found by their job folder instead)."""
+    served = set(_MODULE_SERVERS) | _cluster_daemons()
+    for pid in set(served):
         with contextlib.suppress(psutil.Error):
             served.update(p.pid for p in psutil.Process(pid).children(recursive=True))
     return served
+
+
+def _cluster_daemons() -> set[int]:
+    """The daemons a module's Slurm cluster recorded in its folder."""
+    from mpi_magic.testing.slurm_cluster import PIDS
+
+    recorded = set()
+    for root in _MODULE_ROOTS:
+        with contextlib.suppress(FileNotFoundError), open(os.path.join(root, PIDS)) as f:
+            recorded.update(int(line) for line in f if line.strip())
+    return recorded
 
 
 def _alive(process: psutil.Process) -> bool:

@@ -185,6 +185,17 @@ _EXIT_REPORT = re.compile(r"Process name:\s*\[(.*?)\]\]?\s*Exit code:\s*(-?\d+)"
 _MPICH_REPORT = re.compile(r"RANK (\d+) PID \d+ RUNNING AT \S+\s*=\s*(?:KILLED BY SIGNAL: (\d+)|EXIT CODE: (\d+))")
 
 
+# Open MPI's mpirun when a host's daemon stops answering it (the host was lost, or cut off): "PRTE has lost
+# communication with a remote daemon. HNP daemon : [prterun-n1-1234@0,0] on node n1 Remote daemon: [...] on node n2"
+_LOST_DAEMON = re.compile(r"lost communication with a remote daemon\. HNP daemon\s*: \S+ on node (\S+) "
+                          r"Remote daemon\s*: \S+ on node (\S+)")
+
+
+def lost_hosts(launcher_text: str) -> dict[str, str]:
+    """{host: the host mpirun runs on} for each host whose daemon mpirun lost, from its messages."""
+    return {remote: own for own, remote in _LOST_DAEMON.findall(" ".join(launcher_text.split()))}
+
+
 def exit_reports(launcher_text: str) -> dict[int, str]:
     """{rank: 'killed by signal 9 (Killed)' | 'exited with status 3'} from the launcher's messages."""
     text = " ".join(launcher_text.split())

@@ -377,7 +377,9 @@ Host *
         _run("ip", "-n", self.switch, "link", "set", self.port(name), "down")
 
     def mend(self, name: str) -> None:
+        """Host ``name``'s link as it was: up (after ``cut``), at full speed (after ``slow``)."""
         _run("ip", "-n", self.switch, "link", "set", self.port(name), "up")
+        _run("tc", "-n", self.namespace(name), "qdisc", "del", "dev", "eth0", "root", check=False, quiet=True)
 
     def slow(self, name: str, rate: str = "20mbit") -> None:
         """Host ``name``'s link sends at ``rate`` (a token bucket, ``tc ... tbf``)."""

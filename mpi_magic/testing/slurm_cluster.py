@@ -239,6 +239,9 @@ class SlurmCluster:
         # each (two device files that are no GPUs: Slurm schedules --gres=gpu:N there, and binds nothing).
         # ReturnToService=1: a node set down (scontrol update state=down reason=...) stays down, with its
         # reason, until it is resumed, as a failed node does; one that only stopped answering comes back.
+        # SlurmdTimeout=10, MessageTimeout=5: a node that stops answering (lost, or cut off) is set down, and its
+        # jobs ended, within about 20 s, each ping of it waiting 5 s (a real cluster's slurmctld waits 300 s, and
+        # 10 s for each answer, by default).
         gpu_nodes = [f"n{n}" for n in range(max(1, self.nodes - 1), self.nodes + 1)]
         if self.bed is None:  # every node a name for this host, on a port of its own
             controller = f"localhost(127.0.0.1)\nSlurmctldPort={procs.free_port()}"
@@ -279,6 +282,8 @@ StateSaveLocation={root}/state
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1
 KillWait=2
+SlurmdTimeout=10
+MessageTimeout=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 JobCompType=jobcomp/none

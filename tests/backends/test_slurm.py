@@ -449,6 +449,23 @@ def test_a_node_failure_names_each_node_down_with_slurms_reason():
     assert node_failure({}) == "a node of the job failed (NODE_FAIL)"  # (sinfo no longer holds it down)
 
 
+def test_the_nodes_whose_daemon_mpirun_lost_are_named_from_its_own_words():
+    """As Open MPI 5's mpirun says it (and Open MPI 4's, ORTE's), for each node it lost (tests/backends/
+    test_slurm_faults.py loses one for real)."""
+    from mpi_magic.backends.launcher import lost_hosts
+    from mpi_magic.backends.slurm.batch_job import lost_nodes
+
+    def said(runtime: str, daemon: str, node: str) -> str:
+        return (f"{runtime} has lost communication with a remote daemon.\n\n  HNP daemon   : {daemon}0] on node n1\n"
+                f"  Remote daemon: {daemon}1] on node {node}\n\nThis is usually due to either a failure of the TCP "
+                "network\nconnection to the node, ...\n")
+
+    assert lost_hosts(said("PRTE", "[prterun-n1-11872@0,", "n2")) == {"n2": "n1"}
+    both = lost_hosts(said("ORTE", "[[53209,0],", "n2") + said("ORTE", "[[53209,0],", "n3"))
+    assert lost_nodes(both) == "nodes n2, n3 stopped answering mpirun on n1 (lost, or cut off)"
+    assert lost_hosts("Primary job terminated normally, but 1 process returned a non-zero exit code.") == {}
+
+
 def test_a_flood_of_output_arrives_whole_and_in_order_through_the_job_folder(slurm, slurm_cluster):
     """Far more than one look reads (64 KiB x 64): the launcher's file is read on, line by line."""
     run(slurm, "--backend slurm -i 1 -g 2 --quiet --out job",

@@ -289,6 +289,9 @@ class SlurmJob:
             self._ask_slurm()  # the launcher failed and no rank said why: Slurm may have ended the job (a node failed)
         said = self._slurm_said()
         if returncode is not None and said is None:
+            lost = {} if self._failure_seen else launchers.lost_hosts("\n".join(self._launcher_log.lines))
+            if lost:  # (Open MPI 5's mpirun then exits with status 0)
+                return LauncherExited(returncode, reason=lost_nodes(lost))
             gone = set() if self._failure_seen else self._started - self._reported
             return self._launcher_log.ended(returncode, bool(self._started), gone)
         state = said or (self._ended.state if self._ended else "GONE")
@@ -468,6 +471,14 @@ class _Tail:
             file.close()
             self._file = None
         return b"\n".join(lines).decode("utf-8", errors="replace").split("\n") if lines else []
+
+
+def lost_nodes(lost: dict[str, str]) -> str:
+    """Why mpirun ended the job, naming the nodes whose daemon it lost ({node: the node mpirun runs on}):
+    "node n2 stopped answering mpirun on n1 (lost, or cut off)"."""
+    nodes, launcher = list(lost), next(iter(lost.values()))
+    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes)} stopped answering mpirun on {launcher} " \
+           "(lost, or cut off)"
 
 
 def node_failure(down: dict[str, str]) -> str:

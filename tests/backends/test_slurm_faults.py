@@ -1,0 +1,153 @@
+"""--backend slurm on a cluster whose nodes are test hosts (``mpi_magic.testing.hosts``), meeting the
+faults real clusters have: a node lost mid-cell, a node cut off from the others, a slow link, and a
+session that loses a node. Each test leaves node n2 as it was: its link mended and at full speed, its
+slurmd started again where it was lost (as a node that rebooted)."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+from helpers import SLURM_GONE_WITHIN, needs_hosts, needs_slurm, once, once_running, run, slurm_queue, start_session, \
+    wait_until
+
+from mpi_magic.errors import MpiMagicError, RankExitError
+
+pytestmark = [needs_slurm(), needs_hosts()]
+
+BUSY_CELL = (  # ranks that talk to each other until the test is over
+    "import time\n"
+    "from mpi4py import MPI\n"
+    "for step in range(1200):\n"
+    "    MPI.COMM_WORLD.allreduce(step)\n"
+    "    time.sleep(0.05)\n"
+)
+LOST = "node n2 stopped answering mpirun on n1 (lost, or cut off)"
+
+
+def _running_in(cluster, node: str) -> list[str]:
+    """The command lines of what runs in ``node``'s host."""
+    commands = []
+    for pid in cluster.bed.pids(node):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                commands.append(f.read().replace(b"\0", b" ").decode().strip())
+        except OSError:  # ended meanwhile
+            continue
+    return commands
+
+
+def _left_in(cluster, node: str) -> list[str]:
+    """What runs in ``node``'s host besides its slurmd: a job's step daemon, mpirun's daemon, ranks."""
+    return [command for command in _running_in(cluster, node) if not command.startswith("slurmd ")]
+
+
+@pytest.fixture
+def faults(slurm, slurm_cluster):
+    """The shell on the module's cluster; after the test, node n2 as it was, idle, and no job in the queue."""
+    yield slurm
+    bed = slurm_cluster.bed
+    bed.mend("n2")
+    if not any(command.startswith("slurmd ") for command in _running_in(slurm_cluster, "n2")):
+        slurm_cluster.boot("n2")  # (it was lost: it reboots)
+    idle = lambda: slurm_cluster.run("sinfo", "-h", "-N", "-p", "debug", "-o", "%t").stdout.split() == ["idle"] * 4  # noqa: E731
+    assert wait_until(idle, 30), slurm_cluster.run("sinfo", "-N", "-o", "%N %t %E").stdout
+    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+
+
+def test_a_node_lost_mid_cell_ends_the_cell_within_10s_naming_it_and_it_is_never_done(faults, slurm_cluster):
+    """Open MPI 5's mpirun exits with status 0 when it loses a node: its own words name the node."""
+    done = {}
+
+    def lose():
+        slurm_cluster.bed.lose("n2")
+        done["at"] = time.monotonic()
+
+    with once_running(faults, lose), pytest.raises(RankExitError) as raised:
+        run(faults, "--backend slurm -i 2 -g 2 --out job", BUSY_CELL)
+    ended_after = time.monotonic() - done["at"]
+    job = faults.user_ns["job"]
+    assert ended_after < 10, f"the cell ended {ended_after:.1f}s after n2 was lost"
+    assert str(raised.value) == f"ranks [0, 1, 2, 3] stopped before the cell finished: {LOST}"
+    assert job.status == "failed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
+    assert wait_until(lambda: _left_in(slurm_cluster, "n1") == [], 10), _left_in(slurm_cluster, "n1")
+
+
+def test_a_node_cut_off_mid_cell_ends_the_cell_within_30s_naming_it_and_leaves_nothing_once_mended(
+        faults, slurm_cluster):
+    """Nobody in the job notices a link that went down (mpirun's daemon and the ranks wait on): Slurm
+    does, once the node has not answered for SlurmdTimeout, and ends the job (NODE_FAIL)."""
+    done = {}
+
+    def cut():
+        slurm_cluster.bed.cut("n2")
+        done["at"] = time.monotonic()
+
+    with once_running(faults, cut), pytest.raises(RankExitError) as raised:
+        run(faults, "--backend slurm -i 2 -g 2 --out job", BUSY_CELL)
+    ended_after = time.monotonic() - done["at"]
+    assert ended_after < 30, f"the cell ended {ended_after:.1f}s after n2 was cut off"
+    assert str(raised.value) == ("ranks [0, 1, 2, 3] stopped before the cell finished: node n2 of the job failed "
+                                 "(NODE_FAIL; Slurm's reason: Not responding)")
+    assert faults.user_ns["job"].status == "failed"
+    assert _left_in(slurm_cluster, "n2"), "cut off, the job's processes there run on"
+    slurm_cluster.bed.mend("n2")
+    assert wait_until(lambda: _left_in(slurm_cluster, "n2") == [], 20), _left_in(slurm_cluster, "n2")
+
+
+def test_a_cell_over_a_slow_link_completes_and_its_progress_stays_live(faults, slurm_cluster):
+    """n2 sends at 20 Mbit/s: 20 allreduces of 256 KiB take seconds, and each step shows as it comes."""
+    bed = slurm_cluster.bed
+    bed.slow("n2", "20mbit")
+    seen: dict[int, float] = {}  # rank 3's progress (on n2), when the notebook first showed it
+
+    def watch():
+        job = faults.user_ns.get("job")
+        while job is None or job.status in ("queued", "running"):
+            if job is not None and job.ranks and job.ranks[3].n is not None:
+                seen.setdefault(job.ranks[3].n, time.monotonic())
+            time.sleep(0.05)
+            job = faults.user_ns.get("job")
+
+    sent, started = bed.bytes_sent("n2"), time.monotonic()
+    with once(lambda: True, watch, pause=0):
+        run(faults, "--backend slurm -i 2 -g 2 --out job", textwrap.dedent("""\
+            import numpy as np
+            import mpi_magic
+            from mpi4py import MPI
+            data, total = np.ones(1 << 15), np.zeros(1 << 15)
+            for step in mpi_magic.progress(range(20)):
+                MPI.COMM_WORLD.Allreduce(data, total)
+            """))
+    took, crossed = time.monotonic() - started, bed.bytes_sent("n2") - sent
+    assert faults.user_ns["job"].status == "completed"
+    assert crossed > 20 * (256 << 10) and took > 0.8 * crossed / 2.5e6, (took, crossed)  # (20 Mbit/s: 2.5 MB/s)
+    shown = sorted(seen)
+    assert len([n for n in shown if 0 < n < 20]) >= 10, f"rank 3's steps as shown while it ran: {shown}"
+    times = sorted(at for n, at in seen.items() if n >= 1)  # (the first step waits for MPI's connections too)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) < 3, f"the longest wait for rank 3's next step to show: {max(gaps):.1f}s"
+
+
+def test_a_session_that_loses_a_node_under_a_cell_ends_with_a_sentence_naming_it(faults, sessions, slurm_cluster):
+    s = start_session(faults, "--backend slurm -i 2 -g 2")
+    with once(lambda: s.status == "running", lambda: slurm_cluster.bed.lose("n2"), pause=1), \
+            pytest.raises(MpiMagicError) as raised:
+        run(faults, "--quiet", BUSY_CELL)
+    assert s.status == "stopped" and s.ended_reason == LOST
+    assert f"session {s.name} ended: {LOST}; every rank was stopped" in str(raised.value)
+    assert wait_until(lambda: _left_in(slurm_cluster, "n1") == [], 10), _left_in(slurm_cluster, "n1")
+
+
+def test_a_session_that_loses_a_node_between_cells_says_so_at_the_next_cell(faults, sessions, slurm_cluster, capsys):
+    s = start_session(faults, "--backend slurm -i 2 -g 2")
+    run(faults, "--quiet", "kept = 1")
+    slurm_cluster.bed.lose("n2")
+    assert wait_until(lambda: s.status == "stopped", 20), s.status
+    capsys.readouterr()
+    run(faults, "--backend slurm -i 1 -g 2 --quiet", "kept = 2")  # (as a one-off job)
+    said = capsys.readouterr()
+    assert f"session {s.name} ended ({LOST}); this cell runs as a one-off job" in said.out + said.err
+    assert faults.user_ns["kept"] == 2
+    assert wait_until(lambda: _left_in(slurm_cluster, "n1") == [], 10), _left_in(slurm_cluster, "n1")
