@@ -136,7 +136,7 @@ def test_data_parallel_training_matches_a_single_process_run(tmp_path):
         assert re.search(r"rank 0 of \d+ on .*: loss", gpu)
 
 
-def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_and_follows_the_loss(tmp_path):
+def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_follows_the_loss_and_names_the_straggler(tmp_path):
     nb = executed("diagnosing.ipynb", tmp_path)
     deadlock = text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2 --timeout").outputs)
     assert ("where the ranks are: ranks 0, 1, 3 at cell line 9 in allreduce; rank 2 at cell line 7 in sleep"
@@ -153,6 +153,10 @@ def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_and_follows_the_
         assert re.search(rf"rank {rank}: 40 loss points, last {last:.3f}; accuracy \[([\d.]+, ){{3}}[\d.]+\]", followed)
     peaks = [int(mb) for mb in re.search(r"peak memory per rank \(MB\): \[([\d, ]+)\]", followed).group(1).split(",")]
     assert peaks[3] - peaks[0] > 40, "rank 3 holds 60 MB more than rank 0"
+    slow = text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom mpi4py import MPI\nfrom tqdm").outputs)
+    assert re.search(r"\n  straggler: rank 3: \d\.\dx the others' median step time \(\d\dms vs \d\dms\) for [\d.]+s, "
+                     r"until it finished\n", slow), slow
+    assert slow.count("straggler:") == 2, "said once while it ran, and in the summary"
     stored = stored_notebook("diagnosing.ipynb")
     for ran, kept in zip(nb.cells, stored.cells):  # (the lines a quiet job prints depend on the machine's pace)
         if execute.keeps_output(kept):
