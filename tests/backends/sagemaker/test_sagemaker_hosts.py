@@ -92,3 +92,32 @@ def test_a_slow_link_slows_the_collectives_yet_the_cell_completes_and_its_progre
     assert median > 0.1, f"512 KiB at 20 Mbit/s take 0.2 s, not {median:.3f} s: the link was not slowed"
     live = sorted({n for n in seen if 0 < n < 10})
     assert len(live) >= 3, f"rank 2's progress came in bursts, not step by step: {seen}"
+
+
+REUSED_BUFFERS = (  # the same arrays for every large allreduce, then many small ones
+    "import numpy\n"
+    "from mpi4py import MPI\n"
+    "world = MPI.COMM_WORLD\n"
+    "send, got = numpy.full(4096, world.rank + 1.0), numpy.empty(4096)  # 32 KiB\n"
+    "for _ in range(20):\n"
+    "    world.Allreduce(send, got)\n"
+    "large = float(got[-1])\n"
+    "one, total = numpy.ones(1), numpy.empty(1)\n"
+    "for _ in range(200):\n"
+    "    world.Allreduce(one, total)\n"
+    "small = float(total[0])\n"
+    "import socket\n"
+    "host = socket.gethostname()\n"
+)
+
+
+def test_one_rank_per_instance_on_two_hosts_completes_large_then_small_allreduces_on_reused_buffers(ip, cloud):
+    run(ip, "-i 2 -g 1 --gather", REUSED_BUFFERS)
+    assert ip.user_ns["host"] == ["algo-1", "algo-2"]
+    assert ip.user_ns["large"] == [1.0 + 2.0] * 2 and ip.user_ns["small"] == [2.0] * 2
+
+
+def test_one_rank_per_instance_on_four_hosts_completes_its_collectives(ip, cloud):
+    run(ip, "-i 4 -g 1 --gather", REUSED_BUFFERS)
+    assert ip.user_ns["host"] == ["algo-1", "algo-2", "algo-3", "algo-4"]
+    assert ip.user_ns["large"] == [1.0 + 2.0 + 3.0 + 4.0] * 4 and ip.user_ns["small"] == [4.0] * 4
