@@ -139,19 +139,20 @@ def test_the_command_line_starts_a_cluster_says_where_prints_its_variables_and_s
 
 def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
     """As a test worker killed before its fixtures' teardown (xdist kills one that takes over 10 s to end):
-    the cluster it started, with a job running, is stopped by its keeper, and its folder removed."""
+    the cluster it started, with a job running, is stopped by its keeper, its test hosts brought down, and its
+    folder removed."""
     root = _root()
     script = textwrap.dedent(f"""\
         import sys, time
         from mpi_magic.testing.slurm_cluster import SlurmCluster
         cluster = SlurmCluster({root!r}, nodes=2).start()
         job = cluster.run("sbatch", "--parsable", "--nodes=2", "--output=/dev/null", "--wrap", "sleep 300")
-        print(job.stdout.strip(), flush=True)
+        print(job.stdout.strip(), cluster.bed.number if cluster.bed else "", flush=True)
         time.sleep(600)
         """)
     started = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        job = started.stdout.readline().strip()
+        job, *bed = started.stdout.readline().split()
         assert job.isdigit()
         deadline = time.monotonic() + 30
         while not any("sleep 300" in " ".join(p.cmdline()) for p in _cluster_processes(root)):
@@ -162,9 +163,10 @@ def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
         started.wait()
         started.stdout.close()
     deadline = time.monotonic() + 60
-    while _cluster_processes(root) or os.path.exists(root):
-        assert time.monotonic() < deadline, [p.cmdline() for p in _cluster_processes(root)]
+    while _cluster_processes(root) or os.path.exists(root) or (bed and _bed_left(int(bed[0]))):
+        assert time.monotonic() < deadline, [p.cmdline() for p in _cluster_processes(root)] + _bed_left(int(bed[0]))
         time.sleep(0.2)
+    assert bed or hosts.missing(), "where test hosts can be made, the cluster runs on them"
 
 
 def test_a_folder_too_long_for_the_daemons_sockets_is_refused_before_anything_starts(tmp_path):
