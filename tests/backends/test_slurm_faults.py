@@ -110,7 +110,7 @@ def test_a_cell_over_a_slow_link_completes_and_its_progress_stays_live(faults, s
             time.sleep(0.05)
             job = faults.user_ns.get("job")
 
-    sent, started = bed.bytes_sent("n2"), time.monotonic()
+    sent = bed.bytes_sent("n2")
     with once(lambda: True, watch, pause=0):
         run(faults, "--backend slurm -i 2 -g 2 --out job", textwrap.dedent("""\
             import numpy as np
@@ -120,12 +120,14 @@ def test_a_cell_over_a_slow_link_completes_and_its_progress_stays_live(faults, s
             for step in mpi_magic.progress(range(20)):
                 MPI.COMM_WORLD.Allreduce(data, total)
             """))
-    took, crossed = time.monotonic() - started, bed.bytes_sent("n2") - sent
     assert faults.user_ns["job"].status == "completed"
-    assert crossed > 20 * (256 << 10) and took > 0.8 * crossed / 2.5e6, (took, crossed)  # (20 Mbit/s: 2.5 MB/s)
+    assert bed.bytes_sent("n2") - sent > 20 * (256 << 10)
     shown = sorted(seen)
     assert len([n for n in shown if 0 < n < 20]) >= 10, f"rank 3's steps as shown while it ran: {shown}"
-    times = sorted(at for n, at in seen.items() if n >= 1)  # (the first step waits for MPI's connections too)
+    # each step sends at least its 256 KiB out of n2, at 2.5 MB/s (the first step waits for MPI's connections too)
+    steps = shown[-1] - 1
+    assert seen[shown[-1]] - seen[1] > 0.8 * steps * (256 << 10) / 2.5e6, "the link was not slowed"
+    times = sorted(at for n, at in seen.items() if n >= 1)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) < 3, f"the longest wait for rank 3's next step to show: {max(gaps):.1f}s"
 
