@@ -367,10 +367,14 @@ Host *
     # -- faults -----------------------------------------------------------------------------
 
     def lose(self, name: str) -> None:
-        """Host ``name`` is lost: every process in it is killed at once, as when an instance dies."""
-        for pid in self.pids(name):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """Host ``name`` is lost: every process in it is killed at once, as when an instance dies; returns
+        once none is left (one forked meanwhile is killed too)."""
+        deadline = time.monotonic() + STOP_GRACE
+        while (pids := self.pids(name)) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
     def cut(self, name: str) -> None:
         """Host ``name``'s link goes down: a partition (its processes live on, unreachable)."""
