@@ -34,6 +34,7 @@ def cluster() -> Iterator[None]:
     from mpi_magic.testing.slurm_cluster import SlurmCluster
 
     started = SlurmCluster(tempfile.mkdtemp(prefix="mpi_magic_bench_slurm_"), nodes=4).start()
+    print(started.layout)
     os.environ.update(started.environ)
     try:
         yield
@@ -95,11 +96,14 @@ def main() -> None:
         one_node = warm_cells(ip, "--backend slurm -i 1 -g 2", args.cells)
         local = warm_cells(ip, "-i 1 -g 2", args.cells)
         two_nodes = warm_cells(ip, "--backend slurm -i 2 -g 2", args.cells)
+        local_four = warm_cells(ip, "-i 2 -g 2", args.cells)
         print(f"session, warm cell, median of {args.cells}:")
         print(f"  slurm session, 1 node x 2     {median(one_node) * 1000:7.1f} ms")
         print(f"  local session, 1 x 2          {median(local) * 1000:7.1f} ms")
         print(f"  slurm session, 2 nodes x 2    {median(two_nodes) * 1000:7.1f} ms  (MPI between the nodes over TCP)")
-        print(f"  ratio slurm / local (1 x 2) = {median(one_node) / median(local):.2f}")
+        print(f"  local session, 2 x 2          {median(local_four) * 1000:7.1f} ms  (the same 4 ranks on this one host)")
+        print(f"  ratio slurm / local (1 x 2) = {median(one_node) / median(local):.2f}; "
+              f"2 nodes x 2 / one host 2 x 2 = {median(two_nodes) / median(local_four):.2f}")
 
 
 if __name__ == "__main__":
