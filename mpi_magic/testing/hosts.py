@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import random
 import os
 import shlex
 import shutil
@@ -78,7 +80,18 @@ def missing() -> str | None:
     if absent:
         packages = sorted({PROGRAMS.get(name, "openssh-server") for name in absent})
         return f"test hosts need {', '.join(absent)}: apt-get install {' '.join(packages)}"
-    return None
+    return _refused()
+
+
+@functools.lru_cache(maxsize=1)
+def _refused() -> str | None:
+    """Why this root may not make network and mount namespaces (a container without the rights), or None."""
+    tried = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, env={**os.environ, "PATH": _path()})
+    if tried.returncode == 0:
+        return None
+    return (f"test hosts need the right to make network namespaces, which this root lacks "
+            f"({tried.stderr.strip() or 'unshare failed'}): run where root has CAP_SYS_ADMIN and CAP_NET_ADMIN")
 
 
 def _path(path: str | None = None) -> str:
@@ -203,7 +216,7 @@ class TestHosts:
             if os.path.exists(anchor):
                 _run("umount", anchor, check=False)
         _run("ip", "netns", "delete", self.switch, check=False)  # (the login link's ends go with it)
-        _run("ip", "link", "delete", f"{self.prefix}-login", check=False, quiet=True)
+        _run("ip", "link", "delete", f"{self.prefix}-login", check=False)
         os.remove(self._file(STATE))
         if remove and self.root:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -226,10 +239,16 @@ class TestHosts:
         self.down()
 
     def _claim(self) -> int:
-        """The lowest bed number no other bed has: its switch namespace is made here, atomically."""
-        for number in range(1, 255):
-            if _run("ip", "netns", "add", f"mm{number}-sw", check=False, quiet=True).returncode == 0:
+        """A bed number no other bed has, its switch namespace made here, atomically; tried from a
+        random one on, so that a number just given back is seldom taken again at once (a check that
+        a bed left nothing, made by its number, then finds another bed's)."""
+        start = random.randrange(254)
+        for number in (1 + (start + i) % 254 for i in range(254)):
+            made = _run("ip", "netns", "add", f"mm{number}-sw", check=False)
+            if made.returncode == 0:
                 return number
+            if "File exists" not in made.stderr:
+                raise HostsError(f"ip netns add failed: {made.stderr.strip()}")
         raise HostsError("no free bed number: 254 beds are up (python -m mpi_magic.testing.hosts down)")
 
     def _save(self) -> None:
@@ -360,8 +379,9 @@ Host *
         while waiting:
             waiting = [name for name in waiting if not _listening(self.address(name), 22)]
             if waiting and time.monotonic() > deadline:
-                raise HostsError(f"sshd did not answer on {', '.join(waiting)} within {UP_LIMIT:g}s "
-                                 f"(logs under {self.root})")
+                said = {name: _last_line(self._file(f"sshd-{name}.log")) for name in waiting}
+                raise HostsError(f"sshd did not answer on {', '.join(waiting)} within {UP_LIMIT:g}s: "
+                                 + "; ".join(f"{name}: {line}" for name, line in said.items()))
             time.sleep(0.01)
 
     # -- faults -----------------------------------------------------------------------------
@@ -383,7 +403,7 @@ Host *
     def mend(self, name: str) -> None:
         """Host ``name``'s link as it was: up (after ``cut``), at full speed (after ``slow``)."""
         _run("ip", "-n", self.switch, "link", "set", self.port(name), "up")
-        _run("tc", "-n", self.namespace(name), "qdisc", "del", "dev", "eth0", "root", check=False, quiet=True)
+        _run("tc", "-n", self.namespace(name), "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def slow(self, name: str, rate: str = "20mbit") -> None:
         """Host ``name``'s link sends at ``rate`` (a token bucket, ``tc ... tbf``)."""
@@ -484,12 +504,22 @@ def _zombie(pid: int) -> bool:
 
 
 def _namespace_pids(namespace: str) -> list[int]:
-    shown = _run("ip", "netns", "pids", namespace, check=False, quiet=True)
+    shown = _run("ip", "netns", "pids", namespace, check=False)
     return [int(pid) for pid in shown.stdout.split()] if shown.returncode == 0 else []
 
 
-def _run(*argv: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(argv), capture_output=True, text=True, env={**os.environ, "PATH": _path()})
+def _last_line(path: str) -> str:
+    """The last line of a daemon's log (the folder is removed with the bed)."""
+    try:
+        with open(path, errors="replace") as f:
+            return (f.read().strip().splitlines() or ["(nothing)"])[-1]
+    except OSError:
+        return "(no log)"
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PATH": _path()})
     if check and done.returncode != 0:
         raise HostsError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
     return done
