@@ -12,7 +12,7 @@ sys.path.insert(0, NOTEBOOKS)
 import execute  # noqa: E402  (notebooks/execute.py)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-RUNNING_LINE = re.compile(r"mpi_magic: job \S+ \(.*\) running ")  # the text view's line while a job runs
+RUNNING_LINE = re.compile(r"mpi_magic: job \S+ \(.*\) (starting|running) ")  # the text view's lines while a job starts and runs
 
 
 def stored_notebook(name: str):

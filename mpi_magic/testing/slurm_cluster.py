@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from ..shared import procs
+from ..shared import envvars, procs
 from . import hosts, servers
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -107,7 +107,7 @@ class SlurmCluster:
     def environ(self) -> dict[str, str]:
         """What a client needs: Slurm's commands read the cluster's configuration from SLURM_CONF; on test
         hosts, a session's rank 0 reaches the notebook at this machine's address there."""
-        notebook = {"MPI_MAGIC_NOTEBOOK_HOST": self.bed.login_address} if self.bed is not None else {}
+        notebook = {envvars.PREFIX + "NOTEBOOK_HOST": self.bed.login_address} if self.bed is not None else {}  # (notebook_host)
         return {"SLURM_CONF": self.conf, **notebook}
 
     def start(self) -> SlurmCluster:

@@ -135,11 +135,13 @@ class Stragglers:
         for rank, state in enumerate(ranks):
             moved = self._moved[rank]
             if steps[rank] != self._counted[rank] or (moved is None and state.bars):
-                if moved is not None and now - moved >= stall_after:  # it had stopped: measured anew, as at its start
-                    self._samples[rank].clear()
+                if moved is not None and self._had_stopped(rank, now - moved, stall_after):
+                    self._samples[rank].clear()  # measured anew, as at its start
                 self._counted[rank], self._moved[rank], self._before[rank] = steps[rank], now, steps
                 if steps[rank]:
                     self._sample(rank, state.stepped_at, steps[rank])
+            elif not state.stepping:
+                self._before[rank] = None  # (its steps are over: what the others did since is not asked)
         step_times = self.step_times()
         stepping = [state.rank for state in ranks if state.stepping and self._moved[state.rank] is not None]
         reporting = [rank for rank, moved in enumerate(self._moved) if moved is not None]  # the ranks with bars
@@ -156,18 +158,33 @@ class Stragglers:
     def _sample(self, rank: int, stamp: float, steps: float) -> None:
         samples = self._samples[rank]
         samples.append((stamp, steps))
-        while len(samples) > 2 and samples[1][0] <= stamp - STEP_WINDOW:  # (the first stays: where the window starts)
-            samples.popleft()
+        # the window: its last STEP_WINDOW seconds, and at least MIN_STEPS steps (a loop of long steps is measured too)
+        while len(samples) > 2 and samples[1][0] <= stamp - STEP_WINDOW and steps - samples[1][1] >= MIN_STEPS:
+            samples.popleft()  # (the first stays: where the window starts)
 
     def step_times(self) -> dict[int, tuple[float, float]]:
         """{rank: (seconds a step, over how many seconds)} for the ranks measured long enough."""
         measured = {}
-        for rank, samples in enumerate(self._samples):
-            if len(samples) >= 2:
-                (first, first_steps), (last, last_steps) = samples[0], samples[-1]
-                if last - first >= MEASURED_AFTER and last_steps - first_steps >= MIN_STEPS:
-                    measured[rank] = ((last - first) / (last_steps - first_steps), last - first)
+        for rank in range(len(self._samples)):
+            found = self._step_time(rank)
+            if found is not None:
+                measured[rank] = found
         return measured
+
+    def _step_time(self, rank: int) -> tuple[float, float] | None:
+        samples = self._samples[rank]
+        if len(samples) >= 2:
+            (first, first_steps), (last, last_steps) = samples[0], samples[-1]
+            if last - first >= MEASURED_AFTER and last_steps - first_steps >= MIN_STEPS:
+                return (last - first) / (last_steps - first_steps), last - first
+        return None
+
+    def _had_stopped(self, rank: int, quiet: float, stall_after: float) -> bool:
+        """Whether a rank quiet for ``quiet`` seconds before its last step had stopped, by the rule that
+        names a rank stopped; one not measured yet had not (a loop of steps longer than ``stall_after``
+        is measured, not restarted at every step)."""
+        measured = self._step_time(rank)
+        return measured is not None and quiet >= max(stall_after, STOPPED_STEPS * measured[0])
 
     def _stopped(self, now: float, stepping: list[int], reporting: list[int], steps: array, step_times: dict,
                  stall_after: float) -> dict[int, Slow]:
@@ -179,12 +196,16 @@ class Stragglers:
             stall_after, STOPPED_STEPS * step_times[rank][0] if rank in step_times else 0.0)]
         if not silent or 2 * len(silent) > len(reporting):  # most are quiet: a stall, not a straggler
             return {}
-        others = [rank for rank in reporting if rank not in set(silent)]
+        silent_set = set(silent)
+        others = [rank for rank in reporting if rank not in silent_set]
         found = {}
+        movers_since: dict[int, list[float]] = {}  # by the look a silent rank last moved at: ranks quiet since share it
         for rank in silent:
             before = self._before[rank]
-            advanced = sorted(steps[other] - before[other] for other in others)  # type: ignore[index]
-            movers = [a for a in advanced if a > 0]
+            if id(before) not in movers_since:
+                movers_since[id(before)] = sorted(a for a in (steps[other] - before[other]  # type: ignore[index]
+                                                              for other in others) if a > 0)
+            movers = movers_since[id(before)]
             if 2 * len(movers) >= len(others) and movers[len(movers) // 2] >= MIN_ADVANCE:
                 found[rank] = Slow(rank, "stopped", now, now, quiet=quiet(rank), advanced=movers[len(movers) // 2],
                                    movers=len(movers), compared=len(others))
