@@ -208,7 +208,8 @@ class TestHosts:
             while any(map(self._running, members)) and time.monotonic() < deadline:
                 time.sleep(0.02)
         for process in self._daemons:
-            process.wait(timeout=5)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # (SIGKILLed: only a stuck kernel keeps it)
+                process.wait(timeout=5)
         self._daemons.clear()
         for name in self.names:
             _run("ip", "netns", "delete", self.namespace(name), check=False)
@@ -350,7 +351,12 @@ Host *
     def run(self, name: str, argv: list[str], timeout: float = 60, **popen) -> subprocess.CompletedProcess:
         """``argv`` in host ``name``, to its end."""
         process = self.popen(name, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-        out, err = process.communicate(timeout=timeout)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
     def spawn(self, name: str, argv: list[str], log: str, env: dict | None = None) -> subprocess.Popen:
@@ -464,13 +470,15 @@ class _Forwarder:
 
     def close(self) -> None:
         """No more connections, and those open are cut."""
-        for sock in (self.listener, *self.open):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # (what wakes a thread waiting on it)
-        self.thread.join()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # (what wakes the accept waiting in its thread)
+        self.thread.join()  # (no connection is taken from here on)
         self.listener.close()
+        for sock in list(self.open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for thread in self.threads:
-            thread.join()
+            thread.join(timeout=5)
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:
