@@ -183,6 +183,15 @@ def needs_slurm():
     return pytest.mark.skipif(missing is not None, reason=missing or "")
 
 
+BUSY_CELL = (  # ranks that talk to each other until the test is over (a fault test's cell)
+    "import time\n"
+    "from mpi4py import MPI\n"
+    "for step in range(1200):\n"
+    "    MPI.COMM_WORLD.allreduce(step)\n"
+    "    time.sleep(0.05)\n"
+)
+
+
 def needs_hosts():
     """The mark of a test that runs on test hosts (mpi_magic.testing.hosts): skipped, with the bed's own
     sentence, where they cannot be made (not root, or a program missing)."""

@@ -9,20 +9,13 @@ import textwrap
 import time
 
 import pytest
-from helpers import SLURM_GONE_WITHIN, needs_hosts, needs_slurm, once, once_running, run, slurm_queue, start_session, \
-    wait_until
+from helpers import BUSY_CELL, SLURM_GONE_WITHIN, needs_hosts, needs_slurm, once, once_running, run, slurm_queue, \
+    start_session, wait_until
 
 from mpi_magic.errors import MpiMagicError, RankExitError
 
 pytestmark = [needs_slurm(), needs_hosts()]
 
-BUSY_CELL = (  # ranks that talk to each other until the test is over
-    "import time\n"
-    "from mpi4py import MPI\n"
-    "for step in range(1200):\n"
-    "    MPI.COMM_WORLD.allreduce(step)\n"
-    "    time.sleep(0.05)\n"
-)
 LOST = "node n2 stopped answering mpirun on n1 (lost, or cut off)"
 
 

@@ -10,20 +10,13 @@ import time
 
 import psutil
 import pytest
-from helpers import described, job_story, needs_hosts, once, once_running, run, start_session, wait_until
+from helpers import BUSY_CELL, described, job_story, needs_hosts, once, once_running, run, start_session, wait_until
 
 import mpi_magic
 from mpi_magic.testing.sagemaker_emulator import instance_fault
 
 pytestmark = needs_hosts()
 
-BUSY_CELL = (  # ranks that talk to each other until the test is over
-    "import time\n"
-    "from mpi4py import MPI\n"
-    "for step in range(1200):\n"
-    "    MPI.COMM_WORLD.allreduce(step)\n"
-    "    time.sleep(0.05)\n"
-)
 
 
 def _fault(local_aws_env, job_name: str, host: str, fault: str) -> float:
