@@ -33,7 +33,7 @@ def _in_cell(job, frames, limit: float = 30.0) -> dict:
         if all(stacks.get(state.rank, [])[-len(frames):] == frames[state.rank] for state in job.ranks
                if state.rank in frames) or time.monotonic() > deadline:
             return stacks
-        time.sleep(0.1)
+        time.sleep(0.5)  # (a roll-call at a person's pace: each one signals every rank)
 
 
 def test_a_quiet_job_takes_its_roll_call_by_itself_and_an_interrupt_says_where_the_ranks_were(ip, capsys):
