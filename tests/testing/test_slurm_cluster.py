@@ -39,7 +39,14 @@ def _cluster_processes(root: str) -> list[psutil.Process]:
                 found.append(process)
         except (OSError, psutil.Error):
             continue
-    return [p for p in found if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in found if p.pid != os.getpid() and _running(p)]
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.Error):  # (it ended while it was looked at)
+        return False
 
 
 def _bed_left(number: int) -> list[str]:
