@@ -49,17 +49,23 @@ def faults(slurm, slurm_cluster):
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
-def test_a_node_lost_mid_cell_ends_the_cell_within_10s_naming_it_and_it_is_never_done(faults, slurm_cluster):
-    """Open MPI 5's mpirun exits with status 0 when it loses a node: its own words name the node."""
+def _fault_mid_cell(ip, fault):
+    """Run the busy cell on 2 nodes x 2 and do ``fault("n2")`` once it runs: (seconds from the fault
+    until the cell ended, what it raised)."""
     done = {}
 
-    def lose():
-        slurm_cluster.bed.lose("n2")
+    def strike():
+        fault("n2")
         done["at"] = time.monotonic()
 
-    with once_running(faults, lose), pytest.raises(RankExitError) as raised:
-        run(faults, "--backend slurm -i 2 -g 2 --out job", BUSY_CELL)
-    ended_after = time.monotonic() - done["at"]
+    with once_running(ip, strike), pytest.raises(RankExitError) as raised:
+        run(ip, "--backend slurm -i 2 -g 2 --out job", BUSY_CELL)
+    return time.monotonic() - done["at"], raised
+
+
+def test_a_node_lost_mid_cell_ends_the_cell_within_10s_naming_it_and_it_is_never_done(faults, slurm_cluster):
+    """Open MPI 5's mpirun exits with status 0 when it loses a node: its own words name the node."""
+    ended_after, raised = _fault_mid_cell(faults, slurm_cluster.bed.lose)
     job = faults.user_ns["job"]
     assert ended_after < 10, f"the cell ended {ended_after:.1f}s after n2 was lost"
     assert str(raised.value) == f"ranks [0, 1, 2, 3] stopped before the cell finished: {LOST}"
@@ -71,15 +77,7 @@ def test_a_node_cut_off_mid_cell_ends_the_cell_within_30s_naming_it_and_leaves_n
         faults, slurm_cluster):
     """Nobody in the job notices a link that went down (mpirun's daemon and the ranks wait on): Slurm
     does, once the node has not answered for SlurmdTimeout, and ends the job (NODE_FAIL)."""
-    done = {}
-
-    def cut():
-        slurm_cluster.bed.cut("n2")
-        done["at"] = time.monotonic()
-
-    with once_running(faults, cut), pytest.raises(RankExitError) as raised:
-        run(faults, "--backend slurm -i 2 -g 2 --out job", BUSY_CELL)
-    ended_after = time.monotonic() - done["at"]
+    ended_after, raised = _fault_mid_cell(faults, slurm_cluster.bed.cut)
     assert ended_after < 30, f"the cell ended {ended_after:.1f}s after n2 was cut off"
     assert str(raised.value) == ("ranks [0, 1, 2, 3] stopped before the cell finished: node n2 of the job failed "
                                  "(NODE_FAIL; Slurm's reason: Not responding)")

@@ -29,34 +29,21 @@ def _left_running(pids) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_an_instance_lost_mid_cell_ends_the_cell_naming_it_and_fails_the_job(ip, cloud, local_aws_env):
+@pytest.mark.parametrize(("fault", "within", "what"), [("lose", 10, "lost"), ("cut", 30, "cut off")])
+def test_an_instance_lost_or_cut_off_mid_cell_ends_the_cell_naming_it_fails_the_job_and_leaves_nothing(
+        ip, cloud, local_aws_env, fault, within, what):
     done = {}
-    lose = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-2", "lose"))  # noqa: E731
-    with once_running(ip, lose), pytest.raises(mpi_magic.MpiMagicError) as raised:
+    strike = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-2", fault))  # noqa: E731
+    with once_running(ip, strike), pytest.raises(mpi_magic.MpiMagicError) as raised:
         run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
     ended_after = time.monotonic() - done["at"]
     job = ip.user_ns["job"]
-    assert ended_after < 10, f"the cell ended {ended_after:.1f}s after algo-2 was lost"
+    assert ended_after < within, f"the cell ended {ended_after:.1f}s after algo-2 was {what}"
     assert "algo-2" in str(raised.value) and job.status != "completed"
     sagemaker = described(cloud, job.name)
     assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
     assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
-    assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
-
-
-def test_an_instance_cut_off_mid_cell_ends_the_cell_naming_it_and_leaves_nothing(ip, cloud, local_aws_env):
-    done = {}
-    cut = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-2", "cut"))  # noqa: E731
-    with once_running(ip, cut), pytest.raises(mpi_magic.MpiMagicError) as raised:
-        run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
-    ended_after = time.monotonic() - done["at"]
-    job = ip.user_ns["job"]
-    assert ended_after < 30, f"the cell ended {ended_after:.1f}s after algo-2 was cut off"
-    assert "algo-2" in str(raised.value) and job.status != "completed"
-    sagemaker = described(cloud, job.name)
-    assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
-    assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
-    # the ranks cut off with algo-2 ended with the job, as every other process of it
+    # every rank ended with the job, those cut off with algo-2 too
     assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
 
 
