@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import keyword
+import math
 import os
 import re
 import shlex
@@ -49,6 +50,16 @@ def _positive_float(text: str, what: str) -> float:
         raise UsageError(f"{what} must be a number of seconds, not {text!r}") from None
     if not value > 0:
         raise UsageError(f"{what} must be more than 0 seconds, not {text}")
+    return value
+
+
+def _dollars(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise UsageError(f"{what} must be a number of US dollars above 0, like 25 or 0.5, not {text!r}")
     return value
 
 
@@ -98,10 +109,16 @@ class Setting:
     default: Any
     parse: Callable[[str, str], Any]
     help: str
+    former: str = ""  # the name it had before, still taken (in %mpirun_config and its MPI_MAGIC_* variable)
 
     @property
     def env_var(self) -> str:
         return envvars.PREFIX + self.name.upper()
+
+    @property
+    def env_vars(self) -> list[str]:
+        """Its variable, then the one of its former name."""
+        return [self.env_var] + ([envvars.PREFIX + self.former.upper()] if self.former else [])
 
 
 def default_cache_dir() -> str:
@@ -120,8 +137,11 @@ SETTINGS = {s.name: s for s in [
     Setting("cache_dir", None, _path, f"where job folders live (default: {default_cache_dir()})"),
     Setting("keep_jobs", 20, _positive_int, "how many job folders to keep, counting the newest"),
     Setting("keep_payloads", False, _yes_no, "keep each job's payload.bin after it ends, for debugging"),
-    Setting("idle_timeout", None, _positive_float,
-            "seconds a session may sit idle before its ranks stop (a SageMaker or Slurm session's default: 1800)"),
+    Setting("max_idle", None, _positive_float,
+            "seconds a session may sit idle before its ranks stop (a SageMaker or Slurm session's default: 1800)",
+            former="idle_timeout"),
+    Setting("max_cost", None, _dollars,
+            "sagemaker: US dollars a job or session may cost at list price before it is stopped"),
     Setting("heartbeat", 60.0, _positive_float, "sagemaker sessions: seconds between the notebook's heartbeats"),
     Setting("heartbeat_limit", 600.0, _positive_float,
             "sagemaker sessions: the job ends itself when the notebook's heartbeat is older than this"),
@@ -150,6 +170,9 @@ SETTINGS = {s.name: s for s in [
 ]}
 
 
+_FORMER_NAMES = {s.former: s.name for s in SETTINGS.values() if s.former}
+
+
 class Config:
     """The defaults behind every cell: built-in, then environment, then %mpirun_config."""
 
@@ -166,8 +189,9 @@ class Config:
         setting = SETTINGS[name]
         if name in self._set:
             return self._set[name], "%mpirun_config"
-        if self._environ.get(setting.env_var, "") != "":
-            return setting.parse(self._environ[setting.env_var], setting.env_var), setting.env_var
+        for env_var in setting.env_vars:
+            if self._environ.get(env_var, "") != "":
+                return setting.parse(self._environ[env_var], env_var), env_var
         if name == "cache_dir":
             return default_cache_dir(), "default"
         return setting.default, "default"
@@ -182,6 +206,7 @@ class Config:
         for item in items:
             key, sep, value = item.partition("=")
             key = key.replace("-", "_")
+            key = _FORMER_NAMES.get(key, key)
             if not sep:
                 raise UsageError(f"{item!r} is not key=value; for example: %mpirun_config instances=2 gpus=4")
             if key not in SETTINGS:
@@ -259,6 +284,9 @@ OPTIONS = [
             help="Set an environment variable on every rank (repeatable)."),
     _option(CELL, "--timeout", default=None, metavar="SECONDS",
             help="Stop all ranks and raise after this many seconds."),
+    _option(JOB, "--max-cost", default=None, metavar="DOLLARS",
+            help="Stop the job (a session: end it) once its cost at list price reaches this many US dollars; "
+                 "for jobs the meter prices (sagemaker)."),
     _option(JOB, "--mpirun-args", default=None, metavar="ARGS",
             help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
                  'or --mpirun-args=--report-bindings.'),
@@ -349,7 +377,8 @@ class LaunchOptions:
     job_name: str | None = None
     run_async: bool = False
     no_session: bool = False
-    idle_timeout: float | None = None  # sessions only
+    max_cost: float | None = None  # US dollars, at the price the meter knows
+    max_idle: float | None = None  # sessions only
     detach: bool = False  # SageMaker sessions only: the job outlives the kernel (until the heartbeat limit)
     given: frozenset[str] = frozenset()  # the options the line names, as opposed to defaults
 
@@ -436,7 +465,9 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, slurm=slurm, requirements=args.requirements, job_name=args.job_name,
         run_async=args.run_async, no_session=args.no_session,
-        idle_timeout=pick("idle_timeout", getattr(args, "idle_timeout", None)),
+        max_cost=SETTINGS["max_cost"].parse(args.max_cost, "--max-cost") if args.max_cost is not None else
+        config.get("max_cost") if backend == "sagemaker" else None,  # (the setting is SageMaker's budget)
+        max_idle=pick("max_idle", getattr(args, "max_idle", None)),
         detach=getattr(args, "detach", False),
         given=frozenset(k for k, v in vars(args).items() if v not in (None, False, [])),
     )

@@ -29,6 +29,11 @@ from mpi_magic.options import CELL, JOB, LINE, ONE_OFF, OPTIONS, SETTINGS, Confi
     ("--instnces 2", "unrecognized arguments: --instnces 2; did you mean --instances?"),
     ("--timeout 0", "--timeout must be more than 0 seconds"),
     ("--timeout soon", "--timeout must be a number of seconds, not 'soon'"),
+    ("--max-cost -3", "--max-cost must be a number of US dollars above 0, like 25 or 0.5, not '-3'"),
+    ("--max-cost lots", "--max-cost must be a number of US dollars above 0, like 25 or 0.5, not 'lots'"),
+    ("--max-cost inf", "--max-cost must be a number of US dollars above 0, like 25 or 0.5, not 'inf'"),
+    ("--max-cost 5", "--max-cost $5.00 cannot be kept: the local backend's ranks run on this machine, which the "
+     "meter puts no price on; drop it"),
     ("--out 2job", "--out '2job' is not a valid variable name"),
     ("--out class", "--out 'class' is not a valid variable name"),
     ('--mpirun-args "--mca btl', "cannot be split"),
@@ -79,6 +84,8 @@ def test_mpirun_config_sets_shows_and_resets_defaults(ip, capsys):
     ("gpus", "'gpus' is not key=value"),
     ('mpirun_args="--mca btl', "cannot be split"),
     ("view=fancy", "'fancy' is not a view; choose one of auto, widgets, text"),
+    ("max_cost=-1", r"max_cost must be a number of US dollars above 0, like 25 or 0.5, not '-1'"),
+    ("max_idle=0", "max_idle must be more than 0 seconds"),
 ])
 def test_mpirun_config_rejects_bad_settings_and_keeps_the_old_ones(ip, line, message):
     ip.run_line_magic("mpirun_config", "gpus=2")
@@ -238,7 +245,7 @@ def test_session_help_lists_only_the_options_start_takes(ip):
     usage, _, rest = doc.partition("\n\n")
     listed = usage + rest[rest.index("\noptions:"):]
     assert {o.flag for o in OPTIONS if _named(o.flag, listed)} == {o.flag for o in OPTIONS if o.scope in (LINE, JOB)}
-    assert _named("--idle-timeout", listed) and _named("--detach", listed)
+    assert _named("--max-idle", listed) and _named("--detach", listed)
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope in (CELL, ONE_OFF)], ids=lambda o: o.flag)

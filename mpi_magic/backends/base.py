@@ -77,6 +77,10 @@ class Backend(Protocol):
     def check(self, options: LaunchOptions) -> list[str]:
         """Warnings to show before submitting (errors are raised when the backend is made)."""
 
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        """Why the meter knows no price for this job, which a budget (``--max-cost``) is then
+        refused with; None where the job's ``Billing`` events carry its price."""
+
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints."""
 
@@ -113,7 +117,8 @@ class AttachableBackend(Protocol):
 
     def recent_jobs(self) -> list[dict[str, Any]]:
         """The jobs started from this machine, newest first: ``name``, ``created`` (epoch seconds),
-        ``status`` and ``secondary`` (the backend's finer status)."""
+        ``status`` and ``secondary`` (the backend's finer status); for one that still runs, a
+        ``warning`` that says what it has cost so far."""
 
 
 class SessionRanks(Protocol):

@@ -55,6 +55,9 @@ class LocalBackend:
     def check(self, options: LaunchOptions) -> list[str]:
         return []
 
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        return "the local backend's ranks run on this machine, which the meter puts no price on"
+
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the launcher command line."""
         argv = launchers.mpirun_argv(self.launcher, options.world_size, self.command(job_dir, digest),
@@ -77,8 +80,8 @@ class LocalBackend:
         folder = ScratchFolder("session")
         cells = SocketChannel(folder.path, secret)
         command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address]
-        if options.idle_timeout:
-            command += ["--idle-timeout", repr(options.idle_timeout)]
+        if options.max_idle:
+            command += ["--idle-timeout", repr(options.max_idle)]
         try:
             job = self._launch(name, command, options, {envvars.SESSION_SECRET: secret}, _stacks_folder(folder.path))
         except BaseException:

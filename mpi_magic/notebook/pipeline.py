@@ -27,6 +27,7 @@ from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError, R
 from ..options import Config, LaunchOptions
 from ..shared import cell, jobdir, payload
 from ..shared import stacks
+from ..shared.cost import budget_reached, dollars
 from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
 from ..shared.rebind import is_notebook_function, rebind
@@ -177,6 +178,7 @@ class OneOffCell:
 
     def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared | None:
         backend, options = self.backend, self.options
+        _check_budget(backend, options)
         for warning in backend.check(options):
             echo.say(warning)
         job_name = options.job_name or jobdir.new_job_name()
@@ -193,7 +195,7 @@ class OneOffCell:
 
     def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
         return FollowSettings(prepared.returns, prepared.gather, self.namespace, self.options.timeout,
-                              self.backend.stop_description, echo, clock)
+                              self.backend.stop_description, echo, clock, max_cost=self.options.max_cost)
 
     def follow(self, follower: Follower) -> CellRun:
         return follower.run()
@@ -328,6 +330,7 @@ def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | No
         raise UsageError(f"the {backend.name} backend runs each cell as a job of its own; sessions run on the "
                          "local and sagemaker backends")
     echo = echo or ConsoleEcho()
+    _check_budget(backend, options)
     for warning in backend.check(options):
         echo.say(warning)
     cache_dir = config.get("cache_dir")
@@ -376,6 +379,7 @@ class FollowSettings:
     stop_limit: float = STOP_LIMIT
     stopped_message: Callable[[str], str] | None = None  # what to say once the job (named) has stopped
     stayed_is_news: Callable[[str], bool] | None = None  # in a session: whether to say that a name stays there
+    max_cost: float | None = None  # US dollars: the job is stopped once the meter says it cost this much
 
 
 class Follower:
@@ -468,10 +472,13 @@ class Follower:
                 if queued:
                     return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s still waiting in the "
                                            "scheduler's queue, and was cancelled (--timeout counts the wait too)")
-                stopped = (self.settings.stopped_message(job.name) if self.settings.stopped_message
-                           else f"all {job.world_size} ranks were stopped")
-                return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s; {stopped} "
+                return JobTimeoutError(f"job {job.name} ran past --timeout {timeout:g}s; {self._stopped()} "
                                        "(raise --timeout, or see the job's logs for where it spent the time)")
+            spent, budget = job.model.cost(), self.settings.max_cost
+            if budget is not None and spent is not None and spent.amount >= budget and not backend_job.finished:
+                self._stop("budget")
+                return JobError(f"job {job.name}: {budget_reached(spent, budget)}; {self._stopped()} "
+                                "(raise --max-cost to let it run longer)")
             grace, linger = backend_job.abort_grace, backend_job.linger
             failed_at = job.model.first_failure_at
             if all_done_at is None and all(s.status == "completed" for s in job.ranks):
@@ -486,6 +493,11 @@ class Follower:
         if job.model.stop_reason == "cancel":
             return JobError(f"job {job.name} was cancelled; all {job.world_size} ranks were stopped")
         return job.model.error()
+
+    def _stopped(self) -> str:
+        """What a stop from here (a timeout, a budget) left of the job, once it ended."""
+        return (self.settings.stopped_message(self.job.name) if self.settings.stopped_message
+                else f"all {self.job.world_size} ranks were stopped")
 
     def _fetch_post_mortems(self) -> None:
         """The frames and locals each failed rank kept, into the job folder for %mpirun_debug (only
@@ -537,6 +549,18 @@ class Follower:
         self.job.follower = self.thread
         self.thread.start()
         return CellRun(self.job)
+
+
+def _check_budget(backend: Backend, options: LaunchOptions) -> None:
+    """A budget the meter cannot keep, for want of a price, is refused before anything starts."""
+    unpriced = backend.unpriced(options) if options.max_cost is not None else None
+    if unpriced is None:
+        return
+    assert options.max_cost is not None
+    if "max_cost" in options.given:
+        raise UsageError(f"--max-cost {dollars(options.max_cost)} cannot be kept: {unpriced}; drop it")
+    raise UsageError(f"the max_cost setting ({dollars(options.max_cost)}) cannot be kept: {unpriced}; unset it with "
+                     "%mpirun_config max_cost=")
 
 
 def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:

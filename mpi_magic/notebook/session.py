@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
+from ..shared.cost import budget_reached
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
@@ -293,6 +294,7 @@ class Session:
                 self._route(event)
             if ranks.finished:
                 break
+            self._keep_to_budget()
         with self._lock:
             self.model.fold(events.StopRequested(ranks.released or self._closing_reason()))  # (unless one was)
             self._lock.notify_all()
@@ -315,6 +317,14 @@ class Session:
                 self._say(f"session {self.name}: {event.detail or event.name}")  # SageMaker's phases
         if cell is not None:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
+
+    def _keep_to_budget(self) -> None:
+        """End the session once the meter says it cost ``--max-cost``, idle or in a cell (which then
+        ends as under any end of its session)."""
+        budget = self.options.max_cost
+        spent = self.model.cost() if budget is not None and self.model.stop_reason is None else None
+        if budget is not None and spent is not None and spent.amount >= budget:
+            self._end(budget_reached(spent, budget), wait=False)  # the pump reads on until the job stopped
 
     def _replaced(self, event: events.Restarted) -> None:
         """SageMaker started the session's job again (a spot interruption) on new instances: what

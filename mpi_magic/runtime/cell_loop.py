@@ -411,7 +411,7 @@ def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | No
                 cells.all_back()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--idle-timeout)"}
+                message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--max-idle)"}
                 break
             wait = None if deadline is None else deadline - now
             if not back:

@@ -30,6 +30,11 @@ def estimate(hourly_price: float | None, instance_seconds: float, spot: bool = F
     return Cost(hourly_price * instance_seconds / SECONDS_PER_HOUR, upper_bound=spot)
 
 
+def budget_reached(spent: Cost, budget: float) -> str:
+    """Why a job or a session was stopped at its budget (``--max-cost``), as both say it."""
+    return f"its cost reached --max-cost {dollars(budget)} ({spent} at list price)"
+
+
 def dollars(amount: float) -> str:
     """'$0.0042', '$1.23', '$1,234.56': cents, or the first figures of a smaller amount."""
     if 0 < amount < 0.01:

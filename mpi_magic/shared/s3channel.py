@@ -24,7 +24,7 @@ The notebook also refreshes ``heartbeat``; rank 0 ends the session when it has n
 the heartbeat limit. It names when the notebook refreshing it took the session (started or
 attached): a notebook that finds a later claim there has been taken over and lets go, so that two
 notebooks never send cells to one session. It is not signed: forging it can only keep an idle
-session up until ``--idle-timeout`` or ``--max-runtime`` ends it, or make a notebook let go.
+session up until ``--max-idle`` or ``--max-runtime`` ends it, or make a notebook let go.
 
 Standard library when imported (the rank runtime imports it); boto3 and ``cryptography`` when
 used. ``cryptography`` is in the ``sagemaker`` extra for the notebook; on the job only rank 0

@@ -126,6 +126,9 @@ class ScriptedBackend:
     def check(self, options) -> list[str]:
         return []
 
+    def unpriced(self, options) -> str | None:
+        return None  # its script's Billing events carry the price
+
     def plan(self, job_dir: str, job_name: str, digest: str | None, options) -> str:
         return f"would play {len(self.job._script)} scripted steps"
 

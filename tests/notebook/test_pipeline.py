@@ -9,7 +9,7 @@ import pytest
 
 import mpi_magic
 from mpi_magic.shared import jobdir, payload
-from mpi_magic.shared.events import LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
+from mpi_magic.shared.events import Billing, LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
 from mpi_magic.notebook.pipeline import FollowSettings, Follower
 from mpi_magic.notebook.job import Job
 from mpi_magic.runtime.rank import result_path
@@ -39,12 +39,12 @@ def world(tmp_path):
     job_dir = jobdir.create(str(tmp_path / "cache"), "scripted-job")
     err = io.StringIO()
 
-    def follow(script, returns=(), timeout=None, **job_options):
+    def follow(script, returns=(), timeout=None, max_cost=None, **job_options):
         backend_job = ScriptedJob(clock, script, **job_options)
         job = Job("scripted-job", "scripted", 2, 2, clock)
         job.start(job_dir, backend_job.cancel)
         settings = FollowSettings(list(returns), False, {}, timeout, "a scripted stop", ConsoleEcho(io.StringIO(), err),
-                                  clock)
+                                  clock, max_cost=max_cost)
         return job, backend_job, Follower(job, backend_job, settings)
 
     started_at = time.monotonic()
@@ -70,6 +70,29 @@ def test_timeout_stops_the_job_at_its_time(world):
         follower.run()
     assert len(backend_job.cancels) == 1 and 5.0 <= backend_job.cancels[0] < 5.2
     assert job.status == "stopped" and all(r.status == "stopped" for r in job.ranks)
+
+
+def test_a_budget_stops_the_job_once_its_cost_reaches_it(world):
+    clock, job_dir, err, follow = world
+    # two instances at $3.60 an instance-hour spend $0.002 a second: $0.01 five seconds into training
+    training = Billing(instances=2, instance_seconds=0.0, running=True, hourly_price=3.6)
+    job, backend_job, follower = follow([(0.1, started(0)), (0.1, started(1)), (1.0, training)], max_cost=0.01)
+    with pytest.raises(mpi_magic.JobError) as caught:
+        follower.run()
+    assert str(caught.value) == ("job scripted-job: its cost reached --max-cost $0.01 (about $0.01 at list price); "
+                                 "all 2 ranks were stopped (raise --max-cost to let it run longer)")
+    assert len(backend_job.cancels) == 1 and 6.0 <= backend_job.cancels[0] < 6.2
+    assert job.status == "stopped" and job.model.stop_reason == "budget"
+
+
+def test_a_job_without_a_price_runs_on_whatever_its_budget(world):
+    clock, job_dir, err, follow = world
+    digest = results({"x": 1})(job_dir)
+    unpriced = Billing(instances=2, instance_seconds=0.0, running=True, hourly_price=None)
+    job, backend_job, follower = follow([(0.1, started(0)), (0.1, started(1)), (1.0, unpriced),
+                                         (30.0, ok(0, digest)), (30.0, ok(1)), (30.1, LauncherExited(0))],
+                                        returns=["x"], max_cost=0.01)
+    assert follower.run().values == {"x": 1} and backend_job.cancels == []
 
 
 def test_a_failure_stops_the_others_after_the_grace(world):

@@ -279,7 +279,7 @@ def test_every_bad_session_command_is_one_sentence(sessions):
         ("start --gather", "--gather applies to cells"),
         ("start --timeout 3", "--timeout applies to cells"),
         ("start -g 0", "must be 1 or more"),
-        ("start --idle-timeout soon", "--idle-timeout must be"),
+        ("start --idle-timeout soon", "--max-idle must be"),
         ("start --gpu 2", "unrecognized"),
     ]:
         with pytest.raises(UsageError, match=expected) as refused:

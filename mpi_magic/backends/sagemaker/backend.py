@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
     from .session_ranks import SageMakerSessionRanks
 
-IDLE_TIMEOUT = 1800.0  # seconds a SageMaker session may sit without a cell, unless --idle-timeout says
+IDLE_TIMEOUT = 1800.0  # seconds a SageMaker session may sit without a cell, unless --max-idle says
 
 
 class SageMakerBackend:
@@ -55,6 +55,16 @@ class SageMakerBackend:
             return [f"{instance_type} has {counted(count, kind)} but --gpus asks for "
                     f"{options.gpus} processes per instance; they will share"]
         return []
+
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        """A type or region the shipped table has no price for; a training plan, which bills no hours."""
+        settings = self.settings
+        if settings.training_plan:
+            return ("a job on a training plan runs on capacity paid for when the plan was bought, with no charge "
+                    "by the hour to meter (--max-runtime bounds its time)")
+        if pricing.hourly_price(settings.instance_type, settings.region) is None:
+            return f"mpi_magic's price table has no list price for {settings.instance_type} in {settings.region}"
+        return None
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the exact request, the S3 objects that would be written, and the
@@ -114,7 +124,7 @@ class SageMakerBackend:
         """One training job whose ranks wait for cells (``session_ranks.py``); returns once it is created."""
         from .session_ranks import start
 
-        return start(self, name, options, options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT,
+        return start(self, name, options, options.max_idle or IDLE_TIMEOUT,
                      config.get("heartbeat"), config.get("heartbeat_limit"), config.get("cache_dir"))
 
 

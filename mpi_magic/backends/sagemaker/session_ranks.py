@@ -11,7 +11,7 @@ a minute during a long cell, at $0.0004 per 1,000). An object there that is not 
 refused and the looks go on: rank 0's record, written when the cell ends, takes its place.
 
 The notebook refreshes a heartbeat object; the job ends by itself when it is older than the
-heartbeat limit, after ``--idle-timeout`` without a cell, or at ``--max-runtime``. The key is
+heartbeat limit, after ``--max-idle`` without a cell, or at ``--max-runtime``. The key is
 kept in this user's private cache folder so that ``%mpirun_session attach`` can take the
 session over from a fresh kernel on this machine.
 """

@@ -5,7 +5,7 @@ session's secret, and every message is signed), so a cell reaches the ranks in m
 the cluster's network; payloads and results stay in the job folders on the shared filesystem,
 and the ranks' events come through the launcher's files there, as for a one-off job. An
 interrupt is a message to rank 0, which passes it on to every rank over MPI. The session ends
-after ``--idle-timeout`` without a cell, at the allocation's time limit, when the notebook closes
+after ``--max-idle`` without a cell, at the allocation's time limit, when the notebook closes
 the channel, and, if the kernel is killed, by the job's watchdog (``scancel``).
 """
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..base import SessionRanks
     from .batch_job import SlurmBackend, SlurmJob
 
-IDLE_TIMEOUT = 1800.0  # seconds an allocation may sit without a cell, unless --idle-timeout says
+IDLE_TIMEOUT = 1800.0  # seconds an allocation may sit without a cell, unless --max-idle says
 START_LIMIT = 1800.0  # seconds from submitting until every rank is up: the queue wait included
 LEAVE_WAIT = 5.0  # seconds the ranks get to leave by themselves once the channel is closed
 STOP_WAIT = 30.0  # seconds a stop waits for Slurm to end the job
@@ -39,7 +39,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     jobdir.make_private_dirs(folder)
     secret = secrets.token_hex(32)
     cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
-    idle = options.idle_timeout or config.get("idle_timeout") or IDLE_TIMEOUT
+    idle = options.max_idle or IDLE_TIMEOUT
     command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
     try:
         job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, session=True)

@@ -98,6 +98,10 @@ class SlurmBackend:
                     f"{options.procs_per_instance} processes per node; they will share"]
         return []
 
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        return ("a Slurm cluster charges its accounts in units of its own, which the meter does not know "
+                "(--time bounds a job, and the account's limits what it may spend)")
+
     def launch(self, command: list[str], options: LaunchOptions) -> list[str]:
         """The command the batch script runs: the launcher, then ``command`` (every rank's runtime)."""
         if self.srun:

@@ -201,14 +201,6 @@ def test_an_end_record_someone_else_put_never_costs_a_cell_its_results(cloud_ses
     assert ip.user_ns["again"] == [((cell, 0), "new"), ((cell, 1), "new")], "the ranks kept what the cell assigned"
 
 
-def test_an_idle_session_ends_itself(cloud_sessions, aws):
-    ip = cloud_sessions
-    s = start_session(ip, "-i 1 -g 2 --idle-timeout 2")
-    assert wait_until(lambda: s.status == "stopped", 40)
-    assert "idle for 2s (--idle-timeout)" in s.ended_reason
-    assert described(aws, s.job_name)["TrainingJobStatus"] == "Completed"
-
-
 def test_a_kernel_that_exits_cleanly_stops_its_session_at_once(aws, cloud_settings, local_aws_env, tmp_path):
     env = {**os.environ, **local_aws_env, **cloud_settings, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")}
     script = ("from IPython.core.interactiveshell import InteractiveShell\n"

@@ -1,0 +1,80 @@
+"""Budgets on the rehearsal cloud (moto and the SageMaker emulator, over real HTTP): a job or a
+session whose cost at list price reaches --max-cost stops with a sentence and leaves its training
+job Stopped; a session idle for --max-idle ends itself; %mpirun_jobs warns of what still runs and
+what it has cost. One server of each for the module; each test keeps to its own S3 prefix and jobs.
+
+ml.m5.xlarge lists at $0.23 an instance-hour in us-east-1, so two instances spend $0.0005 in
+about four seconds of training, and $0.002 in about sixteen."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers import described, run, start_session, training_jobs, wait_until
+from IPython.core.error import UsageError
+
+import mpi_magic
+
+
+def test_a_job_that_reaches_its_budget_is_stopped_with_a_sentence(ip, cloud):
+    with pytest.raises(mpi_magic.JobError) as caught:
+        run(ip, "-i 2 -g 1 --max-cost 0.0005 --out job", "import time\ntime.sleep(120)\n")
+    job = ip.user_ns["job"]
+    said = str(caught.value)
+    assert re.fullmatch(rf"job {job.name}: its cost reached --max-cost \$0\.0005 \(about \$0\.000\d+ at list price\); "
+                        r"all 2 ranks were stopped \(raise --max-cost to let it run longer\)", said), said
+    assert job.status == "stopped" and job.model.stop_reason == "budget"
+    assert described(cloud, job.name)["TrainingJobStatus"] == "Stopped"
+
+
+def test_a_session_that_reaches_its_budget_ends_itself(cloud_sessions, aws):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 2 -g 1 --max-cost 0.002")  # about 16 s of training, the start included
+    run(ip, "--quiet", "x = 1\n")  # a cell runs within it
+    assert wait_until(lambda: s.status == "stopped", 60), "idle, it still costs: the budget ends it"
+    assert re.fullmatch(r"its cost reached --max-cost \$0\.002 \(about \$0\.002\d* at list price\)",
+                        s.ended_reason), s.ended_reason
+    assert wait_until(lambda: described(aws, s.job_name)["TrainingJobStatus"] == "Stopped", 30)
+
+
+def test_a_session_idle_for_max_idle_ends_itself(cloud_sessions, aws):
+    ip = cloud_sessions
+    s = start_session(ip, "-i 1 -g 2 --max-idle 2")
+    assert wait_until(lambda: s.status == "stopped", 40)
+    assert "idle for 2s (--max-idle)" in s.ended_reason
+    assert described(aws, s.job_name)["TrainingJobStatus"] == "Completed"
+
+
+def test_mpirun_jobs_warns_of_a_job_still_running_and_what_it_has_cost(ip, cloud, capsys):
+    run(ip, "-i 2 -g 1 --async --quiet --out job", "import time\ntime.sleep(120)\n")
+    job = ip.user_ns["job"]
+    try:
+        assert wait_until(lambda: job.model.billing is not None, 60), "training began"
+        capsys.readouterr()
+        ip.run_line_magic("mpirun_jobs", "")
+        listed = capsys.readouterr().out
+    finally:
+        job.cancel()
+        with pytest.raises(mpi_magic.JobError, match="cancelled"):
+            job.wait()
+    assert re.search(rf"^warning: job {job.name} still runs, about \$0\.0\d+ so far at list price "
+                     rf"\(2 x ml\.m5\.xlarge\); %mpirun_attach {job.name} follows it \(an interrupt there stops it\)$",
+                     listed, re.MULTILINE), listed
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_jobs", "")
+    assert "warning" not in capsys.readouterr().out, "a stopped job is not warned of"
+
+
+def test_a_budget_where_the_meter_knows_no_price_is_refused_before_anything_starts(ip, cloud, cache_dir):
+    jobs = set(training_jobs(cloud))
+    with pytest.raises(UsageError) as caught:
+        run(ip, "-g 1 --max-cost 5 --instance-type ml.c5.xlarge", "x = 1\n")
+    assert str(caught.value) == ("--max-cost $5.00 cannot be kept: mpi_magic's price table has no list price for "
+                                 "ml.c5.xlarge in us-east-1; drop it")
+    ip.run_line_magic("mpirun_config", "max_cost=5 instance_type=ml.c5.xlarge")
+    with pytest.raises(UsageError) as caught:
+        run(ip, "-g 1", "x = 1\n")
+    assert str(caught.value) == ("the max_cost setting ($5.00) cannot be kept: mpi_magic's price table has no list "
+                                 "price for ml.c5.xlarge in us-east-1; unset it with %mpirun_config max_cost=")
+    assert set(training_jobs(cloud)) == jobs, "nothing was created"
