@@ -118,6 +118,14 @@ def test_config_precedence_without_a_shell():
     assert set(SETTINGS) >= {"backend", "instances", "gpus", "mpirun", "cache_dir", "keep_jobs", "timeout"}
 
 
+def test_a_settings_former_name_still_sets_it():
+    assert Config(environ={"MPI_MAGIC_IDLE_TIMEOUT": "90"}).lookup("max_idle") == (90.0, "MPI_MAGIC_IDLE_TIMEOUT")
+    config = Config(environ={"MPI_MAGIC_IDLE_TIMEOUT": "90", "MPI_MAGIC_MAX_IDLE": "60"})
+    assert config.lookup("max_idle") == (60.0, "MPI_MAGIC_MAX_IDLE"), "the new name wins"
+    config.update("idle_timeout=30")
+    assert config.lookup("max_idle") == (30.0, "%mpirun_config")
+
+
 def test_help_lists_every_option(ip):
     doc = ip.magics_manager.magics["cell"]["mpirun_remote"].__doc__
     for option in ("-i INSTANCES, --instances INSTANCES", "-g GPUS, --gpus GPUS", "--backend", "--gather", "--out",

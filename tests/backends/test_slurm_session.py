@@ -74,6 +74,15 @@ def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
+def test_a_budget_is_refused_before_anything_is_submitted_as_slurm_has_no_price(slurm, sessions, slurm_cluster):
+    with pytest.raises(UsageError) as refused:
+        slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --max-cost 5")
+    assert str(refused.value) == ("--max-cost $5.00 cannot be kept: a Slurm cluster charges its accounts in units of "
+                                  "its own, which the meter does not know (--time bounds a job, and the account's "
+                                  "limits what it may spend); drop it")
+    assert slurm_queue(slurm_cluster) == [] and sessions.magics_manager.registry["MpiMagics"].session is None
+
+
 def test_a_failed_node_ends_the_session_naming_it_and_the_allocation_never_runs_again(slurm, sessions, slurm_cluster):
     slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --out s")
     session = slurm.user_ns["s"]
