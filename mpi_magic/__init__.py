@@ -14,6 +14,7 @@ _HOMES = {
     **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
     "progress": "shared.reporting",
     "log": "shared.metrics",
+    "Job": "notebook.job",
 }
 __all__ = sorted([*_HOMES, "load_ipython_extension"])
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .shared.reporting import progress
     from .shared.metrics import log
+    from .notebook.job import Job
 
 
 def __getattr__(name: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from collections import deque
@@ -10,12 +11,13 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
 
 from .notebook import debugger, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound, counted, ranks_phrase
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
-from .shared import cell
+from .shared import cell, jobdir
 from .notebook.job import Job
 from .notebook.session import Session
 from .notebook.session import describe as describe_session
@@ -126,16 +128,15 @@ class MpiMagics(Magics):
     @line_magic
     @magic_arguments()
     @session_start_arguments
-    @argument("--max-idle", "--idle-timeout", default=None, metavar="SECONDS",
-              help="End the session after this many seconds without a cell (sagemaker, slurm: 1800 unless set; "
-                   "--idle-timeout is its former name).")
+    @argument("--idle-timeout", default=None, metavar="SECONDS",
+              help="End the session after this many seconds without a cell (sagemaker: 1800 unless set).")
     @argument("--detach", action="store_true",
               help="sagemaker: keep the session's job when the kernel shuts down (until the heartbeat limit), "
                    "for %%mpirun_session attach from another kernel.")
     def mpirun_session(self, line: str):
         """Keep ranks up between cells: their globals stay, values cross once, a cell runs in milliseconds.
 
-        %mpirun_session start -i 2 -g 4 [--out NAME] [--max-idle SECONDS] [launch options]
+        %mpirun_session start -i 2 -g 4 [--out NAME] [--idle-timeout SECONDS] [launch options]
         %mpirun_session            show the session: shape, state, ranks alive, cells run, memory
         %mpirun_session stop       end it (its ranks and their state)
         %mpirun_session restart    stop it and start one of the same shape
@@ -143,8 +144,7 @@ class MpiMagics(Magics):
                                    take over a SageMaker session started from this machine
 
         While a session is up, every %%mpirun_remote cell runs on it (--no-session runs one as a
-        one-off job). A session ends with the kernel, after --max-idle without a cell, and once its
-        cost reaches --max-cost. On
+        one-off job). A session ends with the kernel, and after --idle-timeout without a cell. On
         SageMaker (--backend sagemaker) it is one training job; it also ends when the notebook's
         heartbeat stops (heartbeat_limit in %mpirun_config) and at --max-runtime.
         """
@@ -332,16 +332,46 @@ class MpiMagics(Magics):
         debugger.interact(debugger.traceback_of(record), self.shell.debugger_cls, args.command)
 
     @line_magic
+    @magic_arguments()
+    @argument("job_name", nargs="?", default=None, metavar="JOB_NAME",
+              help="A job kept here to reopen: its summary is shown as the cell showed it.")
+    @argument("--out", default=None, metavar="NAME", help="Store the reopened job's handle in the notebook under NAME.")
     def mpirun_jobs(self, line: str):
-        """List the SageMaker jobs started from this machine (newest first), with their status."""
-        jobs = get_attachable("sagemaker", self.defaults).recent_jobs()
-        if not jobs:
-            print("no SageMaker jobs started from here yet")
-        for record in jobs:
+        """List the jobs kept here and the SageMaker jobs started from this machine, or reopen one.
+
+        %mpirun_jobs                       the SageMaker jobs started from here (newest first, with their
+                                           status), then the jobs whose folders are kept (keep_jobs)
+        %mpirun_jobs JOB_NAME [--out NAME] a kept job that ended, reopened (as mpi_magic.Job.load does):
+                                           its summary, and with --out its handle (status, logs, metrics)
+        """
+        try:
+            args = _parse(self.mpirun_jobs, line)
+        except (UsageError, ValueError):
+            raise UsageError("usage: %mpirun_jobs [JOB_NAME] [--out NAME]") from None
+        cache_dir = self.defaults.get("cache_dir")
+        if args.job_name is not None:
+            try:
+                job = Job.load(args.job_name, cache_dir)
+            except JobError as exc:
+                raise UsageError(str(exc)) from None
+            display(job.summary)
+            if args.out:
+                self.shell.user_ns[args.out] = job
+            return None
+        for record in get_attachable("sagemaker", self.defaults).recent_jobs():
             started = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["created"]))
             print(f"{record['name']:<40} {started}  {record['status']:<11} {record['secondary']}")
-            if "warning" in record:  # it still runs, and is billed
-                print(f"warning: {record['warning']}")
+        kept = jobdir.kept_jobs(cache_dir)
+        if not kept:
+            print(f"no job is kept in {os.path.join(cache_dir, 'jobs')} yet")
+            return None
+        print("jobs kept here (%mpirun_jobs JOB_NAME reopens one):")
+        for info in kept:
+            started = time.strftime("%Y-%m-%d %H:%M", time.localtime(info["started"])) if "started" in info else "?"
+            shape = (f"{info['instances']} x {info['procs_per_instance']}" if "instances" in info
+                     else f"{info.get('world_size', '?')} ranks")
+            print(f"{info['name']:<40} {started}  {info.get('status', '?'):<11} {info.get('backend', '?')}, {shape}")
+        return None
 
     @line_magic
     def mpirun_config(self, line: str):

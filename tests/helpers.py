@@ -279,3 +279,36 @@ def wait_until(check, limit: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+# -- jobs reopened later ---------------------------------------------------------------------
+
+def job_facts(job) -> dict:
+    """What a job handle shows of a job that ended (status, ranks, logs, metrics, failure, summary), as JSON
+    reads it back: the same from the cell's handle and from ``mpi_magic.Job.load`` in another Python."""
+    import json
+
+    error = job.model.error()
+    facts = {"name": job.name, "status": job.status, "backend": job.backend,
+             "ranks": [(r.rank, r.instance, r.host, r.status, r.n, r.total, r.peak_rss, r.rss) for r in job.ranks],
+             "logs": {rank: job.logs(rank) for rank in range(job.world_size)}, "all": job.logs(),
+             "metrics": job.metrics, "error": None if error is None else f"{type(error).__name__}: {error}",
+             "roll_call": job.model.roll_call, "summary": repr(job.summary), "html": job.summary._repr_html_()}
+    return json.loads(json.dumps(facts))
+
+
+def reopened_facts(cache_dir: str, name: str) -> dict:
+    """``job_facts`` of job ``name`` reopened with ``mpi_magic.Job.load`` in a new Python (a kernel restarted)."""
+    import json
+    import subprocess
+    import sys
+
+    script = ("import json, sys\n"
+              f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+              "import mpi_magic\n"
+              "from helpers import job_facts\n"
+              f"print(json.dumps(job_facts(mpi_magic.Job.load({name!r}))))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

@@ -2,20 +2,26 @@
 
 A thin handle: the job's state is its model (folded from the backend's events), its output
 is in the job folder's log files (written as lines arrive, so the full logs survive while
-memory holds only recent lines), and stopping goes to the backend's job.
+memory holds only recent lines), and stopping goes to the backend's job. The events the model
+folds are kept in the folder too (``record.py``), so ``Job.load`` reopens a job that ended, after
+the kernel that followed it has gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import JobError
+from ..options import Config
 from ..shared import cell, events, jobdir, procs
 from ..shared import stacks as dumps
-from ..view.model import ACTIVE, JobModel, RankState
+from ..view.model import ACTIVE, ENDED, OUTPUT_TAIL, JobModel, RankState
+from ..view.summary import Summary
+from . import record
 
 if TYPE_CHECKING:
     from ..view import View
@@ -55,6 +61,7 @@ class Job:
         self._pending_bytes = 0
         self._last_flush = clock()
         self._folder_lost = False
+        self.reopened = False  # loaded from its folder after it ended (``Job.load``): read-only
 
     def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "",
               request_stacks: Callable[[], bool] | None = None, cell_file: str = cell.FILENAME) -> None:
@@ -66,6 +73,71 @@ class Job:
         self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
         self._cell_file = cell_file
         self._request_stacks = request_stacks or self._request_stacks
+        self._record()
+
+    def _record(self) -> None:
+        """Keep every event the model folds from now on in the job folder, written with the logs."""
+        path = os.path.join(self.job_dir, "logs", record.FILE)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # a job followed again (%mpirun_attach) is recorded from its beginning again
+        model = self.model
+        self._log(record.FILE, record.header(self.name, self.backend, self.world_size, model.procs_per_instance,
+                                             model.stall_after))
+        recorder = record.Recorder(lambda line: self._log(record.FILE, line))
+
+        def keep(event: events.Event) -> None:
+            recorder(event, model.clock() - model.started_at)
+            if isinstance(event, events.Phase) and event.name in ENDED:
+                self.flush_logs()
+
+        model.recorder = keep
+
+    @classmethod
+    def load(cls, name: str, cache_dir: str | None = None) -> "Job":
+        """A job that ended, reopened from its folder in the cache directory (after a kernel
+        restart too): its status, ranks, logs, metrics, failure, roll-call and ``summary``, as
+        the cell left them. Read-only: it cannot be cancelled or asked for stacks."""
+        cache_dir = cache_dir or Config().get("cache_dir")
+        job_dir = os.path.join(cache_dir, "jobs", name)
+        if not name or os.sep in name or not os.path.isdir(job_dir):
+            raise JobError(f"no job named {name!r} is kept in {os.path.join(cache_dir, 'jobs')}: "
+                           f"{kept_phrase(cache_dir)}")
+        try:
+            head, recorded = record.read(job_dir)
+        except record.RecordError as exc:
+            raise JobError(f"job {name} cannot be reopened: {exc}") from None
+        clock = _Replay()
+        job = cls(head["name"], head["backend"], head["world_size"], head["procs_per_instance"], clock)
+        job.job_dir, job.reopened = job_dir, True
+        model = job.model
+        model.stall_after = head["stall_after"]
+        for at, event in recorded:
+            clock.now = max(clock.now, at)
+            if isinstance(event, events.LauncherExited) and model.exit is None:
+                job._fold_last_lines()
+            model.fold(event)
+        if model.exit is None:
+            if jobdir.is_running(jobdir.read_record(job_dir)):
+                raise JobError(f"job {name} is still running, followed by another kernel: Job.load reopens a job "
+                               "once it has ended")
+            job._fold_last_lines()
+            model.fold(events.LauncherExited(None, reason="the kernel that followed it stopped before it ended"))
+            model.fold(events.Phase(model.status))
+        return job
+
+    def _fold_last_lines(self) -> None:
+        """Each rank's last lines and the launcher's, from the logs, as the view had them when the job ended."""
+        for state in self.ranks:
+            for line in _last_lines(os.path.join(self.job_dir, "logs", f"rank-{state.rank}.log"), OUTPUT_TAIL):
+                stream = "stderr" if line.startswith(_STDERR) else "stdout"
+                self.model.fold(events.Output(state.rank, stream, line.removeprefix(_STDERR)))
+        for line in _last_lines(os.path.join(self.job_dir, "logs", "launcher.log"), self.model.launcher_tail.maxlen):
+            self.model.fold(events.LauncherOutput(line))
+
+    @property
+    def summary(self) -> Summary:
+        """The job's summary as the cell showed it when the job ended: HTML in a notebook, text elsewhere."""
+        return Summary(self.model, os.path.join(self.job_dir, "logs") if self.job_dir else "")
 
     # -- what the model knows ---------------------------------------------------------------
 
@@ -102,7 +174,7 @@ class Job:
     def record(self, event: events.Event) -> None:
         self.model.fold(event)
         if isinstance(event, events.Output):
-            prefix = "" if event.stream == "stdout" else "[stderr] "
+            prefix = "" if event.stream == "stdout" else _STDERR
             self._log(f"rank-{event.rank}.log", prefix + event.text)
             self._log("all.log", f"[rank {event.rank}] {prefix}{event.text}")
         elif isinstance(event, events.LauncherOutput):
@@ -182,6 +254,9 @@ class Job:
         return snapshot
 
     def _ask(self, limit: float | None) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+        if self.reopened:
+            raise JobError(f"job {self.name} was reopened after it ended ({self.status}): its ranks are gone, so they "
+                           "cannot be asked where they are; its summary shows the last roll-call taken")
         if self._stacks_dir is not None:
             return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit,
                              self._cell_file)
@@ -222,6 +297,9 @@ class Job:
 
     def cancel(self) -> None:
         """Stop every rank of this job now (the running cell then raises JobError)."""
+        if self.reopened:
+            raise JobError(f"job {self.name} was reopened after it ended ({self.status}): there is nothing left to "
+                           "cancel")
         if self.status == "running" and self._cancel is not None:
             self.model.fold(events.StopRequested("cancel"))
             self._cancel()
@@ -232,6 +310,44 @@ class Job:
             counts[state.status] = counts.get(state.status, 0) + 1
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         return f"<mpi_magic.Job {self.name} {self.backend} {self.status}: {self.world_size} ranks ({summary})>"
+
+
+class _Replay:
+    """The clock of a reopened job: when the event being folded again came (seconds since the job began)."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+_STDERR = "[stderr] "  # how a rank's log marks its stderr lines
+
+
+def _last_lines(path: str, count: int | None, limit: int = 4 << 20) -> list[str]:
+    """The last ``count`` lines of a text file (of its last ``limit`` bytes at most); [] where it is missing."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if size > limit:
+        lines = lines[1:]  # the first may be cut
+    return lines[-count:] if count else []
+
+
+def kept_phrase(cache_dir: str) -> str:
+    """Which jobs are kept, in words ("the kept jobs are a, b and 3 more; %mpirun_jobs lists them")."""
+    names = [info["name"] for info in jobdir.kept_jobs(cache_dir)]
+    if not names:
+        return "no job is kept there (keep_jobs in %mpirun_config says how many are)"
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"the jobs kept are {shown} (%mpirun_jobs lists them; keep_jobs in %mpirun_config says how many are kept)"
 
 
 def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float,

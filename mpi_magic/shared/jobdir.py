@@ -1,7 +1,8 @@
 """Job folders: one per run, private to the user, under the cache directory; old ones pruned.
 
 ``<cache_dir>/jobs/<job name>/`` holds ``payload.bin``, ``job.json`` (what ran, when, how it
-ended), ``logs/rank-N.log`` and ``logs/all.log``, and ``results/rank-N.bin``. Payloads and
+ended), ``logs/rank-N.log``, ``logs/all.log`` and ``logs/events.jsonl`` (the events the notebook's
+view folded, to reopen the job later), and ``results/rank-N.bin``. Payloads and
 logs may hold the user's data, so every folder made here is 0700 and every file 0600, whatever
 the umask, and a tree that another user could change is refused.
 """
@@ -130,11 +131,22 @@ def prune(cache_dir: str, keep: int, new_job_dir: str) -> list[str]:
     others = [os.path.join(jobs, n) for n in os.listdir(jobs) if os.path.join(jobs, n) != new_job_dir]
     removed = []
     for job_dir in sorted(others, key=_mtime, reverse=True)[keep - 1:]:
-        if _is_running(read_record(job_dir)):
+        if is_running(read_record(job_dir)):
             continue
         shutil.rmtree(job_dir, ignore_errors=True)
         removed.append(job_dir)
     return removed
+
+
+def kept_jobs(cache_dir: str) -> list[dict[str, Any]]:
+    """What job.json says of each job folder kept, newest first (as ``prune`` orders them), with its ``name``."""
+    jobs = os.path.join(cache_dir, "jobs")
+    try:
+        folders = [os.path.join(jobs, name) for name in os.listdir(jobs)]
+    except FileNotFoundError:
+        return []
+    return [{**read_record(folder), "name": os.path.basename(folder)}
+            for folder in sorted(folders, key=_mtime, reverse=True) if os.path.isdir(folder)]
 
 
 def finished(job_dir: str) -> None:
@@ -153,7 +165,7 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
-def _is_running(data: dict[str, Any]) -> bool:
+def is_running(data: dict[str, Any]) -> bool:
     """Whether the job's launcher runs (or, where it runs elsewhere, the kernel that follows it)."""
     if data.get("status") not in (None, "running"):
         return False

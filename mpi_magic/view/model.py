@@ -178,6 +178,7 @@ class JobModel:
         self.metrics = MetricStore()  # every rank's metric series (``job.metrics``, the charts)
         self.clock_offsets = events.ClockOffsets()  # so ranks' times on different instances compare
         self.pace = Stragglers(world_size)  # which ranks hold the others back
+        self.recorder: Callable[[events.Event], None] | None = None  # sees every event folded (the job's record)
 
     @property
     def num_instances(self) -> int:
@@ -199,6 +200,8 @@ class JobModel:
         return min(times, default=None)
 
     def fold(self, event: events.Event) -> None:
+        if self.recorder is not None:
+            self.recorder(event)
         if isinstance(event, events.Progress):  # the most frequent event: kept short
             if not 0 <= event.rank < self.world_size:
                 return

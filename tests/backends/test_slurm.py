@@ -489,3 +489,22 @@ def test_the_folder_of_a_job_still_followed_is_not_pruned(slurm, slurm_cluster, 
     for _ in range(2):  # (its folder changed last: it is the newest of the old ones until then)
         run(slurm, "--quiet", "pass")
     assert not os.path.isdir(job.job_dir), "once it has ended, its folder is pruned like any other"
+
+
+def test_a_slurm_job_reopens_in_a_new_python_from_its_folder_in_the_shared_cache(slurm, slurm_cluster, cache_dir):
+    from helpers import job_facts, reopened_facts
+
+    with pytest.raises(RemoteRankError):
+        run(slurm, "--backend slurm -i 2 -g 1 --out job", textwrap.dedent("""\
+            import mpi_magic
+            for step in mpi_magic.progress(range(4)):
+                mpi_magic.log(loss=1.0 / (step + 1))
+            print("on", mpi_magic.instance())
+            if mpi_magic.rank() == 1:
+                raise ValueError("bad shard")
+            """))
+    job = slurm.user_ns["job"]
+    seen = job_facts(job)
+    assert seen["status"] == "failed" and "raised ValueError: bad shard" in seen["summary"]
+    assert seen["metrics"]["0"]["loss"][-1] == [3, 0.25] and seen["logs"]["1"].startswith("on 1\n")
+    assert reopened_facts(cache_dir, job.name) == seen

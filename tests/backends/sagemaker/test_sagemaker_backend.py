@@ -232,3 +232,19 @@ def test_instances_refuse_code_changed_after_submission(ip, cloud, monkeypatch):
     described = cloud.client("sagemaker").describe_training_job(TrainingJobName=ip.user_ns["job"].name)
     assert described["TrainingJobStatus"] == "Failed"
     assert "bootstrap.py does not match the digest pinned when the job was submitted" in described["FailureReason"]
+
+
+def test_a_sagemaker_job_reopens_in_a_new_python_from_the_folder_its_kernel_kept(ip, cloud, cache_dir):
+    from helpers import job_facts, reopened_facts
+
+    run(ip, "-i 2 -g 1 --out job", (
+        "import mpi_magic\n"
+        "for step in mpi_magic.progress(range(3)):\n"
+        "    mpi_magic.log(loss=1.0 / (step + 1))\n"
+        "print('on', mpi_magic.instance())\n"
+    ))
+    job = ip.user_ns["job"]
+    seen = job_facts(job)
+    assert seen["status"] == "completed" and "billable" in seen["summary"]
+    assert seen["metrics"]["1"]["loss"][-1] == [2, 1 / 3] and seen["logs"]["1"] == "on 1\n"
+    assert reopened_facts(cache_dir, job.name) == seen
