@@ -128,15 +128,16 @@ class MpiMagics(Magics):
     @line_magic
     @magic_arguments()
     @session_start_arguments
-    @argument("--idle-timeout", default=None, metavar="SECONDS",
-              help="End the session after this many seconds without a cell (sagemaker: 1800 unless set).")
+    @argument("--max-idle", "--idle-timeout", default=None, metavar="SECONDS",
+              help="End the session after this many seconds without a cell (sagemaker, slurm: 1800 unless set; "
+                   "--idle-timeout is its former name).")
     @argument("--detach", action="store_true",
               help="sagemaker: keep the session's job when the kernel shuts down (until the heartbeat limit), "
                    "for %%mpirun_session attach from another kernel.")
     def mpirun_session(self, line: str):
         """Keep ranks up between cells: their globals stay, values cross once, a cell runs in milliseconds.
 
-        %mpirun_session start -i 2 -g 4 [--out NAME] [--idle-timeout SECONDS] [launch options]
+        %mpirun_session start -i 2 -g 4 [--out NAME] [--max-idle SECONDS] [launch options]
         %mpirun_session            show the session: shape, state, ranks alive, cells run, memory
         %mpirun_session stop       end it (its ranks and their state)
         %mpirun_session restart    stop it and start one of the same shape
@@ -144,7 +145,8 @@ class MpiMagics(Magics):
                                    take over a SageMaker session started from this machine
 
         While a session is up, every %%mpirun_remote cell runs on it (--no-session runs one as a
-        one-off job). A session ends with the kernel, and after --idle-timeout without a cell. On
+        one-off job). A session ends with the kernel, after --max-idle without a cell, and once its
+        cost reaches --max-cost. On
         SageMaker (--backend sagemaker) it is one training job; it also ends when the notebook's
         heartbeat stops (heartbeat_limit in %mpirun_config) and at --max-runtime.
         """
@@ -361,6 +363,8 @@ class MpiMagics(Magics):
         for record in get_attachable("sagemaker", self.defaults).recent_jobs():
             started = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["created"]))
             print(f"{record['name']:<40} {started}  {record['status']:<11} {record['secondary']}")
+            if "warning" in record:  # it still runs, and is billed
+                print(f"warning: {record['warning']}")
         kept = jobdir.kept_jobs(cache_dir)
         if not kept:
             print(f"no job is kept in {os.path.join(cache_dir, 'jobs')} yet")
