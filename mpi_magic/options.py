@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import keyword
 import math
 import os
@@ -20,6 +21,7 @@ from typing import Any, Callable
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
+from .errors import INSTALL_MLFLOW
 from .shared import envvars
 
 BACKENDS = ("local", "sagemaker", "slurm")
@@ -94,6 +96,12 @@ def _path(text: str, what: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+def _experiment(text: str, what: str) -> str:
+    if not text.strip():
+        raise UsageError(f"{what} takes the name of an MLflow experiment, for example {what} my-experiment")
+    return text
+
+
 def _view(text: str, what: str) -> str:
     views = ("auto", "widgets", "text")
     if text not in views:
@@ -155,6 +163,9 @@ SETTINGS = {s.name: s for s in [
             "seconds without progress or output from any rank before the view says who waits and shows "
             "where every rank is (on SageMaker, the job's leader asks the ranks)"),
     Setting("view", "auto", _view, "live view: auto (widgets in a Jupyter kernel, else text), widgets, text"),
+    Setting("mlflow", None, _experiment,
+            "the MLflow experiment each job's run goes to (default: MLFLOW_EXPERIMENT_NAME where "
+            "MLFLOW_TRACKING_URI is set)"),
     Setting("instance_type", None, _text, "sagemaker: instance type, e.g. ml.g5.12xlarge"),
     Setting("image_uri", None, _text, "sagemaker: training image (Open MPI, sshd, boto3, the notebook's Python)"),
     Setting("role", None, _text, "sagemaker: execution role ARN"),
@@ -194,6 +205,8 @@ class Config:
                 return setting.parse(self._environ[env_var], env_var), env_var
         if name == "cache_dir":
             return default_cache_dir(), "default"
+        if name == "mlflow" and self._environ.get("MLFLOW_TRACKING_URI") and self._environ.get("MLFLOW_EXPERIMENT_NAME"):
+            return self._environ["MLFLOW_EXPERIMENT_NAME"], "MLFLOW_EXPERIMENT_NAME"  # MLflow's own choice
         return setting.default, "default"
 
     def update(self, assignments: str) -> None:
@@ -291,6 +304,10 @@ OPTIONS = [
             help='Extra launcher arguments, quoted: --mpirun-args "--mca btl self,tcp", '
                  'or --mpirun-args=--report-bindings.'),
     _option(LINE, "--quiet", action="store_true", help="Show no live output; the job handle still has it."),
+    _option(JOB, "--mlflow", default=None, metavar="EXPERIMENT",
+            help="Record the job as one MLflow run in this experiment (a session: one run for all its cells), "
+                 "at MLflow's tracking URI: its options, every rank's metrics, peak memory, failure, summary and "
+                 "logs."),
     _option(CELL, "--dry-run", action="store_true",
             help="Print what would be launched (the mpirun command, or the CreateTrainingJob request and "
                  "the S3 objects) and start nothing."),
@@ -373,6 +390,7 @@ class LaunchOptions:
     dry_run: bool = False
     cloud: dict = field(default_factory=dict)  # sagemaker settings, checked by that backend
     slurm: dict = field(default_factory=dict)  # slurm settings (partition, time, ...), checked by that backend
+    mlflow: str | None = None  # the MLflow experiment the job's run goes to, if any
     requirements: str | None = None
     job_name: str | None = None
     run_async: bool = False
@@ -464,13 +482,22 @@ def parse_line(magic_func, line: str, config: Config, default_gpus: Callable[[st
         instances=instances, gpus=gpus, backend=backend, gather=args.gather,
         out=args.out, env=env, timeout=pick("timeout", args.timeout), mpirun_args=shlex.split(extra),
         quiet=args.quiet, dry_run=args.dry_run, cloud=cloud, slurm=slurm, requirements=args.requirements, job_name=args.job_name,
-        run_async=args.run_async, no_session=args.no_session,
+        run_async=args.run_async, no_session=args.no_session, mlflow=_mlflow(args.mlflow, config),
         max_cost=SETTINGS["max_cost"].parse(args.max_cost, "--max-cost") if args.max_cost is not None else
         config.get("max_cost") if backend == "sagemaker" else None,  # (the setting is SageMaker's budget)
         max_idle=pick("max_idle", getattr(args, "max_idle", None)),
         detach=getattr(args, "detach", False),
         given=frozenset(k for k, v in vars(args).items() if v not in (None, False, [])),
     )
+
+
+def _mlflow(given: str | None, config: Config) -> str | None:
+    """The MLflow experiment of the line (or the defaults), once MLflow is known to be installed."""
+    experiment, source = (_experiment(given, "--mlflow"), "--mlflow") if given is not None else config.lookup("mlflow")
+    if experiment is not None and importlib.util.find_spec("mlflow") is None:
+        what = source if source.startswith("-") else f"the mlflow setting (from {source})"
+        raise UsageError(f"{what} needs MLflow, which is not installed: {INSTALL_MLFLOW}")
+    return experiment
 
 
 def _attach_launcher_args(argv: list[str]) -> list[str]:

@@ -226,6 +226,59 @@ def slurm_cluster():
         _MODULE_ROOTS.discard(root)
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` on loopback for one module's tests (a SQLite store, artifacts in a folder
+    of its own), with ``MLFLOW_TRACKING_URI`` pointing at it meanwhile; its URI. Its start takes
+    about 15 s on a loaded 2-core machine (MLflow's import and the store's migrations)."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from mpi_magic.shared.procs import free_port
+    from mpi_magic.testing import servers
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"http://127.0.0.1:{free_port()}"
+    before = _children()
+    with open(root / "server.log", "wb") as log:
+        server = servers.start(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/store.db",
+             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1],
+             "--workers", "1"],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # (no job runner processes)
+            stdout=log, stderr=subprocess.STDOUT)
+    servers_here = _children() - before
+    _MODULE_SERVERS.update(servers_here)
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        yield uri
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        _MODULE_SERVERS.difference_update(servers_here)
+
+
 @pytest.fixture
 def slurm(ip, slurm_cluster, monkeypatch):
     """The shell, its cells on the module's Slurm cluster shown as text (its sessions' rank 0 reaching the

@@ -33,7 +33,7 @@ from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
 from ..shared.rebind import is_notebook_function, rebind
 from ..view import View, make_view
 from ..view.console import ConsoleEcho
-from . import capture
+from . import capture, tracking
 from .holdings import Selection
 from .job import Job
 from .session import Session, SessionCell
@@ -89,6 +89,9 @@ class CellRoute(Protocol):
     def follow(self, follower: Follower) -> CellRun:
         """Follow the job to its end and collect its results."""
 
+    def tracked(self, job_name: str) -> tracking.JobRecord | None:
+        """What records the job in a tracking service (``--mlflow``), if anything does."""
+
 
 def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, config: Config,
              on_job: Callable[[Job], None] = lambda job: None, echo: ConsoleEcho | None = None,
@@ -136,17 +139,20 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         return CellRun(None)
     job = Job(prepared.job_name, route.backend_name, route.world_size, route.procs_per_instance, clock)
     job.model.stall_after = config.get("stall_after")
+    record = route.tracked(prepared.job_name)
     view = None if options.quiet else _open_view(config, job, echo)
     try:
         job.model.fold(Phase("submitting"))
         backend_job = route.submit(prepared)
-    except BaseException:
+    except BaseException as exc:
         job.model.fold(LauncherExited(None, refused="the job could not be submitted"))  # it never started
         job.model.fold(Phase(job.status, "could not be submitted"))
         jobdir.record(prepared.job_dir, status=job.status, ended=time.time())
         jobdir.finished(prepared.job_dir)
         if view is not None:
             view.close()
+        if record is not None:
+            record.ended(job, exc, echo.say)
         raise
     job.start(prepared.job_dir, backend_job.cancel, backend_job.stacks_dir, prepared.source, backend_job.request_stacks,
               prepared.cell_file)
@@ -160,7 +166,7 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         jobdir.record(prepared.job_dir, follower_pid=os.getpid(), follower_started=psutil.Process().create_time())
     on_job(job)
     quiet_echo = None if options.quiet or options.run_async else echo
-    follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock))
+    follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock), record)
     if options.run_async:
         return follower.in_background(lambda run: deliver(run.values))
     return route.follow(follower)
@@ -199,6 +205,12 @@ class OneOffCell:
 
     def follow(self, follower: Follower) -> CellRun:
         return follower.run()
+
+    def tracked(self, job_name: str) -> tracking.JobRecord | None:
+        options = self.options
+        run = tracking.open_run(options, job_name, f"job {job_name}", self.backend_name, options.world_size,
+                                options.procs_per_instance)
+        return tracking.JobRecord(run) if run is not None else None
 
 
 class SessionCellRoute:
@@ -263,6 +275,10 @@ class SessionCellRoute:
         session.brought_back(run.values)
         return run
 
+    def tracked(self, job_name: str) -> tracking.JobRecord | None:
+        run = self.session.tracking_run
+        return tracking.JobRecord(run, cell=f"cell{self.session.cells + 1}") if run is not None else None
+
     def _left_on_ranks(self) -> str:
         """After a cell that ran but whose results were lost: what it assigned is the ranks' own. The
         notebook's values of those names are left as they were, and are not sent over the ranks' values."""
@@ -298,6 +314,9 @@ class AttachedJob:
 
     def follow(self, follower: Follower) -> CellRun:
         return follower.run()
+
+    def tracked(self, job_name: str) -> tracking.JobRecord | None:
+        return None
 
 
 def _pack(config: Config, job_name: str, items: list, meta: dict, options: LaunchOptions, returns: list[str], *,
@@ -339,6 +358,8 @@ def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | No
     session = Session(name, backend.name, options, config.get("session_grace"), cache_dir, clock)
     ranks = backend.start_session(name, options, config)
     session.start(ranks, None if options.quiet else echo.say, detach=options.detach)
+    session.tracking_run = tracking.open_run(options, name, f"session {name}", backend.name, options.world_size,
+                                             options.procs_per_instance)
     return session
 
 
@@ -385,13 +406,17 @@ class FollowSettings:
 class Follower:
     """Watches a submitted job to its end, stops it on any exception here, collects results."""
 
-    def __init__(self, job: Job, backend_job: BackendJob, settings: FollowSettings):
+    def __init__(self, job: Job, backend_job: BackendJob, settings: FollowSettings,
+                 record: tracking.JobRecord | None = None):
         self.job, self.backend_job, self.settings = job, backend_job, settings
+        self.record = record  # what records the job in a tracking service, if anything does
         self.echo, self.clock = settings.echo, settings.clock
         self.thread: threading.Thread | None = None
 
     def show(self, event) -> None:
         self.job.record(event)
+        if self.record is not None:
+            self.record.event(event)
         if self.echo is not None:
             self.echo.show(event)
 
@@ -404,6 +429,8 @@ class Follower:
 
     def run(self) -> CellRun:
         job, backend_job, settings = self.job, self.backend_job, self.settings
+        error: JobError | None = None
+        raised: BaseException | None = None
         try:  # whatever happens in this process, the job does not outlive the cell
             job.model.fold(Phase("starting"))
             error = self._watch()
@@ -418,6 +445,7 @@ class Follower:
                     if is_notebook_function(value):
                         run.values[name] = rebind(value, settings.namespace)
         except BaseException as exc:
+            raised = exc
             if not backend_job.finished:
                 if isinstance(exc, KeyboardInterrupt) and job.can_roll_call:
                     try:
@@ -448,6 +476,8 @@ class Follower:
                 job.view.close()
             if self.echo is not None:
                 self.echo.release()
+            if self.record is not None:
+                self.record.ended(job, error or raised, self._say)
         if error is not None:
             raise error
         return run

@@ -26,10 +26,12 @@ from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
 from ..errors import JobError, SessionStartError, counted, ranks_phrase
+from . import tracking
 from .holdings import Holdings
 from .job import CELL, ask_ranks
 from ..options import ONE_OFF, LaunchOptions, refused_on_session
 from ..shared.slurmtime import clock
+from ..view.console import ConsoleEcho
 from ..view.model import JobModel
 
 STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
@@ -102,6 +104,8 @@ class Session:
         self._pump_thread: threading.Thread | None = None
         self._say: Callable[[str], None] | None = None  # while starting: how the backend's phases are shown
         self.job_dir = ""
+        self.tracking_run: tracking.RunWriter | None = None  # its one run in a tracking service (--mlflow), if any
+        self._stopped_here = False  # the notebook ended it (a stop, the kernel's exit), not a failure
 
     # -- for the user -----------------------------------------------------------------------
 
@@ -166,6 +170,7 @@ class Session:
         if ranks is None or self.status == "stopped":
             return
         self._told_ended = True  # the user's own choice: later cells need not be told
+        self._stopped_here = True
         idle = self.status == "idle"
         with self._lock:  # why it ended is the notebook's reason, not what reaches it last of the ranks' end
             self.model.fold(events.StopRequested(reason))
@@ -300,6 +305,7 @@ class Session:
             self._lock.notify_all()
         ranks.stop(wait=False)  # what the backend keeps for the ranks (a channel, a heartbeat) ends with them
         atexit.unregister(self._at_exit)
+        self._end_run()
 
     def _route(self, event: events.Event) -> None:
         """Between cells the session's model folds every event (its tail keeps what the ranks
@@ -354,6 +360,7 @@ class Session:
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
+        self._end_run()
 
     def _end(self, reason: str, wait: bool = True) -> None:
         """Stop everything of the session now; idempotent."""
@@ -366,6 +373,14 @@ class Session:
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
+        self._end_run()
+
+    def _end_run(self) -> None:
+        """The session has ended: so does its run, finished if the notebook stopped it or its ranks
+        ended it for idleness, else failed (its ranks lost, torn down after a cell); once."""
+        if self.tracking_run is not None:
+            self.tracking_run.end("completed" if self._stopped_here or self.model.closing else "failed",
+                                  ConsoleEcho().say)
 
     # -- cells ------------------------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""A job as one MLflow run (``--mlflow EXPERIMENT``): real cells on the local backend, a real
+``mlflow server`` on loopback (the module's ``mlflow_server``), read back through MLflow's own client."""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+
+import pytest
+from helpers import run, start_session
+from IPython.core.error import UsageError
+
+from mpi_magic.errors import RemoteRankError
+from mpi_magic.options import Config
+
+mlflow = pytest.importorskip("mlflow", reason="MLflow is not installed here: pip install 'mlflow>=2.16'")
+
+LOGGING_CELL = """
+import time
+import mpi_magic
+for step in range(5):
+    mpi_magic.log(loss=1.0 / (step + 1) + mpi_magic.rank())
+time.sleep(1.5)  # a resource sample or two
+print("done")
+total = 7
+"""
+
+
+def only_run(uri: str, experiment: str):
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no experiment {experiment}"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return client, runs[0]
+
+
+def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def artifact_text(uri: str, found, path: str) -> str:
+    """A file of the run, as the server serves it (MLflow's client would download it on a thread pool
+    of its own, which outlives the test)."""
+    where = found.info.artifact_uri.removeprefix("mlflow-artifacts:/")
+    with urllib.request.urlopen(f"{uri}/api/2.0/mlflow-artifacts/artifacts/{where}/{path}", timeout=30) as answer:
+        return answer.read().decode()
+
+
+def artifacts(client, run_id: str, path: str | None = None) -> set[str]:
+    found = set()
+    for item in client.list_artifacts(run_id, path):
+        found |= artifacts(client, run_id, item.path) if item.is_dir else {item.path}
+    return found
+
+
+def test_a_job_is_one_run_with_its_options_metrics_peaks_summary_and_logs(ip, mlflow_server):
+    run(ip, "-i 2 -g 2 --mlflow one-job --out job --timeout 60", LOGGING_CELL)
+    job = ip.user_ns["job"]
+    assert ip.user_ns["total"] == 7
+    client, found = only_run(mlflow_server, "one-job")
+    assert found.info.run_name == job.name
+    assert found.info.status == "FINISHED"
+    params = found.data.params
+    assert {name: params[name] for name in ("backend", "instances", "procs_per_instance", "world_size", "timeout")} \
+        == {"backend": "local", "instances": "2", "procs_per_instance": "2", "world_size": "4", "timeout": "60.0"}
+    for rank in range(4):  # rank 0's under its own name, the others' under theirs
+        key = "loss" if rank == 0 else f"rank{rank}/loss"
+        assert history(client, found.info.run_id, key) == job.metrics[rank]["loss"]
+        assert [step for step, _ in history(client, found.info.run_id, key)] == [0, 1, 2, 3, 4]
+    peaks = {state.rank: state.peak_rss for state in job.ranks if state.peak_rss is not None}
+    assert peaks, "no rank sampled its memory"
+    for rank, peak in peaks.items():
+        assert found.data.metrics["peak_memory_bytes" if rank == 0 else f"rank{rank}/peak_memory_bytes"] == peak
+    assert any(key.endswith("system/cpu_percent") for key in found.data.metrics)
+    files = artifacts(client, found.info.run_id)
+    assert {"summary.html", "logs/all.log"} <= files
+    assert job.name in artifact_text(mlflow_server, found, "summary.html")
+    assert "[rank 3] done" in artifact_text(mlflow_server, found, "logs/all.log")
+
+
+def test_a_failing_cell_is_a_failed_run_that_names_the_rank(ip, mlflow_server):
+    cell = "import mpi_magic\nif mpi_magic.rank() == 1:\n    raise ValueError('boom')\n"
+    with pytest.raises(RemoteRankError):
+        run(ip, "-i 2 -g 2 --mlflow failing-job", cell)
+    client, found = only_run(mlflow_server, "failing-job")
+    assert found.info.status == "FAILED"
+    tags = found.data.tags
+    assert tags["mpi_magic.failed_ranks"] == "1"
+    assert "rank 1" in tags["mpi_magic.failure"] and "ValueError: boom" in tags["mpi_magic.failure"]
+    assert "ValueError: boom" in artifact_text(mlflow_server, found, "failure.txt")
+
+
+def test_a_session_is_one_run_whose_cells_follow_each_other(sessions, mlflow_server):
+    ip = sessions
+    start_session(ip, "-i 2 -g 2 --mlflow a-session")
+    cell = "import mpi_magic\nfor step in range(3):\n    mpi_magic.log(loss=float(step))\n"
+    run(ip, "", cell)
+    run(ip, "", cell)
+    ip.run_line_magic("mpirun_session", "stop")
+    client, found = only_run(mlflow_server, "a-session")
+    assert found.info.status == "FINISHED"
+    assert history(client, found.info.run_id, "loss") == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 0.0), (4, 1.0), (5, 2.0)]
+    assert [step for step, _ in history(client, found.info.run_id, "rank3/loss")] == [0, 1, 2, 3, 4, 5]
+    assert found.data.tags["mpi_magic.cell1.status"] == found.data.tags["mpi_magic.cell2.status"] == "completed"
+    assert {"cells/cell1/summary.html", "cells/cell2/summary.html"} <= artifacts(client, found.info.run_id)
+
+
+def test_a_tracking_server_that_is_down_leaves_the_cell_to_complete_with_one_warning(ip, monkeypatch, capsys):
+    from mpi_magic.shared.procs import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    run(ip, "-i 2 -g 2 --mlflow nowhere", "import mpi_magic\nmpi_magic.log(loss=1.0)\nvalue = 3\n")
+    assert ip.user_ns["value"] == 3
+    said = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
+    assert len(said) == 1 and said[0].startswith("mpi_magic: MLflow did not take the run of job "), said
+    assert "nothing answers at" in said[0]
+
+
+def test_the_option_without_an_experiment_is_one_sentence(ip):
+    with pytest.raises(UsageError, match="expected one argument") as missing:
+        run(ip, "--mlflow", "x = 1")
+    with pytest.raises(UsageError, match="--mlflow takes the name of an MLflow experiment") as empty:
+        run(ip, "--mlflow ''", "x = 1")
+    assert "\n" not in str(missing.value) + str(empty.value)
+
+
+def test_without_mlflow_the_option_says_what_installs_it(ip, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(UsageError) as refused:
+        run(ip, "--mlflow an-experiment", "x = 1")
+    assert str(refused.value) == "--mlflow needs MLflow, which is not installed: pip install 'mlflow>=2.16'"
+
+
+def test_mlflows_own_variables_choose_the_experiment():
+    chosen = Config({"MLFLOW_TRACKING_URI": "http://tracking", "MLFLOW_EXPERIMENT_NAME": "theirs"})
+    assert chosen.lookup("mlflow") == ("theirs", "MLFLOW_EXPERIMENT_NAME")
+    assert Config({"MLFLOW_EXPERIMENT_NAME": "theirs"}).get("mlflow") is None  # no tracking URI: MLflow's own store
+
+
+def test_the_missing_package_is_named_with_the_extras_own_requirement():
+    import os
+    import tomllib
+
+    from mpi_magic.errors import INSTALL_MLFLOW
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["optional-dependencies"]["mlflow"]
+    assert INSTALL_MLFLOW == "pip install " + " ".join(f"'{requirement}'" for requirement in declared)
