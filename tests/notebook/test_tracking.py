@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -11,6 +13,7 @@ from helpers import run, start_session
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import RemoteRankError
+from mpi_magic.notebook.tracking import FINISH_WAIT, PROBE_SECONDS
 from mpi_magic.options import Config
 
 mlflow = pytest.importorskip("mlflow", reason="MLflow is not installed here: pip install 'mlflow>=2.16'")
@@ -115,6 +118,20 @@ def test_a_tracking_server_that_is_down_leaves_the_cell_to_complete_with_one_war
     said = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
     assert len(said) == 1 and said[0].startswith("mpi_magic: MLflow did not take the run of job "), said
     assert "nothing answers at" in said[0]
+
+
+def test_a_tracking_server_that_never_answers_holds_the_cell_up_only_for_its_probe(ip, monkeypatch, capsys):
+    with socket.socket() as listening:  # takes connections (the backlog) and answers none
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        started = time.monotonic()
+        run(ip, "-i 1 -g 2 --mlflow silent", "import mpi_magic\nmpi_magic.log(loss=1.0)\nvalue = 4\n")
+        took = time.monotonic() - started
+    assert ip.user_ns["value"] == 4
+    said = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
+    assert len(said) == 1 and "nothing answers at" in said[0] and "timed out" in said[0], said
+    assert took < PROBE_SECONDS + FINISH_WAIT, took
 
 
 def test_the_option_without_an_experiment_is_one_sentence(ip):
