@@ -12,7 +12,7 @@ import pytest
 from helpers import run, start_session
 from IPython.core.error import UsageError
 
-from mpi_magic.errors import RemoteRankError
+from mpi_magic.errors import JobTimeoutError, RemoteRankError
 from mpi_magic.notebook.tracking import FINISH_WAIT, PROBE_SECONDS
 from mpi_magic.options import Config
 
@@ -92,6 +92,14 @@ def test_a_failing_cell_is_a_failed_run_that_names_the_rank(ip, mlflow_server):
     assert tags["mpi_magic.failed_ranks"] == "1"
     assert "rank 1" in tags["mpi_magic.failure"] and "ValueError: boom" in tags["mpi_magic.failure"]
     assert "ValueError: boom" in artifact_text(mlflow_server, found, "failure.txt")
+
+
+def test_a_cell_stopped_at_its_timeout_is_a_killed_run(ip, mlflow_server):
+    with pytest.raises(JobTimeoutError):
+        run(ip, "-i 1 -g 2 --mlflow stopped-job --timeout 2", "import time\ntime.sleep(60)\n")
+    _, found = only_run(mlflow_server, "stopped-job")
+    assert found.info.status == "KILLED"
+    assert "ran past --timeout 2s" in found.data.tags["mpi_magic.failure"]
 
 
 def test_a_session_is_one_run_whose_cells_follow_each_other(sessions, mlflow_server):
