@@ -306,9 +306,6 @@ Host *
     StrictHostKeyChecking no
     UserKnownHostsFile /dev/null
     LogLevel ERROR
-    ConnectTimeout 5
-    ServerAliveInterval 5
-    ServerAliveCountMax 2
 """)
         with open(self.ssh_agent, "w") as f:
             f.write(f"#!/bin/sh\nexec ssh -F {shlex.quote(os.path.join(etc, 'ssh_config'))} \"$@\"\n")

@@ -41,6 +41,14 @@ ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
 ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook need not wait for more
 TOLD_TO_STOP = SAID + "told to stop (SIGTERM): stopping the ranks"  # a stop, or a spot interruption
 UNREACHABLE = SAID + "stopped answering: "  # then the sentence naming the workers that could not be released
+# ssh as it comes waits minutes on a host that went silent (a connection for TCP's timeout, an open
+# session for ever), so every ssh of the job (the wait for the workers, their release, mpirun's
+# sessions to its daemons) gives up on such a host by itself, whatever the image's ssh configuration says.
+SSH_CONNECT_TIMEOUT = 5  # seconds to connect; a host on the job's network answers in milliseconds
+SSH_ALIVE_INTERVAL = 3  # seconds without a word from the host before ssh asks whether it is there
+SSH_ALIVE_COUNT = 2  # asks unanswered before ssh ends the session: a silent host is given up in about 6 s
+SSH_OPTIONS = ["-o", "ConnectTimeout=%d" % SSH_CONNECT_TIMEOUT, "-o", "ServerAliveInterval=%d" % SSH_ALIVE_INTERVAL,
+               "-o", "ServerAliveCountMax=%d" % SSH_ALIVE_COUNT]
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", envvars.PREFIX, "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -284,11 +292,16 @@ def on_each(hosts, action):
     return [host for host in hosts if done.get(host) is not True]
 
 
+def ssh(agent, host, command):
+    """The command line that runs ``command`` on ``host`` through ``agent``, giving up on a silent host."""
+    return shlex.split(agent) + SSH_OPTIONS + [host, command]
+
+
 def wait_for(workers, agent, limit=600.0):
     deadline = time.monotonic() + limit
 
     def answers(host):
-        while subprocess.run(shlex.split(agent) + [host, "true"], capture_output=True).returncode != 0:
+        while subprocess.run(ssh(agent, host, "true"), capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
                 return False
             time.sleep(1)
@@ -304,7 +317,7 @@ def release(workers, agent):
     """Tell every worker at once that the job is over; the workers that could not be told."""
     def tell(host):
         try:
-            told = subprocess.run(shlex.split(agent) + [host, RELEASE_COMMAND], capture_output=True, timeout=60)
+            told = subprocess.run(ssh(agent, host, RELEASE_COMMAND), capture_output=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as exc:
             say("could not release %s: %s" % (host, exc))
             return False
@@ -346,6 +359,7 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
     user_args = shlex.split(os.environ.get(envvars.MPIRUN_ARGS, ""))
+    launch += ssh_args(major, user_args)
     if interface:
         launch += network_args(major, interface, user_args)
         if "NCCL_SOCKET_IFNAME" not in os.environ:  # the job's own (--env) is forwarded above and wins
@@ -377,6 +391,15 @@ def network_args(major, interface, user_args=()):
         if not any(name in arg for arg in theirs for name in names):
             args += flag_and_name + [interface]
     return args
+
+
+def ssh_args(major, user_args=()):
+    """mpirun's ssh sessions to its daemons give up on a silent host as the bootstrap's own do
+    (``SSH_OPTIONS``), unless the job's --mpirun-args or environment set ssh's arguments already."""
+    theirs = [*user_args, *(name.lower() for name in os.environ if name.startswith(("OMPI_MCA_", "PRTE_MCA_")))]
+    if any(name in arg for arg in theirs for name in ("plm_ssh_args", "plm_rsh_args")):
+        return []
+    return (["--prtemca", "plm_ssh_args"] if major >= 5 else ["--mca", "plm_rsh_args"]) + [" ".join(SSH_OPTIONS)]
 
 
 def forwarded_signals(major, user_args=()):

@@ -241,11 +241,16 @@ def test_without_boto3_the_extra_to_install_is_named(ip, monkeypatch, cache_dir)
         run(ip, "--backend sagemaker", "x = 1\n")
 
 
+GIVES_UP_ON_SILENCE = "-o ConnectTimeout=5 -o ServerAliveInterval=3 -o ServerAliveCountMax=2"
+
+
 @pytest.mark.parametrize(("version_text", "launch", "signals"), [
     ("mpirun.real (OpenRTE) 4.1.7\n\nReport bugs to", ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn",
-                                                      "1", "--allow-run-as-root"],
+                                                      "1", "--allow-run-as-root", "--mca", "plm_rsh_args",
+                                                      GIVES_UP_ON_SILENCE],
      ["--mca", "ess_base_forward_signals", "SIGURG"]),  # Open MPI 4 forwards the stack request when told
-    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1"], []),
+    ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1",
+                                   "--prtemca", "plm_ssh_args", GIVES_UP_ON_SILENCE], []),
 ])
 def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch,
                                                                      signals):
@@ -264,8 +269,10 @@ def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, m
     rest = argv[6 + len(launch):]
     assert rest[:5 + len(signals)] == ["--bind-to", "none", *signals, "--mca", "btl_tcp_if_include", "eth0"]
     assert ["-x", "STAGE"] == rest[rest.index("STAGE") - 1:rest.index("STAGE") + 1]
-    monkeypatch.setenv("OMPI_MCA_ess_base_forward_signals", "SIGUSR1")  # the user's choice stays theirs
-    assert "ess_base_forward_signals" not in bootstrap.mpirun_argv(str(fake), "ssh", "/hosts", 16)
+    monkeypatch.setenv("OMPI_MCA_ess_base_forward_signals", "SIGUSR1")  # the user's choices stay theirs
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_args" if "4." in version_text else "PRTE_MCA_plm_ssh_args", "-q")
+    theirs = bootstrap.mpirun_argv(str(fake), "ssh", "/hosts", 16)
+    assert "ess_base_forward_signals" not in theirs and GIVES_UP_ON_SILENCE not in theirs
 
 
 def test_defaults_come_from_the_sagemaker_sdks_config_file(ip, cloud, tmp_path, monkeypatch, capsys):
@@ -601,13 +608,13 @@ def test_the_leader_names_the_workers_it_cannot_release_and_the_ranks_that_never
     test_sagemaker_host_faults.py)."""
     from mpi_magic.backends.sagemaker import bootstrap
 
-    agent = tmp_path / "ssh"  # an ssh for which algo-3 is gone
-    agent.write_text('#!/bin/sh\nif [ "$1" = algo-3 ]; then\n'
+    agent = tmp_path / "ssh"  # an ssh for which algo-3 is gone, that notes its options for the others
+    agent.write_text('#!/bin/sh\nhost=$7\nif [ "$host" = algo-3 ]; then\n'
                      '    echo "ssh: connect to host algo-3 port 22: Connection refused" >&2; exit 255\nfi\n'
-                     'touch "$0.$1"\n')
+                     'echo "$1 $2 $3 $4 $5 $6" > "$0.$host"\n')
     agent.chmod(0o755)
     assert bootstrap.release(["algo-2", "algo-3", "algo-4"], str(agent)) == ["algo-3"]
-    assert (tmp_path / "ssh.algo-2").exists() and (tmp_path / "ssh.algo-4").exists()
+    assert (tmp_path / "ssh.algo-2").read_text() == (tmp_path / "ssh.algo-4").read_text() == GIVES_UP_ON_SILENCE + "\n"
     assert ("could not release algo-3: " + str(agent) + " exited with status 255: ssh: connect to host algo-3 port 22: "
             "Connection refused") in capsys.readouterr().out
     assert bootstrap.unreachable_sentence(["algo-3"], "algo-1") == ("instance algo-3 stopped answering (lost, or cut "
