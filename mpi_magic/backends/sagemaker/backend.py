@@ -104,6 +104,12 @@ class SageMakerBackend:
         request["Environment"][envvars.EVENT_TOKEN] = token  # MPI_MAGIC_* reaches every rank
         request["Environment"][envvars.STACKS_EVENTS] = "1"  # a rank asked for its stack sends it as an event
         request["Environment"][envvars.STALL_AFTER] = repr(float(self.stall_after))
+        if options.max_cost is not None and not self.settings.training_plan:  # a budget outlives the notebook
+            capped = pricing.budget_runtime(options.max_cost, self.settings.instance_type, self.settings.region,
+                                            options.instances)
+            stopping = request["StoppingCondition"]
+            if capped is not None and capped < stopping["MaxRuntimeInSeconds"]:
+                stopping["MaxRuntimeInSeconds"] = capped
         validate(request)
         return request
 

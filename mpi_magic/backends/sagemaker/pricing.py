@@ -15,9 +15,13 @@ bound ("at most $X"). Storage, data transfer and taxes are not included.
 
 from __future__ import annotations
 
+import math
+
 from ...shared.cost import SECONDS_PER_HOUR, Cost, dollars, estimate
 
 TABLE_DATE = "2026-09-24"
+BUDGET_GRACE = 30  # seconds a job may train past its budget's time before SageMaker stops it: the notebook
+# stops it first, with its sentence, unless the notebook is gone
 
 # region -> instance type -> USD per instance-hour, on demand
 PRICES: dict[str, dict[str, float]] = {
@@ -43,6 +47,16 @@ def cost(instance_type: str, region: str, instance_seconds: float, spot: bool = 
     """What ``instance_seconds`` of training on ``instance_type`` in ``region`` cost at list price
     (an upper bound with ``spot``); None where the price is unknown. ``str(cost)`` words it."""
     return estimate(hourly_price(instance_type, region), instance_seconds, spot)
+
+
+def budget_runtime(max_cost: float, instance_type: str, region: str, instances: int) -> int | None:
+    """The MaxRuntimeInSeconds that keeps a job within ``max_cost`` when no notebook watches it any
+    more: the seconds of training that cost that much at list price, and ``BUDGET_GRACE``; None
+    where the price is unknown."""
+    hourly = hourly_price(instance_type, region)
+    if hourly is None:
+        return None
+    return math.ceil(max_cost / (hourly * instances) * SECONDS_PER_HOUR) + BUDGET_GRACE
 
 
 def plan_line(training_plan: str) -> str:

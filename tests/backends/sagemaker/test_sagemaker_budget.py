@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import described, run, start_session, training_jobs, wait_until
+from helpers import BUCKET, ROLE, described, run, start_session, training_jobs, wait_until
 from IPython.core.error import UsageError
 
 import mpi_magic
@@ -79,3 +79,32 @@ def test_a_budget_where_the_meter_knows_no_price_is_refused_before_anything_star
     assert str(caught.value) == ("the max_cost setting ($5.00) cannot be kept: mpi_magic's price table has no list "
                                  "price for ml.c5.xlarge in us-east-1; unset it with %mpirun_config max_cost=")
     assert set(training_jobs(cloud)) == jobs, "nothing was created"
+
+
+def test_the_budget_caps_the_jobs_runtime_so_sagemaker_stops_it_when_the_notebook_is_gone(ip, cloud, local_aws_env,
+                                                                                          tmp_path, capsys):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # two ml.m5.xlarge at $0.23 an instance-hour spend $0.0002 in 1.6 s: the job may train 2 s, and 30 s more
+    ip.run_cell_magic("mpirun_remote", "-i 2 -g 1 --max-cost 0.0002 --dry-run", "x = 1\n")
+    printed = capsys.readouterr().out
+    request = json.loads(printed[printed.index("{"):printed.index("\nS3 objects:")])
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 2 + 30}
+    # a kernel killed while its job runs: SageMaker itself stops the job at that runtime
+    script = ("import os\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+              "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpi_magic')\n"
+              "ip.run_cell_magic('mpirun_remote', '-i 2 -g 1 --max-cost 0.0002 --async --quiet --out job',\n"
+              "                  'import time\\ntime.sleep(300)\\n')\n"
+              "print(ip.user_ns['job'].name, flush=True)\nos._exit(9)\n")
+    settings = {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
+                "MPI_MAGIC_IMAGE_URI": "local/emulated", "MPI_MAGIC_ROLE": ROLE,
+                "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/jobs/{tmp_path.name}", "MPI_MAGIC_CACHE_DIR": str(tmp_path / "k")}
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **local_aws_env, **settings})
+    name = killed.stdout.strip()
+    assert killed.returncode == 9 and name, killed.stdout + killed.stderr
+    assert wait_until(lambda: described(cloud, name)["TrainingJobStatus"] == "Stopped", 90), described(cloud, name)
+    assert described(cloud, name)["BillableTimeInSeconds"] <= 2 + 30 + 5
