@@ -1,21 +1,27 @@
 """Every rank's stack, on request: where each rank is now, even one blocked inside MPI's C code.
 
-Each rank registers ``faulthandler`` on ``SIGNAL``: the kernel runs its C handler, which writes
-the stacks of every thread without the GIL, so a rank stuck in a collective answers as readily as
-a busy one. It runs on a thread of its own, the only one that does not block the signal, so asking
-changes nothing the rank does: a handler interrupts the call its thread is in, and ``sleep``,
-``poll`` or a driver's wait in C would return early. Where the notebook shares the ranks' machine
-(``MPI_MAGIC_STACKS_DIR``), each rank dumps into its own file; the notebook sends the signal to
-each rank's process, reads what the dump appended, keeps the main thread's frames (innermost
-last), and groups the ranks by where they are: the roll-call. Where it does not (SageMaker: ``MPI_MAGIC_STACKS_EVENTS``), the signal
-comes through mpirun, which forwards it to every rank on every instance, and each rank dumps into
-a pipe that a process of its own reads and sends on as a ``stacks`` event on the rank's stderr,
-the way every other event reaches the notebook. A process the rank forks (a data loader's worker)
-does not answer for it: it forgets the handler.
+Each rank answers ``SIGNAL`` with a ``faulthandler`` dump of every thread's stack. The signal is
+taken by a thread of the rank's own, so asking changes nothing the rank does: a handler interrupts
+the call its thread is in, and ``sleep``, ``poll`` or a driver's wait in C would return early.
+That thread dumps holding the GIL, so no thread runs Python while its frames are read (a dump
+without it reads frames that a running thread frees meanwhile, and the rank dies of SIGSEGV).
+A rank blocked in C that holds the GIL (mpi4py's lower-case collectives do) cannot let that thread
+run, so an asker that has no answer after ``FALLBACK_AFTER`` seconds asks again with
+``FALLBACK_NAME``, which ``faulthandler``'s C handler answers on that thread without the GIL:
+safe there, since the rank's one Python runner is the blocked thread that holds it.
 
-SIGURG is the signal: its default is to be ignored, so a rank that has not registered yet (still
-starting) ignores it instead of dying, and Open MPI's mpirun forwards it to the ranks (Open MPI 5
-by default; Open MPI 4 when ``ess_base_forward_signals`` names it).
+Where the notebook shares the ranks' machine (``MPI_MAGIC_STACKS_DIR``), each rank dumps into its
+own file; the notebook sends the signal to each rank's process, reads what the dump appended, keeps
+the main thread's frames (innermost last), and groups the ranks by where they are: the roll-call.
+Where it does not (SageMaker, Slurm: ``MPI_MAGIC_STACKS_EVENTS``), the signals come through mpirun,
+which forwards them to every rank on every instance, or through Slurm, and each rank dumps into a
+pipe that a process of its own reads and sends on as a ``stacks`` event on the rank's stderr, the
+way every other event reaches the notebook. A process the rank forks (a data loader's worker) does
+not answer for it: it forgets the handler.
+
+Both signals are ignored by default, so a rank that has not registered yet (still starting), and
+every other process Slurm signals, ignores them instead of dying. Open MPI 5's mpirun forwards
+SIGURG by itself; the fallback, and on Open MPI 4 both, only when told (``forward_signals``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ import time
 from . import envvars
 
 SIGNAL_NAME = "SIGURG"
+FALLBACK_NAME = "SIGWINCH"  # the second ask, answered without the GIL
+FALLBACK_AFTER = 0.5  # seconds an asker waits for a rank's answer before it asks the second way (100 GIL switches)
+FALLBACK_GRACE = 5.0  # seconds after an answer in which a second ask is taken and dropped, never dumped
+TAKER_NAP = 1.0  # seconds the taking thread waits for an ask at a time (then sees whether it was kept from running)
 HEADER = "mpi_magic stacks: main thread "
 ANSWER_LIMIT = 3.0  # seconds every rank gets to answer before the others' stacks are reported without it
 SETTLED = 0.05  # seconds a dump file's size must stay put for its dump to count as written
@@ -70,41 +80,67 @@ def install(rank: int, token: str = "", environ=os.environ) -> None:
     import _thread
     import faulthandler
 
-    signum = getattr(_signal, SIGNAL_NAME)
+    signum, fallback = getattr(_signal, SIGNAL_NAME), getattr(_signal, FALLBACK_NAME)
     _registered = os.fdopen(fd, "w")
     if folder:
         _registered.write(f"{HEADER}{_thread.get_ident():#018x}\n")  # called on the main thread
         _registered.flush()
-    faulthandler.register(signum, file=_registered, all_threads=True, chain=False)
-    _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum})  # here, and in every thread started from here on
-    _thread.start_new_thread(_take_the_signal, (signum,))
+    faulthandler.register(fallback, file=_registered, all_threads=True, chain=False)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum, fallback})  # here, and in every thread started from here on
+    _thread.start_new_thread(_take_the_signals, (signum, fallback))
     os.register_at_fork(after_in_child=_forget)
 
 
-def _take_the_signal(signum: int) -> None:
-    """The one thread of the rank that takes the signal, so that the kernel delivers it here and
-    the call it interrupts is this thread's wait, never one of the cell's: ``sleep``, ``poll``, a
-    driver's wait in C return early when a handler runs in their thread, whatever SA_RESTART says.
-    It waits in C, in ``sigwait`` on no signal, which libc resumes after each handler: it never
-    takes the GIL again, and it does not keep the rank from ending."""
+def _take_the_signals(signum: int, fallback: int) -> None:
+    """The one thread of the rank that takes the signals, so that the call a signal interrupts is
+    this thread's wait, never one of the cell's: ``sleep``, ``poll``, a driver's wait in C return
+    early when a handler runs in their thread, whatever SA_RESTART says. It waits for ``signum``
+    without the GIL and answers it holding the GIL. ``fallback`` reaches it only while it waits for
+    the GIL after an ask (the rank holds the GIL in C), and answers in C; after an answer of its
+    own, a ``fallback`` the asker sent meanwhile is taken and dropped. An ask that came while the
+    rank kept it from running for longer than an asker waits was answered that way: it is dropped
+    too, so no stale answer comes late. It does not keep the rank from ending."""
     import _signal
+    import faulthandler
 
-    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})  # (one sent meanwhile waited, and comes now)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
+    ran_at = time.monotonic()
     while True:
-        _signal.sigwait(())
+        asked = _signal.sigtimedwait({signum}, TAKER_NAP)
+        now = time.monotonic()
+        kept_from_running, ran_at = now - ran_at > TAKER_NAP + FALLBACK_AFTER, now
+        if kept_from_running:
+            while _signal.sigtimedwait({signum}, 0):
+                pass
+            continue
+        if asked is None:
+            continue
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, {fallback})
+        answered_at = None
+        while asked is not None:
+            if asked.si_signo == signum:
+                try:
+                    faulthandler.dump_traceback(file=_registered, all_threads=True)
+                except (OSError, ValueError, AttributeError):
+                    pass  # the rank's file or pipe is gone: it is ending
+                answered_at = time.monotonic()
+            asked = _signal.sigtimedwait({signum, fallback}, max(0.0, answered_at + FALLBACK_GRACE - time.monotonic()))
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
+        ran_at = time.monotonic()
 
 
 def _forget() -> None:
-    """In a process the rank forks: the signal, which Open MPI may send the rank's whole process
-    group, is ignored there again and no longer blocked, and the rank's dump file or pipe is closed."""
+    """In a process the rank forks: the signals, which Open MPI may send the rank's whole process
+    group, are ignored there again and no longer blocked, and the rank's dump file or pipe is closed."""
     global _registered
     import _signal
     import faulthandler
 
-    signum = getattr(_signal, SIGNAL_NAME)
+    signals = {getattr(_signal, SIGNAL_NAME), getattr(_signal, FALLBACK_NAME)}
     try:
-        faulthandler.unregister(signum)
-        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
+        for signum in signals:
+            faulthandler.unregister(signum)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
         if _registered is not None:
             _registered.close()
     except (OSError, ValueError):
@@ -203,33 +239,33 @@ def _send_dumps(read_end: int, main_thread: str, rank: int, events: str, token: 
 
 def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
             alive=None) -> tuple[dict[int, list[Frame]], dict[int, str]]:
-    """Ask each rank ({rank: pid}) for its stack; ({rank: frames}, {rank: why it gave none}),
-    within ``limit`` seconds whatever the ranks do."""
+    """Ask each rank ({rank: pid}) for its stack, and again the second way each that has not begun
+    to answer after ``FALLBACK_AFTER`` seconds (or half the limit); ({rank: frames}, {rank: why it
+    gave none}), within ``limit`` seconds whatever the ranks do."""
     import signal
 
-    signum = getattr(signal, SIGNAL_NAME)
     sizes: dict[int, int] = {}
     missing: dict[int, str] = {}
     for rank, pid in sorted(pids.items()):
-        path = dump_path(folder, rank)
         try:
-            sizes[rank] = os.path.getsize(path)
+            sizes[rank] = os.path.getsize(dump_path(folder, rank))
         except OSError:
             missing[rank] = "it has not set up its stack dump (still starting?)"
             continue
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            missing[rank] = "its process has ended"
-            del sizes[rank]
-        except PermissionError:
-            missing[rank] = f"its process {pid} is not this user's"
+        why = _signal_rank(pid, getattr(signal, SIGNAL_NAME))
+        if why:
+            missing[rank] = why
             del sizes[rank]
     stacks: dict[int, list[Frame]] = {}
-    deadline = time.monotonic() + limit
+    asked_at = time.monotonic()
+    deadline, fallback_at = asked_at + limit, asked_at + min(FALLBACK_AFTER, limit / 2)
     seen: dict[int, tuple[int, float]] = {}
     while sizes and time.monotonic() < deadline:
         now = time.monotonic()
+        if fallback_at is not None and now >= fallback_at:
+            fallback_at = None
+            for rank in [rank for rank in sizes if rank not in seen]:  # not begun to answer
+                _signal_rank(pids[rank], getattr(signal, FALLBACK_NAME))
         for rank in list(sizes):
             path = dump_path(folder, rank)
             try:
@@ -248,6 +284,37 @@ def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
         gone = alive is not None and not alive(pids[rank])
         missing[rank] = "its process has ended" if gone else f"it did not answer within {limit:g}s"
     return stacks, missing
+
+
+def _signal_rank(pid: int, signum: int) -> str | None:
+    """Send a rank ``signum``; why it could not be asked, or None."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return "its process has ended"
+    except PermissionError:
+        return f"its process {pid} is not this user's"
+    return None
+
+
+def forwarding_args(major: int, user_args=(), environ=os.environ) -> list[str]:
+    """Open MPI's mpirun arguments that forward both asks to the ranks (its daemons pass on only the
+    signals listed), unless the user's own arguments or environment list the forwarded signals
+    (then a rank blocked in C holding the GIL gives no stack). Open MPI 5's list replaces its
+    defaults, which forward SIGURG and not the fallback (a signal it knows only by number), so it
+    names them too; Open MPI 4's adds to its own."""
+    import signal
+
+    theirs = [*user_args, *(name.lower() for name in environ if name.startswith(("OMPI_MCA_", "PRTE_MCA_")))]
+    if any("ess_base_forward_signals" in arg for arg in theirs):
+        return []
+    ours = f"{SIGNAL_NAME},{int(getattr(signal, FALLBACK_NAME))}"
+    if major >= 5:
+        return ["--prtemca", "ess_base_forward_signals", f"{OPEN_MPI_5_FORWARDED},{ours}"]
+    return ["--mca", "ess_base_forward_signals", ours]
+
+
+OPEN_MPI_5_FORWARDED = "SIGTSTP,SIGUSR1,SIGUSR2,SIGABRT,SIGALRM,SIGCONT"  # its defaults, as its help lists them
 
 
 def _read(path: str, offset: int) -> list[Frame]:

@@ -18,8 +18,9 @@ real ``/usr/sbin/sshd``; without, whatever runs in a host starts it (the SageMak
 ``ssh_environment`` gives the ssh sessions on a host variables of its own (sshd's ``SetEnv``, for
 connections to the host's address), as an image's ``/etc/environment`` gives its logins theirs.
 
-Links can be cut (``cut``/``mend``), slowed (``slow``: ``tc`` tbf) and hosts lost (``lose``: every
-process of the host killed). Root is needed (namespaces, interfaces); ``missing()`` says in one
+Links can be cut (``cut``/``mend``), slowed (``slow``: ``tc`` tbf) and hosts lost (``lose``: its
+link down and every process of it killed, a dead machine's silence; ``kill_all`` kills them with the
+host still answering). Root is needed (namespaces, interfaces); ``missing()`` says in one
 sentence what is missing. Like the test Slurm cluster, a bed that Python brings up is brought down
 when that Python ends without doing so (a keeper, ``down --after PID``).
 """
@@ -390,8 +391,14 @@ Host *
     # -- faults -----------------------------------------------------------------------------
 
     def lose(self, name: str) -> None:
-        """Host ``name`` is lost: every process in it is killed at once, as when an instance dies; returns
-        once none is left (one forked meanwhile is killed too)."""
+        """Host ``name`` dies as a machine does: its link goes down, so the others get no refusal from
+        it, only silence, and every process in it is killed (``kill_all``)."""
+        self.cut(name)
+        self.kill_all(name)
+
+    def kill_all(self, name: str) -> None:
+        """Every process in host ``name`` is killed at once, the host still answering (a connection to
+        it is refused at once); returns once none is left (one forked meanwhile is killed too)."""
         deadline = time.monotonic() + STOP_GRACE
         while (pids := self.pids(name)) and time.monotonic() < deadline:
             for pid in pids:

@@ -373,7 +373,7 @@ class EmulatedJob:
             bed, self.bed = self.bed, None
         if bed is not None:
             for host in bed.names:
-                bed.lose(host)
+                bed.kill_all(host)
             bed.down()
 
     def _environment(self, host: str) -> dict[str, str]:

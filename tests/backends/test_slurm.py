@@ -146,11 +146,11 @@ def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_li
             from mpi4py import MPI
             if mpi_magic.rank() == 2:
                 time.sleep(300)
-            MPI.COMM_WORLD.barrier()
+            MPI.COMM_WORLD.allreduce(1)  # (mpi4py holds the GIL there: the ranks answer when asked the second way)
             """))
     job = slurm.user_ns["job"]
     # (lines as the cell shows them, the magic's line first)
-    assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in barrier; rank 2 at cell line 5 in sleep"
+    assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in allreduce; rank 2 at cell line 5 in sleep"
     assert job.model.time_left() is None  # (it has ended)
     assert job.status == "stopped"
     assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)

@@ -136,16 +136,19 @@ def test_a_rank_inside_a_function_from_an_earlier_cell_is_shown_in_that_cells_wo
             job.wait()
 
 
-def test_a_rank_that_ignores_the_request_or_has_finished_is_named_and_the_others_answer(ip):
+def test_a_rank_that_is_stopped_or_has_finished_is_named_and_the_others_answer(ip):
+    import os
+    import signal
+
     run(ip, "-g 3 --async --quiet --out job", (
-        "import mpi_magic, signal, time\n"                                         # 2
+        "import mpi_magic, os, signal, time\n"                                     # 2
         "if mpi_magic.rank() == 1:\n"                                              # 3
-        "    signal.signal(signal.SIGURG, signal.SIG_IGN)\n"                       # 4
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"                               # 4: as a debugger stops it
         "if mpi_magic.rank() != 2:\n"                                              # 5
         "    time.sleep(60)\n"                                                     # 6
     ))
     job = ip.user_ns["job"]
-    _in_cell(job, {0: [("<cell>", 6, "<module>")]})  # rank 1 then ignores the request, rank 2 ends
+    _in_cell(job, {0: [("<cell>", 6, "<module>")]})  # rank 1 then is stopped, rank 2 ends
     deadline = time.monotonic() + 30
     while (job.ranks[2].status != "completed" or 1 in job.stacks(limit=0.5)) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -154,6 +157,7 @@ def test_a_rank_that_ignores_the_request_or_has_finished_is_named_and_the_others
         where = str(job.roll_call(limit=1.0))
         took = time.monotonic() - started
     finally:
+        os.kill(job.ranks[1].pid, signal.SIGCONT)
         job.cancel()
         with pytest.raises(Exception, match="cancelled"):
             job.wait()

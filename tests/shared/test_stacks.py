@@ -15,18 +15,35 @@ RANK_SCRIPT = textwrap.dedent("""
     import os, sys, threading, time
     from mpi_magic.shared import stacks
     stacks.install(int(sys.argv[1]))
-    if sys.argv[2] == "ignore":
-        import signal
-        signal.signal(getattr(signal, stacks.SIGNAL_NAME), signal.SIG_IGN)
 
     def helper_thread():
         time.sleep(60)
+
+    def deep(n):
+        return deep(n - 1) + 1 if n else 0
+
+    def running_python():  # frames made and freed without end, and threads that come and go
+        while True:
+            deep(200)
+            thread = threading.Thread(target=deep, args=(50,))
+            thread.start()
+            thread.join()
 
     def blocked_in_c():
         print("ready", flush=True)
         time.sleep(60)  # in C with the GIL released, as a rank inside MPI_Allreduce is
 
+    def blocked_in_c_holding_the_gil():
+        import ctypes
+        print("ready", flush=True)
+        ctypes.PyDLL(None).sleep(60)  # as a rank inside mpi4py's comm.allreduce (lower case) is
+
+    if sys.argv[2] == "busy threads":
+        for _ in range(2):
+            threading.Thread(target=running_python, daemon=True).start()
     threading.Thread(target=helper_thread, daemon=True).start()
+    if sys.argv[2] == "holding the GIL":
+        blocked_in_c_holding_the_gil()
     blocked_in_c()
 """)
 
@@ -59,18 +76,50 @@ def test_a_process_blocked_in_c_answers_with_its_main_threads_frames_innermost_l
     assert again == found, "a second request reads the second dump, not the first again"
 
 
-def test_ranks_that_ignore_the_request_have_ended_or_never_set_up_are_named_within_the_limit(tmp_path):
-    answering, ignoring = _rank(tmp_path, 0), _rank(tmp_path, 1, "ignore")
+def test_a_rank_whose_threads_run_python_while_it_is_asked_answers_every_time_and_lives_on(tmp_path):
+    """Its stacks are read holding the GIL: read without it, the frames a running thread frees
+    meanwhile are read, and the rank dies of SIGSEGV (within a few asks)."""
+    process = _rank(tmp_path, 0, "busy threads")
+    answers = []
+    try:
+        for _ in range(40):
+            found, missing = stacks.request(str(tmp_path), {0: process.pid})
+            assert process.poll() is None, f"the rank died of signal {-process.returncode} when asked"
+            assert missing == {}
+            answers.append([function for _, _, function in found[0]])
+    finally:
+        _end(process)
+    assert answers == [["<module>", "blocked_in_c"]] * 40
+
+
+def test_a_rank_blocked_in_c_holding_the_gil_answers_when_asked_the_second_way(tmp_path):
+    process = _rank(tmp_path, 0, "holding the GIL")
+    try:
+        started = time.monotonic()
+        found, missing = stacks.request(str(tmp_path), {0: process.pid})
+        took = time.monotonic() - started
+    finally:
+        _end(process)
+    assert missing == {}
+    assert [function for _, _, function in found[0]] == ["<module>", "blocked_in_c_holding_the_gil"]
+    assert stacks.FALLBACK_AFTER <= took < stacks.ANSWER_LIMIT
+
+
+def test_ranks_that_cannot_answer_have_ended_or_never_set_up_are_named_within_the_limit(tmp_path):
+    import signal
+
+    answering, stopped = _rank(tmp_path, 0), _rank(tmp_path, 1)
+    os.kill(stopped.pid, signal.SIGSTOP)
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     open(stacks.dump_path(str(tmp_path), 2), "w").close()  # it set up its dump before it ended
     try:
         started = time.monotonic()
-        found, missing = stacks.request(str(tmp_path), {0: answering.pid, 1: ignoring.pid, 2: ended.pid, 3: os.getpid()},
+        found, missing = stacks.request(str(tmp_path), {0: answering.pid, 1: stopped.pid, 2: ended.pid, 3: os.getpid()},
                                         limit=1.0)
         took = time.monotonic() - started
     finally:
-        for process in (answering, ignoring):
+        for process in (answering, stopped):
             _end(process)
     assert list(found) == [0]
     assert missing == {1: "it did not answer within 1s", 2: "its process has ended",

@@ -101,11 +101,24 @@ def test_a_lost_host_has_nothing_left_running_and_its_relays_reach_this_machine(
                                          f"urlopen('http://{address}:{port}/').status)"])
             assert fetched.stdout == "200\n", fetched.stderr
             assert bed.pids("algo-1")
-            bed.lose("algo-1")
+            bed.lose("algo-1")  # a dead machine: nothing runs there, and nothing answers, not even a refusal
             assert bed.pids("algo-1") == []
+            assert _connecting(bed, "algo-2", bed.address("algo-1")) == "TimeoutError"
+            bed.mend("algo-1")
+            assert _connecting(bed, "algo-2", bed.address("algo-1")) == "ConnectionRefusedError"
+            bed.kill_all("algo-2")  # every process killed, the host still answering: refused at once
+            assert bed.pids("algo-2") == []
+            assert _connecting(bed, "algo-1", bed.address("algo-2")) == "ConnectionRefusedError"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _connecting(bed: TestHosts, host: str, address: str) -> str:
+    """What a connection from ``host`` to sshd's port at ``address`` meets within 2 s: the error's name."""
+    tried = bed.run(host, [sys.executable, "-c", "import socket\ntry:\n    socket.create_connection("
+                           f"({address!r}, 22), timeout=2)\nexcept OSError as exc:\n    print(type(exc).__name__)"])
+    return tried.stdout.strip() or tried.stderr
 
 
 def test_without_root_the_bed_says_so_in_one_sentence_and_makes_nothing(monkeypatch, capsys, tmp_path):

@@ -219,7 +219,7 @@ def ask_for_stacks(mpirun, relayed, nap=1.0):
 
     stall_after = float(os.environ.get(envvars.STALL_AFTER) or 0)
     requests = StackRequests(os.environ.get(envvars.RESULTS_URI, ""))
-    asked_for = None
+    asked_for = fallback_due = None
     while mpirun.poll() is None:
         time.sleep(nap)
         if not relayed["active"]:
@@ -229,11 +229,15 @@ def ask_for_stacks(mpirun, relayed, nap=1.0):
         if stalled:
             asked_for = quiet_since
         asked = requests.new()  # (looked at whether or not the ranks stalled: a request is taken once)
-        if stalled or asked:
-            try:
+        try:
+            if fallback_due is not None and time.monotonic() >= fallback_due:
+                fallback_due = None  # the second way, which ranks that answered the first drop
+                mpirun.send_signal(getattr(signal, stacks.FALLBACK_NAME))
+            if stalled or asked:
                 mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
-            except OSError:
-                return
+                fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
+        except OSError:
+            return
 
 
 class StackRequests:
@@ -403,14 +407,10 @@ def ssh_args(major, user_args=()):
 
 
 def forwarded_signals(major, user_args=()):
-    """Open MPI 4's mpirun forwards the stack request's signal only when told (5's does by itself),
-    unless the user's --mpirun-args or environment chose the forwarded signals already."""
-    theirs = [*user_args, *(name.lower() for name in os.environ if name.startswith("OMPI_MCA_"))]
-    if major >= 5 or any("ess_base_forward_signals" in arg for arg in theirs):
-        return []
+    """mpirun forwards both of the stack requests' signals to the ranks on every instance."""
     from mpi_magic.shared import stacks  # the job's code, unpacked by now
 
-    return ["--mca", "ess_base_forward_signals", stacks.SIGNAL_NAME]
+    return stacks.forwarding_args(major, user_args)
 
 
 def first_failure(failures):

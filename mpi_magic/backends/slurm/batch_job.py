@@ -11,13 +11,14 @@ import dataclasses
 import os
 import queue
 import re
+import signal
 import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
-from ...shared import envvars, jobdir, wire
+from ...shared import envvars, jobdir, stacks, wire
 from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
                               RankStarted, StreamDecoder)
 from ...shared.layout import RESULTS
@@ -106,8 +107,11 @@ class SlurmBackend:
         """The command the batch script runs: the launcher, then ``command`` (every rank's runtime)."""
         if self.srun:
             return [commands.client("srun"), "--mpi=pmix", "--label", "--kill-on-bad-exit=1", *command]
-        # the allocation has a slot for each rank: never --oversubscribe
-        return launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args,
+        # the allocation has a slot for each rank: never --oversubscribe; the daemons on the nodes pass
+        # the stack requests' signals on to the ranks
+        forwarding = (stacks.forwarding_args(self.launcher.version[0] if self.launcher.version else 5, options.mpirun_args)
+                      if self.launcher.flavour == "openmpi" else [])
+        return launchers.mpirun_argv(self.launcher, options.world_size, command, [*forwarding, *options.mpirun_args],
                                      options.world_size)
 
     def environment(self, job_name: str, token: str, options: LaunchOptions) -> dict[str, str]:
@@ -188,6 +192,7 @@ class SlurmJob:
         self._in_cell = not session  # a session's ranks are in a cell only from new_cell() until all reported
         self._active_at = time.monotonic()  # when a rank last printed or made progress
         self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
+        self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
         self._launcher_log = launchers.LauncherLog()
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._wake = threading.Event()  # set when output is due (a session's cell was sent)
@@ -239,6 +244,7 @@ class SlurmJob:
                             break
                 break
             self._ask_if_stalled()
+            self._ask_the_second_way_when_due()
             nap = READ_AT_ONCE if read else min(nap * 2, READ_LATER)
             if self._wake.wait(nap):
                 self._wake.clear()
@@ -430,10 +436,27 @@ class SlurmJob:
         self._watcher.hurry()
 
     def request_stacks(self) -> bool:
-        """SIGURG to every process of the job (``scancel --signal``): each rank sends its stack as an event."""
+        """The stack request's signal to every process of the job (``scancel --signal``): each rank
+        sends its stack as an event; the second way follows ``FALLBACK_AFTER`` seconds later (``_follow``)."""
         if self._finished or not self._started:
             return False
-        return commands.run("scancel", "--full", "--signal=URG", self.job_id).returncode == 0
+        asked = self._signal_job(stacks.SIGNAL_NAME)
+        if asked:
+            self._fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
+        return asked
+
+    def _signal_job(self, name: str) -> bool:
+        signum = int(getattr(signal, name))  # (by number: scancel knows only some signals by name)
+        return commands.run("scancel", "--full", f"--signal={signum}", self.job_id).returncode == 0
+
+    def _ask_the_second_way_when_due(self) -> None:
+        due = self._fallback_due
+        if due is not None and time.monotonic() >= due:
+            self._fallback_due = None
+            try:
+                self._signal_job(stacks.FALLBACK_NAME)  # ranks that answered the first way drop it
+            except SlurmSetupError:
+                pass  # slurmctld did not answer: ranks that hold the GIL give no stack this time
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote their results into the job folder, on the shared filesystem."""

@@ -248,9 +248,10 @@ GIVES_UP_ON_SILENCE = "-o ConnectTimeout=5 -o ServerAliveInterval=3 -o ServerAli
     ("mpirun.real (OpenRTE) 4.1.7\n\nReport bugs to", ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_no_tree_spawn",
                                                       "1", "--allow-run-as-root", "--mca", "plm_rsh_args",
                                                       GIVES_UP_ON_SILENCE],
-     ["--mca", "ess_base_forward_signals", "SIGURG"]),  # Open MPI 4 forwards the stack request when told
+     ["--mca", "ess_base_forward_signals", "SIGURG,28"]),  # both stack requests: Open MPI 4 adds them to its own
     ("mpirun (Open MPI) 5.0.6\n", ["--prtemca", "plm_ssh_agent", "ssh", "--prtemca", "plm_ssh_no_tree_spawn", "1",
-                                   "--prtemca", "plm_ssh_args", GIVES_UP_ON_SILENCE], []),
+                                   "--prtemca", "plm_ssh_args", GIVES_UP_ON_SILENCE],
+     ["--prtemca", "ess_base_forward_signals", "SIGTSTP,SIGUSR1,SIGUSR2,SIGABRT,SIGALRM,SIGCONT,SIGURG,28"]),  # 5 replaces
 ])
 def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, monkeypatch, version_text, launch,
                                                                      signals):
