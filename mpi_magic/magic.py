@@ -13,7 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from .notebook import debugger, pipeline
+from .notebook import debugger, export, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound, counted, ranks_phrase
 from .backends import default_gpus, get_attachable
 from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
@@ -376,6 +376,48 @@ class MpiMagics(Magics):
                      else f"{info.get('world_size', '?')} ranks")
             print(f"{info['name']:<40} {started}  {info.get('status', '?'):<11} {info.get('backend', '?')}, {shape}")
         return None
+
+    @line_magic
+    @magic_arguments()
+    @argument("job", nargs="?", default=None, metavar="JOB",
+              help="A job handle stored with --out, or a job's name (default: this notebook's newest job).")
+    @argument("--to", default=None, metavar="DIR", help="The folder to write (default: the job's name, here).")
+    def mpirun_export(self, line: str):
+        """Write a folder that runs a job's cell again without a notebook: `bash DIR/run.sh`.
+
+        The folder holds the cell (cell.py), the values it reads (payload.bin), the launch for its
+        backend and shape (launch.txt: the mpirun line, the Slurm batch script, the SageMaker
+        request), run.sh and a README.md of what it needs. run.sh prints every rank's output, exits
+        with status 1 when a rank fails, and writes what the cell assigns to DIR/results.pickle.
+        """
+        try:
+            args = _parse(self.mpirun_export, line)
+        except (UsageError, ValueError):
+            raise UsageError("usage: %mpirun_export [JOB] [--to DIR]") from None
+        job = self._export_target(args.job)
+        folder = os.path.abspath(args.to or job.name)
+        try:
+            notes = export.export(job, self.shell.user_ns, folder, self.defaults, self._cell_name)
+        except (BackendNotAvailable, LauncherNotFound) as exc:
+            raise UsageError(str(exc)) from None
+        for note in notes:
+            ConsoleEcho().say(note)
+        print(f"job {job.name} exported to {folder}: bash {os.path.join(folder, 'run.sh')} runs it "
+              f"({os.path.join(folder, 'README.md')} says what it needs)")
+
+    def _export_target(self, handle: str | None) -> Job:
+        if handle is None:
+            if self.latest_job is None:
+                raise UsageError("no job of this notebook to export yet: run a %%mpirun_remote cell first")
+            return self.latest_job
+        target = self.shell.user_ns.get(handle) if handle.isidentifier() else None
+        if isinstance(target, Job):
+            return target
+        named = [job for job in self.recent_jobs if job.name == handle]
+        if not named:
+            raise UsageError(f"{handle} is neither a job handle nor one of this notebook's recent jobs "
+                             f"({', '.join(job.name for job in self.recent_jobs) or 'none yet'})")
+        return named[-1]
 
     @line_magic
     def mpirun_config(self, line: str):

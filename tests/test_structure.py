@@ -96,6 +96,7 @@ MAY_IMPORT = {
     "testing": {"errors", "shared", "options", "backends"},
     "notebook": {"errors", "shared", "options", "backends", "view"},
     "magic": {"errors", "shared", "options", "backends", "view", "notebook"},
+    "submit": {"errors", "shared", "options", "view", "notebook"},
 }
 
 

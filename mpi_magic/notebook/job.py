@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import JobError
-from ..options import Config
+from ..options import Config, LaunchOptions
 from ..shared import cell, events, jobdir, procs
 from ..shared import stacks as dumps
 from ..view.model import ACTIVE, ENDED, OUTPUT_TAIL, JobModel, RankState
@@ -62,6 +62,8 @@ class Job:
         self._last_flush = clock()
         self._folder_lost = False
         self.reopened = False  # loaded from its folder after it ended (``Job.load``): read-only
+        self.source = ""  # the cell's code, as it ran
+        self.launch: LaunchOptions | None = None  # a one-off cell's options, which an export runs it with again
 
     def start(self, job_dir: str, cancel: Callable[[], None], stacks_dir: str | None = None, source: str = "",
               request_stacks: Callable[[], bool] | None = None, cell_file: str = cell.FILENAME) -> None:
@@ -70,7 +72,7 @@ class Job:
         through the job's own channel) are known now; ``source`` is the cell's code, compiled
         as ``cell_file``."""
         self.job_dir, self._cancel = job_dir, cancel
-        self._stacks_dir, self._cell_lines = stacks_dir, cell.numbered(source).splitlines()
+        self.source, self._stacks_dir, self._cell_lines = source, stacks_dir, cell.numbered(source).splitlines()
         self._cell_file = cell_file
         self._request_stacks = request_stacks or self._request_stacks
         self._record()
@@ -133,6 +135,11 @@ class Job:
                 self.model.fold(events.Output(state.rank, stream, line.removeprefix(_STDERR)))
         for line in _last_lines(os.path.join(self.job_dir, "logs", "launcher.log"), self.model.launcher_tail.maxlen):
             self.model.fold(events.LauncherOutput(line))
+
+    @property
+    def cell_file(self) -> str:
+        """The file name the cell's code was compiled under (``cell.FILENAME`` unless the notebook named it)."""
+        return self._cell_file
 
     @property
     def summary(self) -> Summary:

@@ -164,6 +164,8 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         import psutil  # while the kernel that follows the job runs
 
         jobdir.record(prepared.job_dir, follower_pid=os.getpid(), follower_started=psutil.Process().create_time())
+    if isinstance(route, (OneOffCell, ExportedCell)):
+        job.launch = options
     on_job(job)
     quiet_echo = None if options.quiet or options.run_async else echo
     follower = Follower(job, backend_job, route.follow_settings(prepared, quiet_echo, clock), record)
@@ -190,7 +192,7 @@ class OneOffCell:
         job_name = options.job_name or jobdir.new_job_name()
         captured = capture.capture(self.code, self.namespace, cell_names=self.cell_names)
         _announce_large(captured, options.world_size, echo)
-        return _pack(config, job_name, captured.packed, _meta(self.code, options), options, self.code.assigns,
+        return _pack(config, job_name, captured.packed, cell_meta(self.code, options), options, self.code.assigns,
                      pin=backend.pins_digest, reuse=False,
                      plan=lambda job_dir, digest: backend.plan(job_dir, job_name, digest, options),
                      record={"backend": backend.name, "world_size": options.world_size, "instances": options.instances,
@@ -236,7 +238,7 @@ class SessionCellRoute:
         plan = (f"would run on session {session.name} ({session.world_size} ranks): sending "
                 + (", ".join(f"{p.name} ({payload.size_text(p.size)})" for p in selection.send) or "nothing")
                 + (f"; the ranks hold {', '.join(kept)} already" if kept else ""))
-        meta = {**_meta(code, options), "return_limit": config.get("return_limit")}
+        meta = {**cell_meta(code, options), "return_limit": config.get("return_limit")}
         return _pack(config, f"{session.name}-{session.cells + 1}", selection.send, meta, options, code.assigns,
                      pin=False, reuse=True, plan=lambda job_dir, digest: plan,
                      record={"backend": session.backend, "world_size": session.world_size, "session": session.name})
@@ -286,6 +288,54 @@ class SessionCellRoute:
         self.session.holdings.assigned(names, {}, names, self.namespace)
         return (f"; here {', '.join(names)} keep what they held before the cell, and later cells use the ranks' "
                 "values (rebind a name here to send yours)" if names else "")
+
+
+class ExportedCell:
+    """A cell exported with its values (``export.py``), run again from its folder without a notebook:
+    its payload is copied into a job folder of its own and the backend runs it as the cell did."""
+
+    def __init__(self, backend: Backend, folder: str, exported: dict[str, Any], options: LaunchOptions):
+        self.backend, self.folder, self.exported, self.options = backend, folder, exported, options
+        self.backend_name, self.world_size = backend.name, options.world_size
+        self.procs_per_instance = options.procs_per_instance
+
+    def prepare(self, config: Config, echo: ConsoleEcho) -> Prepared:
+        cache_dir = config.get("cache_dir")
+        _prepare_cache(cache_dir)
+        job_name = self.options.job_name or jobdir.new_job_name("export")
+        job_dir = jobdir.create(cache_dir, job_name)
+        path = os.path.join(job_dir, payload.PAYLOAD_FILE)
+        with open(os.path.join(self.folder, payload.PAYLOAD_FILE), "rb") as src, jobdir.open_private(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        digest = payload.file_digest(path) if self.backend.pins_digest else None
+        jobdir.prune(cache_dir, config.get("keep_jobs"), job_dir)
+        jobdir.record(job_dir, name=job_name, backend=self.backend.name, world_size=self.options.world_size,
+                      instances=self.options.instances, procs_per_instance=self.options.procs_per_instance,
+                      digest=digest, status="running", started=time.time(), keep_payload=config.get("keep_payloads"))
+        exported = self.exported
+        return Prepared(job_name, job_dir, digest, exported["returns"], self.options.gather, exported["source"],
+                        exported["cell_file"])
+
+    def submit(self, prepared: Prepared) -> BackendJob:
+        return self.backend.submit(prepared.job_dir, prepared.job_name, prepared.digest, self.options)
+
+    def follow_settings(self, prepared: Prepared, echo: ConsoleEcho | None, clock: Callable[[], float]) -> FollowSettings:
+        return FollowSettings(prepared.returns, prepared.gather, {}, self.options.timeout,
+                              self.backend.stop_description, echo, clock)
+
+    def follow(self, follower: Follower) -> CellRun:
+        return follower.run()
+
+    def tracked(self, job_name: str) -> tracking.JobRecord | None:
+        return None
+
+
+def run_exported(folder: str, exported: dict[str, Any], options: LaunchOptions, config: Config,
+                 echo: ConsoleEcho) -> CellRun:
+    """Run the cell exported to ``folder`` (``export.json`` read as ``exported``) as a job of its own."""
+    backend = get_backend(options.backend, config, options)
+    return _run(ExportedCell(backend, folder, exported, options), options, config, lambda job: None, echo,
+                time.monotonic)
 
 
 class AttachedJob:
@@ -601,7 +651,7 @@ def _open_view(config: Config, job: Job, echo: ConsoleEcho) -> View:
     return view
 
 
-def _meta(code: capture.CellCode, options: LaunchOptions) -> dict:
+def cell_meta(code: capture.CellCode, options: LaunchOptions) -> dict:
     """What the ranks need to know besides the values: the cell, compiled, what it is called, and what to
     bring back."""
     return {"source": code.source, "code": cell.compiled(code.source, code.value_at, code.filename),

@@ -12,10 +12,11 @@ from ..shared import events
 
 
 class ConsoleEcho:
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None):
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, every_rank: bool = False):
         self._stdout = stdout
         self._stderr = stderr
         self._held: list[str] | None = None
+        self.every_rank = every_rank  # every rank's stdout too, tagged (a terminal's run of an exported cell)
 
     def hold(self) -> None:
         """Keep rank 0's stdout until ``release``."""
@@ -33,7 +34,10 @@ class ConsoleEcho:
     def show(self, event: events.Event) -> None:
         if not isinstance(event, events.Output):
             return
-        if event.stream == "stdout" and event.rank == 0:
+        if self.every_rank:
+            out = (self._stdout or sys.stdout) if event.stream == "stdout" else (self._stderr or sys.stderr)
+            out.write(f"[rank {event.rank}] {event.text}\n")
+        elif event.stream == "stdout" and event.rank == 0:
             if self._held is not None:
                 self._held.append(event.text + "\n")
                 return

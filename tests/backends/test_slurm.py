@@ -508,3 +508,31 @@ def test_a_slurm_job_reopens_in_a_new_python_from_its_folder_in_the_shared_cache
     assert seen["status"] == "failed" and "raised ValueError: bad shard" in seen["summary"]
     assert seen["metrics"]["0"]["loss"][-1] == [3, 0.25] and seen["logs"]["1"].startswith("on 1\n")
     assert reopened_facts(cache_dir, job.name) == seen
+
+
+def test_an_exported_slurm_job_runs_from_bash_as_a_batch_job_of_the_same_shape(slurm, slurm_cluster, cache_dir,
+                                                                               tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    slurm.user_ns["base"] = 10
+    run(slurm, "--backend slurm -i 2 -g 1 --gather --out job", textwrap.dedent("""\
+        import os
+        import mpi_magic
+        from mpi4py import MPI
+        node = os.environ["SLURMD_NODENAME"]
+        total = base + MPI.COMM_WORLD.allreduce(mpi_magic.rank())
+        print("rank", mpi_magic.rank(), "on", node)
+        """))
+    folder = tmp_path / "exported"
+    slurm.run_line_magic("mpirun_export", f"--to {folder}")
+    launch = (folder / "launch.txt").read_text()
+    assert launch.startswith(f"batch script {folder}/batch.sh:\n#!") and "--nodes=2" in launch
+    done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] rank 0 on n1", "[rank 1] rank 1 on n2"]
+    with open(folder / "results.pickle", "rb") as f:
+        assert pickle.load(f) == {name: slurm.user_ns[name] for name in ("node", "total")}
+    assert "(slurm, 2 x 1) completed" in done.stderr

@@ -13,7 +13,7 @@ import re
 import sys
 
 import pytest
-from helpers import BUCKET, once, once_running, run, uploaded, wait_until
+from helpers import BUCKET, ROLE, once, once_running, run, uploaded, wait_until
 
 import mpi_magic
 
@@ -248,3 +248,31 @@ def test_a_sagemaker_job_reopens_in_a_new_python_from_the_folder_its_kernel_kept
     assert seen["status"] == "completed" and "billable" in seen["summary"]
     assert seen["metrics"]["1"]["loss"][-1] == [2, 1 / 3] and seen["logs"]["1"] == "on 1\n"
     assert reopened_facts(cache_dir, job.name) == seen
+
+
+def test_an_exported_sagemaker_job_is_created_followed_and_collected_from_bash(ip, cloud, cache_dir, tmp_path):
+    import json
+    import os
+    import pickle
+    import subprocess
+
+    ip.user_ns["base"] = 10
+    run(ip, "-i 2 -g 1 --gather --out job", (
+        "import mpi_magic\n"
+        "where = (mpi_magic.rank(), mpi_magic.instance(), base)\n"
+        "print('rank', mpi_magic.rank())\n"
+    ))
+    folder = tmp_path / "exported"
+    ip.run_line_magic("mpirun_export", f"--to {folder}")
+    launch = (folder / "launch.txt").read_text()
+    request = json.loads(launch[launch.index("{"):launch.index("\nS3 objects:")])
+    assert request["ResourceConfig"]["InstanceCount"] == 2 and request["RoleArn"] == ROLE
+    done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] rank 0", "[rank 1] rank 1"]
+    with open(folder / "results.pickle", "rb") as f:
+        assert pickle.load(f) == {"where": ip.user_ns["where"]}
+    name = re.search(r"job (export-\S+) \(sagemaker, 2 x 1\) completed", done.stderr)
+    assert name, done.stderr
+    assert cloud.client("sagemaker").describe_training_job(TrainingJobName=name[1])["TrainingJobStatus"] == "Completed"

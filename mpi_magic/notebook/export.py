@@ -1,0 +1,145 @@
+"""A cell's job as a folder that runs again without a notebook (``%mpirun_export``): the cell, the
+values it reads, the launch for its backend and shape, and ``run.sh``, which runs it from a terminal
+or CI through ``python -m mpi_magic.submit`` and writes the results to ``results.pickle``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Mapping
+
+from IPython.core.error import UsageError
+
+from .. import __version__
+from ..backends import get_backend
+from ..options import Config, LaunchOptions
+from ..shared import jobdir, payload
+from . import capture
+from .job import Job
+from .pipeline import cell_meta
+
+EXPORT_FILE = "export.json"  # what submit reads: the job's name, options and cell
+RESULTS_FILE = "results.pickle"  # {name: value} the cell assigned, as the cell brought them back
+LAUNCH_FILE = "launch.txt"
+_PER_CELL = ("out", "quiet", "dry_run", "run_async", "job_name", "no_session", "detach")  # not the job's shape
+
+
+def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
+           cell_names: capture.CellNames = lambda filename: None) -> list[str]:
+    """Write ``folder`` for ``job`` (a one-off cell of this notebook); what the user should hear about it.
+
+    The values are the job's own payload where its folder kept it (``keep_payloads``), else the
+    notebook's values of the names the cell reads, packed as a cell packs them (a value that cannot
+    be written raises ``CaptureError`` naming it)."""
+    options = job.launch
+    if options is None:
+        raise UsageError(f"job {job.name} ran on a session or was attached: %mpirun_export exports a one-off "
+                         "cell's job (run the cell with --no-session, then export it)")
+    if os.path.exists(folder) and os.listdir(folder) and not os.path.exists(os.path.join(folder, EXPORT_FILE)):
+        raise UsageError(f"{folder} holds files of its own: choose an empty or new folder with --to")
+    code = capture.analyze(job.source, job.cell_file)
+    kept = os.path.join(job.job_dir, payload.PAYLOAD_FILE)
+    captured = None if os.path.exists(kept) else capture.capture(code, namespace, cell_names=cell_names)
+    jobdir.make_private_dirs(folder)
+    path = os.path.join(folder, payload.PAYLOAD_FILE)
+    notes = []
+    if captured is None:
+        with open(kept, "rb") as src, jobdir.open_private(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    else:
+        payload.write(path, captured.packed, cell_meta(code, options), digest=False)
+        changed = sorted(set(code.assigns) & {packed.name for packed in captured.packed})
+        notes.append(f"the values exported are the notebook's now (job {job.name}'s payload was removed when it "
+                     "ended: keep_payloads in %mpirun_config keeps it)"
+                     + (f"; the cell assigned {', '.join(changed)} after reading them, so they hold what it made of "
+                        "them" if changed else ""))
+    shape = {name: value for name, value in dataclasses.asdict(options).items() if name not in _PER_CELL}
+    shape["given"] = sorted(options.given)
+    exported = {"name": job.name, "backend": job.backend, "options": shape, "source": code.source,
+                "cell_file": code.filename, "returns": code.assigns, "python": payload.python_version(),
+                "mpi_magic": __version__}
+    _write(folder, EXPORT_FILE, json.dumps(exported, indent=1))
+    _write(folder, "cell.py", code.source if code.source.endswith("\n") else code.source + "\n")
+    backend = get_backend(options.backend, config, options)
+    digest = payload.file_digest(path) if backend.pins_digest else None
+    os.makedirs(os.path.join(folder, "results"), mode=0o700, exist_ok=True)  # where the launch line's ranks write
+    _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, options).removeprefix("would run: ") + "\n")
+    _write(folder, "run.sh", RUN_SH, mode=0o700)
+    _write(folder, "README.md", readme(job, options))
+    return notes
+
+
+def _write(folder: str, name: str, text: str, mode: int = 0o600) -> None:
+    with jobdir.open_private(os.path.join(folder, name)) as f:
+        f.write(text)
+    os.chmod(os.path.join(folder, name), mode)
+
+
+RUN_SH = """\
+#!/usr/bin/env bash
+# Runs the exported cell as the notebook ran it: every rank's output here, exit status 1 when a rank
+# fails, and what the cell assigned in results.pickle (see README.md). PYTHON chooses the Python.
+set -eu
+exec "${PYTHON:-python3}" -m mpi_magic.submit "$(cd "$(dirname "$0")" && pwd)" "$@"
+"""
+
+
+def readme(job: Job, options: LaunchOptions) -> str:
+    """What the folder holds and needs, in words."""
+    needs = {"local": "`mpirun` (Open MPI or MPICH) on this machine, or the one named by `%mpirun_config mpirun=...` "
+                      "(`MPI_MAGIC_MPIRUN`)",
+             "slurm": "Slurm's commands (`sbatch`, `squeue`, `scancel`) reaching the cluster the job ran on, and the "
+                      "cache folder (`MPI_MAGIC_CACHE_DIR`) on a file system its nodes share",
+             "sagemaker": "AWS credentials that may create training jobs and write the job's S3 folder, and the "
+                          "settings the cell ran with (`MPI_MAGIC_ROLE`, `MPI_MAGIC_S3_ROOT`, ... as in "
+                          "`export.json`)"}.get(options.backend, f"the {options.backend} backend")
+    launch = {"local": "the mpirun line", "slurm": "the batch script (also `batch.sh`) and the sbatch line",
+              "sagemaker": "the CreateTrainingJob request"}.get(options.backend, "the launch")
+    returns = ", ".join(f"`{name}`" for name in capture.analyze(job.source, job.cell_file).assigns) or "nothing"
+    return f"""# {job.name}, exported
+
+The cell of job `{job.name}`, to run again without a notebook: {options.instances} x {options.gpus} ranks on the
+{options.backend} backend, as it ran.
+
+```bash
+bash run.sh
+```
+
+It prints every rank's output (`[rank N]` before each line) and how the job went, exits with status 1
+when a rank fails (its traceback printed) and 0 when every rank succeeded, and writes what the cell
+assigns ({returns}) to `results.pickle`, a dict of name to value as the cell brought them back (rank 0's;
+lists by rank with `--gather`):
+
+```python
+import pickle
+results = pickle.load(open("results.pickle", "rb"))
+```
+
+- `cell.py`: the cell, as it ran (for reading: `payload.bin` holds it too).
+- `payload.bin`: the cell and the values it reads, pickled (load them only from a source you trust).
+- `export.json`: the job's name, backend and options, the Python and mpi_magic versions it was exported with.
+- `{LAUNCH_FILE}`: {launch}, as `--dry-run` prints it for this folder; `run.sh` runs the same in a job folder of its
+  own (under the cache folder), follows it as the notebook does and collects its results.
+
+It needs Python {payload.python_version()} with mpi_magic {__version__} (`python -m pip install /path/to/mpi_magic`, with the `[sagemaker]`
+extra for SageMaker), cloudpickle,
+and what the cell imports (mpi4py for MPI), and {needs}. `PYTHON=/path/to/python bash run.sh` picks the
+Python.
+"""
+
+
+def read(folder: str) -> dict[str, Any]:
+    """``export.json`` of ``folder``; ``FileNotFoundError`` or ``ValueError`` where there is none."""
+    with open(os.path.join(folder, EXPORT_FILE)) as f:
+        return json.load(f)
+
+
+def launch_options(exported: dict[str, Any]) -> LaunchOptions:
+    """The options the exported cell ran with, for a run of its own."""
+    shape = dict(exported["options"])
+    shape["given"] = frozenset(shape.get("given", ()))
+    return LaunchOptions(**{name: value for name, value in shape.items()
+                            if name in {f.name for f in dataclasses.fields(LaunchOptions)}})
+

@@ -1,0 +1,57 @@
+"""``python -m mpi_magic.submit FOLDER``: run a cell that ``%mpirun_export`` wrote to FOLDER, as its
+notebook ran it (same backend, shape and options), from a terminal or CI: every rank's output is
+printed, the exit status is 1 when the job fails, and what the cell assigned goes to
+``FOLDER/results.pickle``."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import types
+
+USAGE = "usage: python -m mpi_magic.submit FOLDER (a folder %mpirun_export wrote)"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    from IPython.core.error import UsageError
+
+    from .errors import JobError, MpiMagicError
+    from .notebook import export, pipeline
+    from .options import Config
+    from .shared import jobdir
+    from .view.console import ConsoleEcho
+
+    folder = os.path.abspath(argv[0])
+    try:
+        exported = export.read(folder)
+    except (OSError, ValueError) as exc:
+        print(f"mpi_magic: {folder} holds no export that can be read ({exc}); %mpirun_export writes one", file=sys.stderr)
+        return 2
+    config = Config()
+    config.update("view=text")
+    echo = ConsoleEcho(every_rank=True)
+    try:
+        run = pipeline.run_exported(folder, exported, export.launch_options(exported), config, echo)
+    except JobError as exc:  # as the notebook shows it (a rank's own traceback), less what only a notebook can do
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in exc._render_traceback_()]
+        print("\n".join(line for line in lines if not line.startswith("%mpirun_debug")), file=sys.stderr)
+        return 1
+    except (UsageError, MpiMagicError) as exc:
+        print(f"mpi_magic: {exc}", file=sys.stderr)
+        return 2
+    import cloudpickle
+
+    values = {name: value for name, value in run.values.items() if not isinstance(value, types.ModuleType)}
+    path = os.path.join(folder, export.RESULTS_FILE)
+    with jobdir.open_private(path, "wb") as f:
+        cloudpickle.dump(values, f)
+    echo.say(f"results written to {path}: {', '.join(values) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
