@@ -201,8 +201,9 @@ def unfinished_ranks(relayed, world_size, per_host, hosts):
 
 def unreachable_sentence(workers, leader):
     """The sentence naming the workers the leader could not reach at the end (``UNREACHABLE`` follows it)."""
-    return "instance%s %s stopped answering (lost, or cut off from %s)" % (
-        "s" if len(workers) > 1 else "", ", ".join(workers), leader)
+    from mpi_magic.shared.unreachable import stopped_answering  # the job's code, unpacked by now
+
+    return stopped_answering("instance", workers, leader)
 
 
 def unreachable_in(line):

@@ -22,6 +22,7 @@ from ...shared import envvars, jobdir, stacks, wire
 from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
                               RankStarted, StreamDecoder)
 from ...shared.layout import RESULTS
+from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
 from . import cluster, commands
 from .queue import REQUEUED_STATES, WATCHER, JobState, QueueWatcher, look
@@ -503,9 +504,7 @@ class _Tail:
 def lost_nodes(lost: dict[str, str]) -> str:
     """Why mpirun ended the job, naming the nodes whose daemon it lost ({node: the node mpirun runs on}):
     "node n2 stopped answering mpirun on n1 (lost, or cut off)"."""
-    nodes, launcher = list(lost), next(iter(lost.values()))
-    return f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(nodes)} stopped answering mpirun on {launcher} " \
-           "(lost, or cut off)"
+    return stopped_answering("node", list(lost), f"mpirun on {next(iter(lost.values()))}")
 
 
 def node_failure(down: dict[str, str]) -> str:

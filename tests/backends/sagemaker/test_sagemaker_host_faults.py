@@ -55,7 +55,7 @@ def test_a_session_that_loses_an_instance_under_a_cell_ends_with_a_sentence_nami
     lose = lambda: _fault(local_aws_env, s.job_name, "algo-2", "lose")  # noqa: E731
     with once(lambda: s.status == "running", lose, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
         run(ip, "--quiet", BUSY_CELL)
-    assert (f"session {s.name} ended: instance algo-2 stopped answering (lost, or cut off from algo-1); every rank "
+    assert (f"session {s.name} ended: instance algo-2 stopped answering algo-1 (lost, or cut off); every rank "
             "was stopped") in str(raised.value)
     sagemaker = described(aws, s.job_name)
     assert sagemaker["TrainingJobStatus"] == "Failed" and "algo-2" in sagemaker["FailureReason"]
@@ -73,7 +73,7 @@ def test_a_session_that_loses_an_instance_between_cells_says_so_at_the_next_cell
     capsys.readouterr()
     run(ip, "-i 1 -g 2 --quiet", "kept = 2")  # (as a one-off job)
     said = capsys.readouterr()
-    assert (f"session {s.name} ended (instance algo-2 stopped answering (lost, or cut off from algo-1)); this cell "
+    assert (f"session {s.name} ended (instance algo-2 stopped answering algo-1 (lost, or cut off)); this cell "
             "runs as a one-off job") in said.out + said.err
     assert ip.user_ns["kept"] == 2
     assert described(aws, s.job_name)["TrainingJobStatus"] == "Failed"

@@ -618,10 +618,10 @@ def test_the_leader_names_the_workers_it_cannot_release_and_the_ranks_that_never
     assert (tmp_path / "ssh.algo-2").read_text() == (tmp_path / "ssh.algo-4").read_text() == GIVES_UP_ON_SILENCE + "\n"
     assert ("could not release algo-3: " + str(agent) + " exited with status 255: ssh: connect to host algo-3 port 22: "
             "Connection refused") in capsys.readouterr().out
-    assert bootstrap.unreachable_sentence(["algo-3"], "algo-1") == ("instance algo-3 stopped answering (lost, or cut "
-                                                                     "off from algo-1)")
+    assert bootstrap.unreachable_sentence(["algo-3"], "algo-1") == ("instance algo-3 stopped answering algo-1 (lost, or "
+                                                                     "cut off)")
     line = bootstrap.UNREACHABLE + bootstrap.unreachable_sentence(["algo-2", "algo-3"], "algo-1")
-    assert bootstrap.unreachable_in(line) == "instances algo-2, algo-3 stopped answering (lost, or cut off from algo-1)"
+    assert bootstrap.unreachable_in(line) == "instances algo-2, algo-3 stopped answering algo-1 (lost, or cut off)"
     assert bootstrap.unreachable_in(bootstrap.ALL_RELAYED) is None
 
     relayed = bootstrap.relay_state()
