@@ -49,6 +49,11 @@ SSH_ALIVE_INTERVAL = 3  # seconds without a word from the host before ssh asks w
 SSH_ALIVE_COUNT = 2  # asks unanswered before ssh ends the session: a silent host is given up in about 6 s
 SSH_OPTIONS = ["-o", "ConnectTimeout=%d" % SSH_CONNECT_TIMEOUT, "-o", "ServerAliveInterval=%d" % SSH_ALIVE_INTERVAL,
                "-o", "ServerAliveCountMax=%d" % SSH_ALIVE_COUNT]
+# A worker's sshd may refuse for a moment: one whose ssh failed at once is asked again, up to
+# RELEASE_TRIES times in all while a whole try fits in RELEASE_LIMIT; a silent one, once.
+RELEASE_TRIES = 3
+RELEASE_PAUSE = 1.0  # seconds between tries
+RELEASE_LIMIT = SSH_CONNECT_TIMEOUT + 3  # seconds
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", envvars.PREFIX, "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -142,7 +147,7 @@ def lead(hosts, interface=None):
     workers = hosts[1:]
     mpirun = None
     relayed = relay_state()
-    unfinished = ""
+    unfinished, all_relayed = "", False
     try:
         wait_for(workers, agent)
         per_host = int(os.environ[envvars.PROCS_PER_INSTANCE])
@@ -168,17 +173,19 @@ def lead(hosts, interface=None):
         until = time.monotonic() + 10
         while relay.is_alive() and time.monotonic() < until and time.monotonic() - relayed["at"] < 0.5:
             relay.join(timeout=0.1)
-        if not relay.is_alive() or time.monotonic() < until:
-            print(("" if relayed["whole_lines"] else "\n") + ALL_RELAYED, flush=True)  # a line of its own
+        all_relayed = not relay.is_alive() or time.monotonic() < until
         failure = first_failure(failures)
         unfinished = unfinished_ranks(relayed, per_host * len(hosts), per_host, hosts)
     except Exception as exc:  # noqa: BLE001 - the reason goes where SageMaker shows it
         failure, status = "%s: %s" % (type(exc).__name__, exc), 1
     finally:
         silent = release(workers, agent)
-    if silent:
-        lost = unreachable_sentence(silent, hosts[0])
-        print(UNREACHABLE + lost, flush=True)
+    lost = unreachable_sentence(silent, hosts[0]) if silent else ""
+    # the instances that stopped answering come before ALL_RELAYED, so a reader that stops there has them
+    ending = ([UNREACHABLE + lost] if lost else []) + ([ALL_RELAYED] if all_relayed else [])
+    if ending:
+        print(("" if relayed["whole_lines"] else "\n") + "\n".join(ending), flush=True)  # lines of their own
+    if lost:
         return fail("; ".join(filter(None, [lost, failure])))
     if status != 0:
         return fail(failure or "mpirun exited with status %d" % status)
@@ -319,18 +326,24 @@ def wait_for(workers, agent, limit=600.0):
 
 
 def release(workers, agent):
-    """Tell every worker at once that the job is over; the workers that could not be told."""
+    """Tell every worker at once that the job is over (``RELEASE_TRIES``); the workers that could not be told."""
     def tell(host):
-        try:
-            told = subprocess.run(ssh(agent, host, RELEASE_COMMAND), capture_output=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as exc:
-            say("could not release %s: %s" % (host, exc))
-            return False
-        if told.returncode != 0:
-            said = told.stderr.decode("utf-8", errors="replace").strip().splitlines()
-            say("could not release %s: %s exited with status %d%s" % (
-                host, agent, told.returncode, ": " + said[-1] if said else ""))
-        return told.returncode == 0
+        deadline = time.monotonic() + RELEASE_LIMIT
+        for tries_left in reversed(range(RELEASE_TRIES)):
+            try:
+                told = subprocess.run(ssh(agent, host, RELEASE_COMMAND), capture_output=True,
+                                      timeout=max(deadline - time.monotonic(), 1))
+                said = told.stderr.decode("utf-8", errors="replace").strip().splitlines()
+                why = "%s exited with status %d%s" % (agent, told.returncode, ": " + said[-1] if said else "")
+            except (OSError, subprocess.SubprocessError) as exc:
+                told, why = None, str(exc)
+            if told is not None and told.returncode == 0:
+                return True
+            if not tries_left or time.monotonic() + RELEASE_PAUSE + SSH_CONNECT_TIMEOUT > deadline:
+                break
+            time.sleep(RELEASE_PAUSE)
+        say("could not release %s: %s" % (host, why))
+        return False
 
     return on_each(workers, tell)
 

@@ -13,7 +13,8 @@ import pytest
 from helpers import BUSY_CELL, described, job_story, needs_hosts, once, once_running, run, start_session, wait_until
 
 import mpi_magic
-from mpi_magic.testing.sagemaker_emulator import instance_fault
+from mpi_magic.backends.sagemaker.bootstrap import ALL_RELAYED, UNREACHABLE
+from mpi_magic.testing.sagemaker_emulator import LOG_GROUP, instance_fault
 
 pytestmark = needs_hosts()
 
@@ -23,6 +24,14 @@ def _fault(local_aws_env, job_name: str, host: str, fault: str) -> float:
     """Do ``fault`` to ``host`` of the job now; when it was done (time.monotonic)."""
     instance_fault(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], job_name, host, fault)
     return time.monotonic()
+
+
+def _leader_said(cloud, job_name: str) -> list[str]:
+    """The bootstrap's own lines in the leader's (algo-1's) log."""
+    logs = cloud.client("logs")
+    stream = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/algo-1-")["logStreams"][0]
+    events = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream["logStreamName"], startFromHead=True)
+    return [event["message"].rstrip() for event in events["events"] if event["message"].startswith(ALL_RELAYED[:20])]
 
 
 def _left_running(pids) -> list[int]:
@@ -43,6 +52,9 @@ def test_an_instance_lost_or_cut_off_mid_cell_ends_the_cell_naming_it_fails_the_
     sagemaker = described(cloud, job.name)
     assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
     assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
+    said = _leader_said(cloud, job.name)  # (the instance first: a reader that stops at ALL_RELAYED has it)
+    lost = UNREACHABLE + "instance algo-2 stopped answering algo-1 (lost, or cut off)"
+    assert lost in said and ALL_RELAYED in said and said.index(lost) < said.index(ALL_RELAYED), said
     # every rank ended with the job, those cut off with algo-2 too
     assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
 

@@ -609,15 +609,21 @@ def test_the_leader_names_the_workers_it_cannot_release_and_the_ranks_that_never
     test_sagemaker_host_faults.py)."""
     from mpi_magic.backends.sagemaker import bootstrap
 
-    agent = tmp_path / "ssh"  # an ssh for which algo-3 is gone, that notes its options for the others
-    agent.write_text('#!/bin/sh\nhost=$7\nif [ "$host" = algo-3 ]; then\n'
-                     '    echo "ssh: connect to host algo-3 port 22: Connection refused" >&2; exit 255\nfi\n'
-                     'echo "$1 $2 $3 $4 $5 $6" > "$0.$host"\n')
+    # an ssh for which algo-3 is gone and algo-4 refuses the first time, that notes each try and its options
+    agent = tmp_path / "ssh"
+    agent.write_text('#!/bin/sh\nhost=$7\necho "$1 $2 $3 $4 $5 $6" >> "$0.$host"\n'
+                     'if [ "$host" = algo-3 ] || { [ "$host" = algo-4 ] && [ ! -e "$0.refused" ]; }; then\n'
+                     '    [ "$host" = algo-3 ] || touch "$0.refused"\n'
+                     '    echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255\nfi\n')
     agent.chmod(0o755)
     assert bootstrap.release(["algo-2", "algo-3", "algo-4"], str(agent)) == ["algo-3"]
-    assert (tmp_path / "ssh.algo-2").read_text() == (tmp_path / "ssh.algo-4").read_text() == GIVES_UP_ON_SILENCE + "\n"
+    tries = {host: (tmp_path / f"ssh.{host}").read_text().splitlines() for host in ("algo-2", "algo-3", "algo-4")}
+    assert tries == {"algo-2": [GIVES_UP_ON_SILENCE], "algo-3": [GIVES_UP_ON_SILENCE] * 3,
+                     "algo-4": [GIVES_UP_ON_SILENCE] * 2}
+    said = capsys.readouterr().out
+    assert said.count("could not release") == 1
     assert ("could not release algo-3: " + str(agent) + " exited with status 255: ssh: connect to host algo-3 port 22: "
-            "Connection refused") in capsys.readouterr().out
+            "Connection refused") in said
     assert bootstrap.unreachable_sentence(["algo-3"], "algo-1") == ("instance algo-3 stopped answering algo-1 (lost, or "
                                                                      "cut off)")
     line = bootstrap.UNREACHABLE + bootstrap.unreachable_sentence(["algo-2", "algo-3"], "algo-1")
