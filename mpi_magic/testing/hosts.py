@@ -53,6 +53,8 @@ STATE = "bed.json"  # in the root: the bed's number, hosts and the daemons it st
 SSHD = "/usr/sbin/sshd"
 PROGRAMS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux", "tc": "iproute2",
             "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+NETNS = "/run/netns"  # where ``ip netns`` keeps named namespaces: a mount it makes on its first namespace
+NETNS_MOUNT_MADE = "/run/mpi_magic-hosts-made-netns-mount"  # there while that mount is a bed's to take down
 UP_LIMIT = 10.0  # seconds the hosts' sshd get to answer
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL for what runs in a host
 
@@ -170,6 +172,8 @@ class TestHosts:
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         if os.path.exists(self._file(STATE)):
             raise HostsError(f"a bed is up under {self.root} already: bring it down first")
+        if not _mounted(NETNS):  # (the first bed's ``ip netns add`` will make it)
+            open(NETNS_MOUNT_MADE, "a").close()
         self.number = self._claim()
         self._save()
         try:
@@ -219,6 +223,7 @@ class TestHosts:
                 _run("umount", anchor, check=False)
         _run("ip", "netns", "delete", self.switch, check=False)  # (the login link's ends go with it)
         _run("ip", "link", "delete", f"{self.prefix}-login", check=False)
+        _unmount_netns_if_made()
         os.remove(self._file(STATE))
         if remove and self.root:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -513,6 +518,23 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return False
+
+
+def _unmount_netns_if_made() -> None:
+    """The last bed down takes down the mount of ``/run/netns`` a bed made: while another bed's
+    namespaces are mounted in it, ``umount`` refuses (busy) and the mount stays."""
+    if not os.path.exists(NETNS_MOUNT_MADE):
+        return
+    if not _mounted(NETNS) or _run("umount", NETNS, check=False).returncode == 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(NETNS_MOUNT_MADE)
+
+
+def _mounted(path: str) -> bool:
+    """Whether something is mounted at ``path`` (a bind mount of a folder onto itself too, which
+    ``os.path.ismount`` does not see)."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
 
 
 def _namespace_pids(namespace: str) -> list[int]:

@@ -114,6 +114,22 @@ def test_a_lost_host_has_nothing_left_running_and_its_relays_reach_this_machine(
         server.server_close()
 
 
+@needs_hosts()
+def test_the_last_bed_down_takes_down_the_mount_of_run_netns_a_bed_made():
+    """``ip netns add`` mounts /run/netns on its first namespace. Seen from a mount namespace of its own,
+    where nothing is mounted there whatever other beds run on this machine."""
+    script = ("import subprocess\n"
+              "from mpi_magic.testing.hosts import NETNS, TestHosts, _mounted\n"
+              "subprocess.run(['umount', '--lazy', NETNS], capture_output=True)\n"
+              "before = _mounted(NETNS)\n"
+              "with TestHosts(hosts=1, sshd=False):\n"
+              "    during = _mounted(NETNS)\n"
+              "print(before, during, _mounted(NETNS))\n")
+    seen = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    assert seen.stdout == "False True False\n", seen.stderr
+
+
 def _connecting(bed: TestHosts, host: str, address: str) -> str:
     """What a connection from ``host`` to sshd's port at ``address`` meets within 2 s: the error's name."""
     tried = bed.run(host, [sys.executable, "-c", "import socket\ntry:\n    socket.create_connection("
