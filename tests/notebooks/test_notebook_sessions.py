@@ -16,7 +16,7 @@ def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, loca
     code = [c for c in nb.cells if c.cell_type == "code"]
     shown = [(c.source.splitlines()[0] if not c.source.startswith("%%time") else c.source, text_of(c.outputs)) for c in code]
     local = dict(shown[:shown.index(next(s for s in shown if "--backend sagemaker" in s[0]))])
-    assert "4 ranks ready in" in local["%mpirun_session start -i 2 -g 2 --idle-timeout 600 --out session"]
+    assert "4 ranks ready in" in local["%mpirun_session start -i 2 -g 2 --max-idle 600 --out session"]
     assert "2000000 [3. 3. 3. 3. 3. 3. 3. 3.]" in local["print(count, mean.round(2))"]
     sent = re.search(r"bytes sent: (\d+) then (\d+)", "".join(local.values()))
     assert sent and sent[1] == sent[2] and int(sent[1]) > 0, "weights crossed once"
@@ -25,7 +25,7 @@ def test_sessions_notebook_runs_cells_on_one_session_and_stops_it(tmp_path, loca
     assert "stopped: 5 cells run, nothing of it is left running" in local["%mpirun_session stop"]
 
     on_sagemaker = dict(shown[len(local):])
-    started = on_sagemaker["%mpirun_session start --backend sagemaker -i 2 -g 2 --idle-timeout 1800 --out cloud"]
+    started = on_sagemaker["%mpirun_session start --backend sagemaker -i 2 -g 2 --max-idle 1800 --out cloud"]
     # SageMaker's phases as the job passes them (which ones are seen depends on when it is asked)
     assert "SageMaker: " in started and "4 ranks ready in" in started
     assert "[3. 3. 3. 3. 3. 3. 3. 3.]" in on_sagemaker["print(cloud_mean.round(1))"]
