@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
-from ..shared.cost import budget_reached
+from ..shared.cost import budget_reached, dollars
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import SessionRanks
@@ -597,6 +597,9 @@ def describe(session: Session) -> str:
     left = session.model.time_left()
     if left is not None:
         facts.append("no time limit" if left == math.inf else f"time left: {clock(left)}")
+    budget, spent = session.options.max_cost, session.model.cost()
+    if budget is not None:
+        facts.append(f"spent: {spent} of --max-cost {dollars(budget)}" if spent else f"--max-cost: {dollars(budget)}")
     memory = session.memory()
     if memory:
         from ..shared.payload import size_text

@@ -116,12 +116,12 @@ def _take_the_signals(signum: int, fallback: int) -> None:
         if asked is None:
             continue
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {fallback})
-        answered_at = None
+        answered_at = time.monotonic()
         while asked is not None:
-            if asked.si_signo == signum:
+            if asked.si_signo == signum and _registered is not None:
                 try:
                     faulthandler.dump_traceback(file=_registered, all_threads=True)
-                except (OSError, ValueError, AttributeError):
+                except (OSError, ValueError):
                     pass  # the rank's file or pipe is gone: it is ending
                 answered_at = time.monotonic()
             asked = _signal.sigtimedwait({signum, fallback}, max(0.0, answered_at + FALLBACK_GRACE - time.monotonic()))
@@ -258,7 +258,8 @@ def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
             del sizes[rank]
     stacks: dict[int, list[Frame]] = {}
     asked_at = time.monotonic()
-    deadline, fallback_at = asked_at + limit, asked_at + min(FALLBACK_AFTER, limit / 2)
+    deadline = asked_at + limit
+    fallback_at: float | None = asked_at + min(FALLBACK_AFTER, limit / 2)
     seen: dict[int, tuple[int, float]] = {}
     while sizes and time.monotonic() < deadline:
         now = time.monotonic()
