@@ -29,10 +29,14 @@ def test_a_job_that_reaches_its_budget_is_stopped_with_a_sentence(ip, cloud):
     assert described(cloud, job.name)["TrainingJobStatus"] == "Stopped"
 
 
-def test_a_session_that_reaches_its_budget_ends_itself(cloud_sessions, aws):
+def test_a_session_that_reaches_its_budget_ends_itself(cloud_sessions, aws, capsys):
     ip = cloud_sessions
     s = start_session(ip, "-i 2 -g 1 --max-cost 0.004")  # about 31 s of training, the start included
     run(ip, "--quiet", "x = 1\n")  # a cell runs within it
+    assert wait_until(lambda: s.model.cost() is not None, 20), "the meter's first figure (DescribeTrainingJob)"
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_session", "")
+    assert re.search(r", spent: about \$0\.00\d+ of --max-cost \$0\.004", capsys.readouterr().out)
     assert wait_until(lambda: s.status == "stopped", 120), "idle, it still costs: the budget ends it"
     assert re.fullmatch(r"its cost reached --max-cost \$0\.004 \(about \$0\.004\d* at list price\)",
                         s.ended_reason), s.ended_reason
