@@ -47,9 +47,10 @@ Test aids, no SageMaker operations (``X-Amz-Target: MpiMagicEmulator.<aid>``):
   job shows ``Interrupted``, then starts again on fresh instances (empty disks, the checkpoints
   copied back from S3, new log streams), and runs to its end. ``interrupt`` sends it.
 - ``InstanceFault`` with ``{"TrainingJobName": ..., "Host": "algo-2", "Fault": ...}`` does to that
-  instance's test host what a real cluster's faults do: ``lose`` (every process of it killed at
-  once, as when an instance dies: SageMaker hears no exit status from it, and the job ends as
-  the instances left end it), ``cut`` (its link goes down: a partition) and ``mend``, ``slow``
+  instance's test host what a real cluster's faults do: ``lose`` (the host dies: its link down and
+  every process of it killed; the emulator notices an instance whose processes all ended without
+  its container exiting, gives the others ``VANISHED_GRACE`` to end by themselves, and fails the job
+  with what they said, else with an internal error naming the lost instance), ``cut`` (its link goes down: a partition) and ``mend``, ``slow``
   (its link sends at ``"Rate"``, 20mbit by default). Only where the instances run on test hosts.
   ``instance_fault`` sends it.
 """
@@ -89,6 +90,9 @@ ACCOUNT = "123456789012"
 AIDS = "MpiMagicEmulator."  # the test aids' target prefix: no SageMaker operation
 CHECKPOINT_SYNC = 0.5  # seconds between copies of a training job's checkpoints to S3
 FAILURE_GRACE = 2.0  # seconds the other instances get to end by themselves after one failed
+# the same after one was lost, before the service fails the job itself: long enough for the leader to
+# give up on a lost worker and say so (the bootstrap's ssh alive checks, then one try to release it)
+VANISHED_GRACE = 16.0
 TEST_HOSTS, STAND_IN, AUTO = "test-hosts", "stand-in", "auto"  # where the instances run (--hosts)
 FAULTS = ("lose", "cut", "mend", "slow")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -149,7 +153,7 @@ class EmulatedJob:
         self._synced: dict[str, int] = {}  # {path: mtime} of checkpoint files as S3 has them
         self.bed: TestHosts | None = None  # this attempt's test hosts, while its instances run on them
         self.relayed: dict[str, str] = {}  # the AWS endpoints the instances on test hosts reach
-        self.lost: set[str] = set()  # this attempt's instances lost (InstanceFault): no exit status comes from them
+        self.vanished: list[str] = []  # this attempt's instances lost: their processes ended, their container never exited
         self.stopped_for_failure: set[str] = set()  # this attempt's instances stopped because another failed
         self.lock = threading.Lock()
         self._move("Starting", "Preparing the instances for training")
@@ -224,11 +228,13 @@ class EmulatedJob:
                     break
                 self._restart(hosts)
             failed = [(host, code) for host, code in zip(hosts, codes)
-                      if code != 0 and host not in self.lost | self.stopped_for_failure]
-            if failed:
+                      if code != 0 and host not in {*self.vanished, *self.stopped_for_failure}]
+            if failed:  # (what the job's own code said comes first: it knows more than the service)
                 host, code = failed[0]
                 reason = self._failure_file(host) or f"instance {host} exited with status {code}"
                 return self._end("Failed", "Failed", f"AlgorithmError: {reason}")
+            if self.vanished:
+                return self._end("Failed", "Failed", _lost_reason(self.vanished))
             self._move("Uploading", "Uploading generated training model")
             self._end("Completed", "Completed", "")
         except Exception as exc:  # noqa: BLE001 - the emulator reports what real SageMaker would
@@ -259,7 +265,7 @@ class EmulatedJob:
             self.trained += time.time() - (self.attempt_started or time.time())
             self.attempt_started = None
             self.attempts += 1
-            self.processes, self._synced, self.lost, self.stopped_for_failure = [], {}, set(), set()
+            self.processes, self._synced, self.vanished, self.stopped_for_failure = [], {}, [], set()
             self.interrupt_requested.clear()
             if not self.stop_requested.is_set():
                 self._move("Starting", "Restarting the training job after the spot interruption")
@@ -446,10 +452,12 @@ class EmulatedJob:
             if self.interrupt_requested.is_set():
                 self.kill()
                 break
-            if failed_at is None and any(p.poll() not in (None, 0) and host not in self.lost
-                                         for host, p in zip(hosts, self.processes)):
+            self.vanished += [host for host, p in zip(hosts, self.processes)
+                              if host not in self.vanished and self._vanished(host, p)]
+            if failed_at is None and any(p.poll() not in (None, 0) for p in self.processes):
                 failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() > failed_at + FAILURE_GRACE:
+            grace = VANISHED_GRACE if self.vanished else FAILURE_GRACE
+            if failed_at is not None and time.monotonic() > failed_at + grace:
                 self.stopped_for_failure = {host for host, p in zip(hosts, self.processes) if p.poll() is None}
                 self.kill()
                 break
@@ -459,6 +467,12 @@ class EmulatedJob:
         for pump in pumps:
             pump.join(timeout=10 + self.pace.log_visible)
         return [p.wait() for p in self.processes]
+
+    def _vanished(self, host: str, process: subprocess.Popen) -> bool:
+        """Whether instance ``host`` was lost: its entrypoint was killed by no one of ours (not stopping)
+        and nothing of it runs on its host, as when the machine under a container dies."""
+        return (self.bed is not None and process.poll() == -signal.SIGKILL and not self.stop_requested.is_set()
+                and not self.bed.pids(host))
 
     def _failure_file(self, host: str) -> str:
         try:
@@ -508,7 +522,6 @@ class EmulatedJob:
                 raise ClientError("ValidationException", f"training job {self.name} has no instance {host} "
                                                          f"({', '.join(self.bed.names)})")
             if fault == "lose":
-                self.lost.add(host)
                 self.bed.lose(host)
             elif fault in ("cut", "mend"):
                 getattr(self.bed, fault)(host)
@@ -517,6 +530,13 @@ class EmulatedJob:
             else:
                 raise ClientError("ValidationException", f"a fault is {', '.join(FAULTS)}, not {fault!r}")
             return {"Attempt": self.attempts}
+
+
+def _lost_reason(hosts: list[str]) -> str:
+    """SageMaker's reason for a job whose instances were lost (its words for an instance failure)."""
+    return (f"InternalServerError: We encountered an internal error: instance{'s' if len(hosts) > 1 else ''} "
+            f"{', '.join(hosts)} stopped (lost: every process of it ended, and its container never exited). "
+            "Please try again.")
 
 
 def _relayed_endpoints(env: dict[str, str], bed: TestHosts) -> dict[str, str]:

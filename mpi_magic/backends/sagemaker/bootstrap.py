@@ -49,6 +49,12 @@ SSH_ALIVE_INTERVAL = 3  # seconds without a word from the host before ssh asks w
 SSH_ALIVE_COUNT = 2  # asks unanswered before ssh ends the session: a silent host is given up in about 6 s
 SSH_OPTIONS = ["-o", "ConnectTimeout=%d" % SSH_CONNECT_TIMEOUT, "-o", "ServerAliveInterval=%d" % SSH_ALIVE_INTERVAL,
                "-o", "ServerAliveCountMax=%d" % SSH_ALIVE_COUNT]
+# A worker looks every LEADER_LOOK seconds whether its leader still answers over ssh, and takes it for
+# gone (lost, or cut off) once it has not for LEADER_SILENCE seconds: longer than the leader takes to give
+# up on a silent worker (ssh's alive checks, then one try to release it), so that across a partition
+# the leader, which knows more, speaks first.
+LEADER_LOOK = 3.0
+LEADER_SILENCE = (SSH_ALIVE_COUNT + 1) * SSH_ALIVE_INTERVAL + SSH_CONNECT_TIMEOUT + 6  # seconds: 20
 # A worker's sshd may refuse for a moment: one whose ssh failed at once is asked again, up to
 # RELEASE_TRIES times in all while a whole try fits in RELEASE_LIMIT; a silent one, once.
 RELEASE_TRIES = 3
@@ -94,7 +100,7 @@ def main():
             release(hosts[1:], os.environ.get(envvars.SSH_AGENT, "ssh"))
         return fail("%s on %s: %s: %s" % ("preparing", current, type(exc).__name__, exc))
     if not leading:
-        return serve(hosts[0])
+        return serve(hosts[0], current, os.environ.get(envvars.SSH_AGENT, "ssh"))
     return lead(hosts, config.get("network_interface_name"))
 
 
@@ -128,18 +134,33 @@ def install_requirements():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-r", requirements], check=True)
 
 
-def serve(leader):
-    """A worker: let the leader's mpirun in over ssh, then wait until it releases us."""
+def serve(leader, current, agent):
+    """A worker: let the leader's mpirun in over ssh, then wait until it releases us, or until the
+    leader stops answering over ssh (lost, or cut off), when no release can come."""
     limit = time.monotonic() + float(os.environ.get(envvars.MAX_WAIT, "432000"))
     release = os.path.join(BASE, RELEASE_FILE)
     say("waiting for %s to finish" % leader)
+    next_look = answered = time.monotonic()
     while not os.path.exists(release):
         if time.monotonic() > limit:
             say("the leader never released this instance")
             return 1
+        if time.monotonic() >= next_look:
+            looked_at = time.monotonic()
+            answered = looked_at if answers(agent, leader) else answered
+            if time.monotonic() - answered >= LEADER_SILENCE and not os.path.exists(release):
+                from mpi_magic.shared.unreachable import stopped_answering  # the job's code, unpacked by now
+
+                return fail(stopped_answering("instance", [leader], current))
+            next_look = time.monotonic() + LEADER_LOOK
         time.sleep(0.5)
     say("released")
     return 0
+
+
+def answers(agent, host):
+    """Whether ``host`` answers over ssh now (within ``SSH_CONNECT_TIMEOUT``)."""
+    return subprocess.run(ssh(agent, host, "true"), capture_output=True).returncode == 0
 
 
 def lead(hosts, interface=None):
@@ -312,14 +333,14 @@ def ssh(agent, host, command):
 def wait_for(workers, agent, limit=600.0):
     deadline = time.monotonic() + limit
 
-    def answers(host):
-        while subprocess.run(ssh(agent, host, "true"), capture_output=True).returncode != 0:
+    def answering(host):
+        while not answers(agent, host):
             if time.monotonic() > deadline:
                 return False
             time.sleep(1)
         return True
 
-    silent = on_each(workers, answers)
+    silent = on_each(workers, answering)
     if silent:
         raise RuntimeError("instance%s %s did not answer over ssh within %ds"
                            % ("s" if len(silent) > 1 else "", ", ".join(silent), limit))

@@ -51,11 +51,30 @@ def test_an_instance_lost_or_cut_off_mid_cell_ends_the_cell_naming_it_fails_the_
     assert "algo-2" in str(raised.value) and job.status != "completed"
     sagemaker = described(cloud, job.name)
     assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
-    assert "instance algo-2 stopped answering" in sagemaker["FailureReason"], job_story(cloud, job.name)
-    said = _leader_said(cloud, job.name)  # (the instance first: a reader that stops at ALL_RELAYED has it)
-    lost = UNREACHABLE + "instance algo-2 stopped answering algo-1 (lost, or cut off)"
-    assert lost in said and ALL_RELAYED in said and said.index(lost) < said.index(ALL_RELAYED), said
+    assert "instance algo-2 stopped" in sagemaker["FailureReason"], job_story(cloud, job.name)
+    if fault == "cut":  # (a lost one may fail the job as the leader's last try to release it ends)
+        said = _leader_said(cloud, job.name)  # the instance first: a reader that stops at ALL_RELAYED has it
+        lost = UNREACHABLE + "instance algo-2 stopped answering algo-1 (lost, or cut off)"
+        assert lost in said and ALL_RELAYED in said and said.index(lost) < said.index(ALL_RELAYED), said
     # every rank ended with the job, those cut off with algo-2 too
+    assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
+
+
+def test_a_lost_leader_fails_the_job_naming_it_and_its_workers_end_by_themselves(ip, cloud, local_aws_env):
+    """algo-1 dies mid-cell: the emulator notices, as SageMaker notices a lost instance, and fails the job;
+    algo-2, whose leader stopped answering, would end by itself after LEADER_SILENCE."""
+    done = {}
+    strike = lambda: done.update(at=_fault(local_aws_env, ip.user_ns["job"].name, "algo-1", "lose"))  # noqa: E731
+    with once_running(ip, strike), pytest.raises(mpi_magic.MpiMagicError) as raised:
+        run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
+    ended_after = time.monotonic() - done["at"]
+    job = ip.user_ns["job"]
+    assert ended_after < 30, f"the cell ended {ended_after:.1f}s after algo-1 was lost"
+    assert "algo-1" in str(raised.value) and job.status != "completed"
+    sagemaker = described(cloud, job.name)
+    assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
+    # the service's reason, or algo-2's, had it given up on its leader first (it ends by itself then)
+    assert "instance algo-1 stopped" in sagemaker["FailureReason"], job_story(cloud, job.name)
     assert wait_until(lambda: _left_running(r.pid for r in job.ranks) == [], 10)
 
 
