@@ -1,12 +1,14 @@
 """``python -m mpi_magic.submit FOLDER``: run a cell that ``%mpirun_export`` wrote to FOLDER, as its
 notebook ran it (same backend, shape and options), from a terminal or CI: every rank's output is
 printed, the exit status is 1 when the job fails, and what the cell assigned goes to
-``FOLDER/results.pickle``."""
+``FOLDER/results.pickle``. SIGTERM stops the job as Ctrl-C does (status 143; 130 for Ctrl-C), so a
+cancelled CI run leaves no job running."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import types
 
@@ -31,6 +33,8 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"mpi_magic: {folder} holds no export that can be read ({exc}); %mpirun_export writes one", file=sys.stderr)
         return 2
+    export.forget_results(folder)
+    signal.signal(signal.SIGTERM, _terminate)
     config = Config()
     config.update("view=text")
     echo = ConsoleEcho(every_rank=True)
@@ -43,6 +47,8 @@ def main(argv: list[str]) -> int:
     except (UsageError, MpiMagicError) as exc:
         print(f"mpi_magic: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # the job was stopped on the way out (the pipeline said so)
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     import cloudpickle
 
     values = {name: value for name, value in run.values.items() if not isinstance(value, types.ModuleType)}
@@ -51,6 +57,14 @@ def main(argv: list[str]) -> int:
         cloudpickle.dump(values, f)
     echo.say(f"results written to {path}: {', '.join(values) or 'nothing'}")
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (how CI cancels a run), raised where Ctrl-C would be, so the job is stopped the same way."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ or CI through ``python -m mpi_magic.submit`` and writes the results to ``results
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,6 +41,7 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
     if os.path.exists(folder) and os.listdir(folder) and not os.path.exists(os.path.join(folder, EXPORT_FILE)):
         raise UsageError(f"{folder} holds files of its own: choose an empty or new folder with --to")
     code = capture.analyze(job.source, job.cell_file)
+    forget_results(folder)
     kept = os.path.join(job.job_dir, payload.PAYLOAD_FILE)
     captured = None if os.path.exists(kept) else capture.capture(code, namespace, cell_names=cell_names)
     jobdir.make_private_dirs(folder)
@@ -57,6 +59,7 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
                         "them" if changed else ""))
     shape = {name: value for name, value in dataclasses.asdict(options).items() if name not in _PER_CELL}
     shape["given"] = sorted(options.given)
+    shape["env"] = sorted(options.env)  # names only: the values (tokens, keys) come from where it runs
     exported = {"name": job.name, "backend": job.backend, "options": shape, "source": code.source,
                 "cell_file": code.filename, "returns": code.assigns, "python": payload.python_version(),
                 "mpi_magic": __version__}
@@ -65,10 +68,17 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
     backend = get_backend(options.backend, config, options)
     digest = payload.file_digest(path) if backend.pins_digest else None
     os.makedirs(os.path.join(folder, "results"), mode=0o700, exist_ok=True)  # where the launch line's ranks write
-    _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, options).removeprefix("would run: ") + "\n")
+    named_env = dataclasses.replace(options, env={name: f"${name}" for name in options.env})
+    _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, named_env).removeprefix("would run: ") + "\n")
     _write(folder, "run.sh", RUN_SH, mode=0o700)
     _write(folder, "README.md", readme(job, options))
     return notes
+
+
+def forget_results(folder: str) -> None:
+    """Remove the results of an earlier run, so that ``results.pickle`` is only ever this run's."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(folder, RESULTS_FILE))
 
 
 def _write(folder: str, name: str, text: str, mode: int = 0o600) -> None:
@@ -80,7 +90,8 @@ def _write(folder: str, name: str, text: str, mode: int = 0o600) -> None:
 RUN_SH = """\
 #!/usr/bin/env bash
 # Runs the exported cell as the notebook ran it: every rank's output here, exit status 1 when a rank
-# fails, and what the cell assigned in results.pickle (see README.md). PYTHON chooses the Python.
+# fails, and what the cell assigned in results.pickle (see README.md). PYTHON chooses the Python;
+# SIGTERM (or Ctrl-C) stops the job as the notebook's Ctrl-C does.
 set -eu
 exec "${PYTHON:-python3}" -m mpi_magic.submit "$(cd "$(dirname "$0")" && pwd)" "$@"
 """
@@ -98,6 +109,9 @@ def readme(job: Job, options: LaunchOptions) -> str:
     launch = {"local": "the mpirun line", "slurm": "the batch script (also `batch.sh`) and the sbatch line",
               "sagemaker": "the CreateTrainingJob request"}.get(options.backend, "the launch")
     returns = ", ".join(f"`{name}`" for name in capture.analyze(job.source, job.cell_file).assigns) or "nothing"
+    env = (f"\nThe cell ran with `--env` {', '.join(f'`{name}`' for name in sorted(options.env))}: the export keeps "
+           "their names, not their values, which `run.sh` takes from the environment it runs in (it names any that "
+           "is missing and starts nothing).\n" if options.env else "")
     return f"""# {job.name}, exported
 
 The cell of job `{job.name}`, to run again without a notebook: {options.instances} x {options.gpus} ranks on the
@@ -106,7 +120,7 @@ The cell of job `{job.name}`, to run again without a notebook: {options.instance
 ```bash
 bash run.sh
 ```
-
+{env}
 It prints every rank's output (`[rank N]` before each line) and how the job went, exits with status 1
 when a rank fails (its traceback printed) and 0 when every rank succeeded, and writes what the cell
 assigns ({returns}) to `results.pickle`, a dict of name to value as the cell brought them back (rank 0's;
@@ -136,10 +150,19 @@ def read(folder: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def launch_options(exported: dict[str, Any]) -> LaunchOptions:
-    """The options the exported cell ran with, for a run of its own."""
+def launch_options(exported: dict[str, Any], environ: Mapping[str, str] = os.environ) -> LaunchOptions:
+    """The options the exported cell ran with, for a run of its own, its ``--env`` values taken from
+    ``environ`` (``UsageError`` naming those it lacks)."""
     shape = dict(exported["options"])
     shape["given"] = frozenset(shape.get("given", ()))
+    names = sorted(shape.get("env", ()))
+    missing = [name for name in names if name not in environ]
+    if missing:
+        them = "it" if len(missing) == 1 else "them"
+        raise UsageError(f"the job ran with --env {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                         f"not set here: set {them} in the environment run.sh runs in (an export keeps the names of "
+                         "--env variables, not their values)")
+    shape["env"] = {name: environ[name] for name in names}
     return LaunchOptions(**{name: value for name, value in shape.items()
                             if name in {f.name for f in dataclasses.fields(LaunchOptions)}})
 

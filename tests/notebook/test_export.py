@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+import psutil
 import pytest
 from helpers import run
 
@@ -24,10 +28,10 @@ CELL = textwrap.dedent("""\
     """)
 
 
-def run_sh(folder, cache_dir: str) -> subprocess.CompletedProcess:
-    """``bash FOLDER/run.sh`` from a terminal, this suite's Python as its Python."""
+def run_sh(folder, cache_dir: str, **environ: str) -> subprocess.CompletedProcess:
+    """``bash FOLDER/run.sh`` from a terminal, this suite's Python as its Python, ``environ`` added."""
     return subprocess.run(["bash", os.path.join(folder, "run.sh")], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
+                          env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir, **environ})
 
 
 def results_of(folder) -> dict:
@@ -66,12 +70,66 @@ def test_an_exported_job_whose_rank_fails_exits_non_zero_with_that_ranks_traceba
     ip.run_line_magic("mpirun_config", "view=text keep_payloads=true")
     with pytest.raises(mpi_magic.RemoteRankError):
         run(ip, "-g 2", "import mpi_magic\nif mpi_magic.rank() == 1:\n    raise ValueError('bad shard')\n")
-    ip.run_line_magic("mpirun_export", f"--to {tmp_path / 'failing'}")
-    done = run_sh(tmp_path / "failing", cache_dir)
+    folder = tmp_path / "failing"
+    ip.run_line_magic("mpirun_export", f"--to {folder}")
+    (folder / "results.pickle").write_bytes(pickle.dumps({"earlier": 1}))  # as an earlier run could have left
+    done = run_sh(folder, cache_dir)
     assert done.returncode == 1
     assert "RemoteRankError: rank 1 (instance 0, " in done.stderr and "raised ValueError: bad shard" in done.stderr
     assert "--- traceback of rank 1 " in done.stderr and "    raise ValueError('bad shard')" in done.stderr
-    assert not (tmp_path / "failing" / "results.pickle").exists()
+    assert not (folder / "results.pickle").exists()
+    (folder / "results.pickle").write_bytes(pickle.dumps({"earlier": 1}))
+    ip.run_line_magic("mpirun_export", f"--to {folder}")  # exported again: no results of an earlier export stay
+    assert not (folder / "results.pickle").exists()
+
+
+def test_an_exported_jobs_env_values_stay_out_of_its_folder_and_come_from_the_environment_it_runs_in(ip, cache_dir,
+                                                                                                      tmp_path):
+    ip.run_line_magic("mpirun_config", "view=text")
+    run(ip, "-g 1 --env API_TOKEN=notebook-secret --env MODE=fast --out job",
+        "import os\nseen = (os.environ['API_TOKEN'], os.environ['MODE'])\n")
+    folder = tmp_path / "exported"
+    ip.run_line_magic("mpirun_export", f"job --to {folder}")
+    for path in folder.rglob("*"):
+        assert path.is_dir() or b"notebook-secret" not in path.read_bytes(), path
+    assert json.loads((folder / "export.json").read_text())["options"]["env"] == ["API_TOKEN", "MODE"]
+    assert "`API_TOKEN`, `MODE`" in (folder / "README.md").read_text()
+
+    missing = run_sh(folder, cache_dir, MODE="slow")
+    assert missing.returncode == 2
+    assert missing.stderr == ("mpi_magic: the job ran with --env API_TOKEN, which is not set here: set it in the "
+                              "environment run.sh runs in (an export keeps the names of --env variables, not their "
+                              "values)\n")
+    done = run_sh(folder, cache_dir, API_TOKEN="ci-secret", MODE="slow")
+    assert done.returncode == 0, done.stderr
+    assert results_of(folder) == {"seen": ("ci-secret", "slow")}
+
+
+def test_sigterm_to_run_sh_stops_the_job_and_leaves_nothing_of_it_running(ip, cache_dir, tmp_path):
+    ip.run_line_magic("mpirun_config", "view=text")
+    ip.user_ns["nap"] = 0
+    run(ip, "-g 2 --out job", "import time\ntime.sleep(nap)\n")
+    ip.user_ns["nap"] = 60  # exported with the notebook's values now: a job that runs for a minute
+    folder = tmp_path / "exported"
+    ip.run_line_magic("mpirun_export", f"job --to {folder}")
+    started = subprocess.Popen(["bash", str(folder / "run.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    try:
+        deadline = time.monotonic() + 60
+        ranks: list[psutil.Process] = []
+        while len(ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            ranks = [p for p in psutil.Process(started.pid).children(recursive=True)
+                     if p.cmdline()[1:3] == ["-m", "mpi_magic.runtime"]]
+        assert len(ranks) == 2
+        job_processes = psutil.Process(started.pid).children(recursive=True)
+        started.send_signal(signal.SIGTERM)  # as CI cancels a run
+        out, err = started.communicate(timeout=60)
+    finally:
+        started.kill()
+    assert started.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted: stopping job export-" in err and "nothing of it is left running" in err
+    assert not [p for p in job_processes if p.is_running()]
 
 
 def test_a_value_that_cannot_be_written_is_named_at_export_and_nothing_is_written(ip, tmp_path):
