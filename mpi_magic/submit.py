@@ -1,6 +1,6 @@
 """``python -m mpi_magic.submit FOLDER``: run a cell that ``%mpirun_export`` wrote to FOLDER, as its
 notebook ran it (same backend, shape and options), from a terminal or CI: every rank's output is
-printed, the exit status is 1 when the job fails, and what the cell assigned goes to
+printed, the exit status is 1 when the job fails (2 when it cannot run), and what the cell assigned goes to
 ``FOLDER/results.pickle``. SIGTERM stops the job as Ctrl-C does (status 143; 130 for Ctrl-C), so a
 cancelled CI run leaves no job running."""
 
@@ -49,6 +49,9 @@ def main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt as exc:  # the job was stopped on the way out (the pipeline said so)
         return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
+    except Exception as exc:  # a file gone, AWS refusing: not the cell's failure, so not status 1
+        print(f"mpi_magic: the job could not run: {exc} ({type(exc).__name__})", file=sys.stderr)
+        return 2
     import cloudpickle
 
     values = {name: value for name, value in run.values.items() if not isinstance(value, types.ModuleType)}

@@ -122,8 +122,10 @@ bash run.sh
 ```
 {env}
 It prints every rank's output (`[rank N]` before each line) and how the job went, exits with status 1
-when a rank fails (its traceback printed) and 0 when every rank succeeded, and writes what the cell
-assigns ({returns}) to `results.pickle`, a dict of name to value as the cell brought them back (rank 0's;
+when a rank fails (its traceback printed), 2 when the job cannot run (one sentence says why: a missing
+`--env` variable, a missing file, the backend refusing it), 143 when SIGTERM stopped it (130 for Ctrl-C;
+the job is stopped first, so a cancelled CI run leaves nothing running) and 0 when every rank succeeded,
+and writes what the cell assigns ({returns}) to `results.pickle`, a dict of name to value as the cell brought them back (rank 0's;
 lists by rank with `--gather`):
 
 ```python

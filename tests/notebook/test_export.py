@@ -105,6 +105,18 @@ def test_an_exported_jobs_env_values_stay_out_of_its_folder_and_come_from_the_en
     assert results_of(folder) == {"seen": ("ci-secret", "slow")}
 
 
+def test_run_sh_names_any_other_failure_in_one_sentence_with_a_status_of_its_own(ip, cache_dir, tmp_path):
+    ip.run_line_magic("mpirun_config", "view=text")
+    run(ip, "-g 1 --out job", "x = 1\n")
+    folder = tmp_path / "exported"
+    ip.run_line_magic("mpirun_export", f"job --to {folder}")
+    (folder / "payload.bin").unlink()
+    done = run_sh(folder, cache_dir)
+    assert done.returncode == 2
+    assert done.stderr == (f"mpi_magic: the job could not run: [Errno 2] No such file or directory: "
+                           f"'{folder}/payload.bin' (FileNotFoundError)\n")
+
+
 def test_sigterm_to_run_sh_stops_the_job_and_leaves_nothing_of_it_running(ip, cache_dir, tmp_path):
     ip.run_line_magic("mpirun_config", "view=text")
     ip.user_ns["nap"] = 0
