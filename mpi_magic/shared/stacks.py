@@ -34,8 +34,10 @@ from . import envvars
 SIGNAL_NAME = "SIGURG"
 FALLBACK_NAME = "SIGWINCH"  # the second ask, answered without the GIL
 FALLBACK_AFTER = 0.5  # seconds an asker waits for a rank's answer before it asks the second way (100 GIL switches)
-FALLBACK_GRACE = 5.0  # seconds after an answer in which a second ask is taken and dropped, never dumped
-TAKER_NAP = 1.0  # seconds the taking thread waits for an ask at a time (then sees whether it was kept from running)
+# seconds after an answer in which a second ask is taken and dropped, never dumped: brief where the
+# asker sends it only to ranks that have not begun to answer (this machine's), longer where it goes
+# to every rank (Slurm's scancel, mpirun's forwarding), for it comes FALLBACK_AFTER after the first
+GRACE_WHERE_ASKED_ALONE, GRACE_WHERE_ASKED_ALL = 0.25, FALLBACK_AFTER + 1.0
 HEADER = "mpi_magic stacks: main thread "
 ANSWER_LIMIT = 3.0  # seconds every rank gets to answer before the others' stacks are reported without it
 SETTLED = 0.05  # seconds a dump file's size must stay put for its dump to count as written
@@ -87,46 +89,40 @@ def install(rank: int, token: str = "", environ=os.environ) -> None:
         _registered.flush()
     faulthandler.register(fallback, file=_registered, all_threads=True, chain=False)
     _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum, fallback})  # here, and in every thread started from here on
-    _thread.start_new_thread(_take_the_signals, (signum, fallback))
+    grace = GRACE_WHERE_ASKED_ALONE if folder else GRACE_WHERE_ASKED_ALL
+    _thread.start_new_thread(_take_the_signals, (signum, fallback, grace))
     os.register_at_fork(after_in_child=_forget)
 
 
-def _take_the_signals(signum: int, fallback: int) -> None:
+def _take_the_signals(signum: int, fallback: int, grace: float) -> None:
     """The one thread of the rank that takes the signals, so that the call a signal interrupts is
     this thread's wait, never one of the cell's: ``sleep``, ``poll``, a driver's wait in C return
     early when a handler runs in their thread, whatever SA_RESTART says. It waits for ``signum``
     without the GIL and answers it holding the GIL. ``fallback`` reaches it only while it waits for
-    the GIL after an ask (the rank holds the GIL in C), and answers in C; after an answer of its
-    own, a ``fallback`` the asker sent meanwhile is taken and dropped. An ask that came while the
-    rank kept it from running for longer than an asker waits was answered that way: it is dropped
-    too, so no stale answer comes late. It does not keep the rank from ending."""
+    the GIL after an ask (the rank holds the GIL in C), and answers in C; for ``grace`` seconds
+    after an answer of its own, a ``fallback`` the asker sent meanwhile is taken and dropped, never
+    dumped while Python runs. It does not keep the rank from ending.
+
+    Known limits: an ask within ``grace`` of an answer, to a rank that meanwhile went into C holding
+    the GIL, is answered only when that call returns; and a rank answered the second way also
+    answers the first once it runs again (an asker takes the first answer after it asked)."""
     import _signal
     import faulthandler
 
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
-    ran_at = time.monotonic()
     while True:
-        asked = _signal.sigtimedwait({signum}, TAKER_NAP)
-        now = time.monotonic()
-        kept_from_running, ran_at = now - ran_at > TAKER_NAP + FALLBACK_AFTER, now
-        if kept_from_running:
-            while _signal.sigtimedwait({signum}, 0):
-                pass
-            continue
-        if asked is None:
-            continue
+        asked = _signal.sigwaitinfo({signum})
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {fallback})
-        answered_at = time.monotonic()
+        until = time.monotonic() + grace
         while asked is not None:
             if asked.si_signo == signum and _registered is not None:
                 try:
                     faulthandler.dump_traceback(file=_registered, all_threads=True)
                 except (OSError, ValueError):
                     pass  # the rank's file or pipe is gone: it is ending
-                answered_at = time.monotonic()
-            asked = _signal.sigtimedwait({signum, fallback}, max(0.0, answered_at + FALLBACK_GRACE - time.monotonic()))
+                until = time.monotonic() + grace
+            asked = _signal.sigtimedwait({signum, fallback}, max(0.0, until - time.monotonic()))
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
-        ran_at = time.monotonic()
 
 
 def _forget() -> None:
@@ -263,10 +259,6 @@ def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
     seen: dict[int, tuple[int, float]] = {}
     while sizes and time.monotonic() < deadline:
         now = time.monotonic()
-        if fallback_at is not None and now >= fallback_at:
-            fallback_at = None
-            for rank in [rank for rank in sizes if rank not in seen]:  # not begun to answer
-                _signal_rank(pids[rank], getattr(signal, FALLBACK_NAME))
         for rank in list(sizes):
             path = dump_path(folder, rank)
             try:
@@ -280,6 +272,10 @@ def request(folder: str, pids: dict[int, int], limit: float = ANSWER_LIMIT,
                 seen[rank] = (size, now)
             elif now - last[1] >= SETTLED:
                 stacks[rank] = _read(path, sizes.pop(rank))
+        if fallback_at is not None and now >= fallback_at:  # (after the look: one begun to answer is not asked again)
+            fallback_at = None
+            for rank in [rank for rank in sizes if rank not in seen]:
+                _signal_rank(pids[rank], getattr(signal, FALLBACK_NAME))
         time.sleep(0.01)
     for rank in sizes:
         gone = alive is not None and not alive(pids[rank])

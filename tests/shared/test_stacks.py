@@ -44,6 +44,10 @@ RANK_SCRIPT = textwrap.dedent("""
     threading.Thread(target=helper_thread, daemon=True).start()
     if sys.argv[2] == "holding the GIL":
         blocked_in_c_holding_the_gil()
+    if sys.argv[2] == "then holding the GIL":
+        print("ready", flush=True)
+        time.sleep(0.6)  # asked here, then
+        blocked_in_c_holding_the_gil()
     blocked_in_c()
 """)
 
@@ -103,6 +107,20 @@ def test_a_rank_blocked_in_c_holding_the_gil_answers_when_asked_the_second_way(t
     assert missing == {}
     assert [function for _, _, function in found[0]] == ["<module>", "blocked_in_c_holding_the_gil"]
     assert stacks.FALLBACK_AFTER <= took < stacks.ANSWER_LIMIT
+
+
+def test_a_rank_that_answered_and_then_went_into_c_holding_the_gil_answers_again(tmp_path):
+    process = _rank(tmp_path, 0, "then holding the GIL")  # (asked 0.2 s into its 0.6 s sleep)
+    try:
+        first, _ = stacks.request(str(tmp_path), {0: process.pid})
+        assert process.stdout.readline() == "ready\n"  # inside the call that holds the GIL
+        time.sleep(0.2)
+        second, missing = stacks.request(str(tmp_path), {0: process.pid})
+    finally:
+        _end(process)
+    assert [function for _, _, function in first[0]] == ["<module>"]
+    assert missing == {}
+    assert [function for _, _, function in second[0]] == ["<module>", "blocked_in_c_holding_the_gil"]
 
 
 def test_ranks_that_cannot_answer_have_ended_or_never_set_up_are_named_within_the_limit(tmp_path):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, stacks, wire
 from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
-                              RankStarted, StreamDecoder)
+                              RankStacks, RankStarted, StreamDecoder)
 from ...shared.layout import RESULTS
 from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
@@ -194,6 +194,7 @@ class SlurmJob:
         self._active_at = time.monotonic()  # when a rank last printed or made progress
         self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
+        self._answered: set[int] = set()  # the ranks that answered since they were last asked
         self._launcher_log = launchers.LauncherLog()
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._wake = threading.Event()  # set when output is due (a session's cell was sent)
@@ -278,6 +279,8 @@ class SlurmJob:
             if isinstance(event, RankStarted):
                 self._started.add(event.rank)
                 self._hosts.add(event.host)
+            elif isinstance(event, RankStacks):
+                self._answered.add(event.rank)
             elif isinstance(event, RankFinished):
                 self._reported.add(event.rank)
                 self._failure_seen = self._failure_seen or not event.ok
@@ -441,6 +444,7 @@ class SlurmJob:
         sends its stack as an event; the second way follows ``FALLBACK_AFTER`` seconds later (``_follow``)."""
         if self._finished or not self._started:
             return False
+        self._answered = set()
         asked = self._signal_job(stacks.SIGNAL_NAME)
         if asked:
             self._fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
@@ -454,6 +458,8 @@ class SlurmJob:
         due = self._fallback_due
         if due is not None and time.monotonic() >= due:
             self._fallback_due = None
+            if not self._started - self._reported - self._answered:
+                return  # every running rank answered: none is asked again
             try:
                 self._signal_job(stacks.FALLBACK_NAME)  # ranks that answered the first way drop it
             except SlurmSetupError:
