@@ -4,18 +4,21 @@ the ranks never talk to the service, so a job is one run, never one per rank.
 ``Tracker`` is the seam: what the notebook asks of a tracking service's client for one run (open it,
 metrics in batches, tags, files, end it); ``MlflowTracker`` is MLflow's, and another service (W&B)
 would be a class beside it. ``RunWriter`` writes a run from a thread of its own, a batch at a time,
-so a slow or failing server never holds a cell up: the first failure is said once and the run is
-written no further. ``JobRecord`` turns one job's events and end into what its run records. A
+so a slow or failing server never holds a cell up: a call the server refuses costs only what it
+carried, the first failure is said once, and a server that fails several calls in a row ends the run
+as failed where it still can. ``JobRecord`` turns one job's events and end into what its run records. A
 session is one run: each cell's steps follow the steps the session's earlier cells logged.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from ..errors import RemoteRankError, compact_ranks
@@ -31,6 +34,7 @@ FINISH_WAIT = 10.0  # seconds a cell waits at its end for its run to be written 
 PROBE_SECONDS = 3.0  # how long a tracking server gets to answer before the run is given up
 MAX_PENDING = 100_000  # metric points held for a server that is behind; more are dropped (and counted)
 TEXT_LIMIT = 5000  # characters of a tag's value (MLflow keeps up to 8000)
+MAX_FAILURES = 3  # calls in a row the server fails before the run is given up
 
 # a job's status -> the run's end
 RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
@@ -155,7 +159,8 @@ class RunWriter:
         self.tracker, self.label = tracker, label  # label: "job NAME" or "session NAME", as said to the user
         self.started_at = time.time()
         self.steps = Steps()
-        self.problem = ""  # why the run could not be written (the first failure), once there is one
+        self.problem = ""  # the first call the server failed, once there is one
+        self.given_up = False  # the run is written no further (it could not open, or the server kept failing)
         self._told = False
         self._points: list[Point] = []
         self._dropped = 0
@@ -198,36 +203,52 @@ class RunWriter:
             self._ended = True
             self._wake.notify()
         self._thread.join(wait)
-        if self._thread.is_alive() and not self.problem:
+        if self._thread.is_alive() and not self.given_up:
             say(f"MLflow is slow to take the run of {self.label}: it is written on in the background")
         self.tell(say)
 
     def tell(self, say: Callable[[str], None]) -> None:
-        """Say, the first time it is asked after the run failed, why it is not written."""
+        """Say, the first time it is asked after a call failed, what of the run is not written."""
         if self.problem and not self._told:
             self._told = True
-            say(f"MLflow did not take the run of {self.label} ({self.problem}); the cell ran on without it")
+            say(f"MLflow did not take the run of {self.label} ({self.problem}); the cell ran on without it"
+                if self.given_up else
+                f"MLflow refused part of the run of {self.label} ({self.problem}); the rest of it is written")
 
     def _write(self, name: str, params: dict[str, str], tags: dict[str, str]) -> None:
-        try:
-            self.tracker.start(name, params, tags)
-            while True:
-                with self._wake:
-                    if not self._ended:
-                        self._wake.wait(FLUSH_SECONDS)
-                    points, self._points = self._points, []
-                    actions, self._actions = self._actions, []
-                    last = self._ended
-                batch = self.tracker.max_batch
-                for at in range(0, len(points), batch):
-                    self.tracker.log_metrics(points[at:at + batch])
-                for action in actions:
-                    action()
-                if last and not actions:
+        if not self._call(lambda: self.tracker.start(name, params, tags)):
+            self.given_up = True  # there is no run to end
+            return
+        failures = 0
+        while True:
+            with self._wake:
+                if not self._ended:
+                    self._wake.wait(FLUSH_SECONDS)
+                points, self._points = self._points, []
+                actions, self._actions = self._actions, []
+                last = self._ended
+            batch = self.tracker.max_batch
+            calls: list[Callable[[], None]] = [partial(self.tracker.log_metrics, points[at:at + batch])
+                                               for at in range(0, len(points), batch)]
+            for call in calls + actions:
+                failures = 0 if self._call(call) else failures + 1
+                if failures >= MAX_FAILURES:
+                    self.given_up = True
+                    self._call(lambda: self.tracker.end("failed"))  # best effort: not left running for ever
                     return
+            if last and not actions:
+                return
+
+    def _call(self, call: Callable[[], None]) -> bool:
+        """Make one call to the server; False, and the first failure kept to be said, if it failed."""
+        try:
+            call()
+            return True
         except Exception as exc:  # noqa: BLE001 - the job goes on; the user hears why once
-            lines = str(exc).strip().splitlines()
-            self.problem = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+            if not self.problem:
+                lines = str(exc).strip().splitlines()
+                self.problem = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+            return False
 
 
 def run_params(options: LaunchOptions, backend: str, world_size: int, procs_per_instance: int) -> dict[str, str]:
@@ -347,7 +368,9 @@ class JobRecord:
 
 
 def _key(rank: int, name: str) -> str:
-    """Rank 0's metric under its own name, another rank's under its own prefix: loss, rank3/loss."""
+    """Rank 0's metric under its own name, another rank's under its own prefix: loss, rank3/loss; a
+    character MLflow refuses in a name (it takes letters, digits and ``_-. :/``) becomes ``_``."""
+    name = re.sub(r"/{2,}", "/", re.sub(r"[^/\w.\- :]", "_", name)).strip("/") or "_"
     return name if rank == 0 else f"rank{rank}/{name}"
 
 

@@ -102,6 +102,28 @@ def test_a_cell_stopped_at_its_timeout_is_a_killed_run(ip, mlflow_server):
     assert "ran past --timeout 2s" in found.data.tags["mpi_magic.failure"]
 
 
+def test_names_mlflow_refuses_are_cleaned_and_a_refused_batch_costs_only_itself(ip, mlflow_server, capsys):
+    cell = """
+import time
+import mpi_magic
+for step in range(3):
+    mpi_magic.log(**{"loss\u00b7avg": float(step)})  # an identifier, with a character MLflow refuses
+time.sleep(2.5)  # the writer sends what came so far
+mpi_magic.log(step=1e30, late=1.0)  # a step past MLflow's 64 bits
+time.sleep(2.5)
+mpi_magic.log(after=1.0)
+"""
+    run(ip, "-i 1 -g 2 --mlflow odd-names", cell)
+    client, found = only_run(mlflow_server, "odd-names")
+    assert found.info.status == "FINISHED"
+    assert history(client, found.info.run_id, "loss_avg") == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    assert history(client, found.info.run_id, "after") == [(0, 1.0)]
+    assert "late" not in found.data.metrics
+    assert "summary.html" in artifacts(client, found.info.run_id)
+    said = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
+    assert len(said) == 1 and said[0].startswith("mpi_magic: MLflow refused part of the run of job "), said
+
+
 def test_a_session_is_one_run_whose_cells_follow_each_other(sessions, mlflow_server):
     ip = sessions
     start_session(ip, "-i 2 -g 2 --mlflow a-session")
