@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
     config.update("view=text")
     echo = ConsoleEcho(every_rank=True)
     try:
-        run = pipeline.run_exported(folder, exported, export.launch_options(exported), config, echo)
+        run = pipeline.run_exported(folder, exported, export.launch_options(exported, folder), config, echo)
     except JobError as exc:  # as the notebook shows it (a rank's own traceback), less what only a notebook can do
         lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in exc._render_traceback_()]
         print("\n".join(line for line in lines if not line.startswith("%mpirun_debug")), file=sys.stderr)

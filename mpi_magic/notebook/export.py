@@ -24,6 +24,7 @@ from .pipeline import cell_meta
 EXPORT_FILE = "export.json"  # what submit reads: the job's name, options and cell
 RESULTS_FILE = "results.pickle"  # {name: value} the cell assigned, as the cell brought them back
 LAUNCH_FILE = "launch.txt"
+REQUIREMENTS_FILE = "requirements.txt"  # --requirements, copied: run.sh runs from any working directory
 _PER_CELL = ("out", "quiet", "dry_run", "run_async", "job_name", "no_session", "detach")  # not the job's shape
 
 
@@ -60,16 +61,24 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
     shape = {name: value for name, value in dataclasses.asdict(options).items() if name not in _PER_CELL}
     shape["given"] = sorted(options.given)
     shape["env"] = sorted(options.env)  # names only: the values (tokens, keys) come from where it runs
+    planned = dataclasses.replace(options, env={name: f"${name}" for name in options.env},
+                                  requirements=os.path.join(folder, REQUIREMENTS_FILE) if options.requirements else None)
+    if options.requirements and planned.requirements:
+        shape["requirements"] = REQUIREMENTS_FILE
+        try:
+            shutil.copyfile(options.requirements, planned.requirements)
+        except OSError as exc:
+            raise UsageError(f"--requirements {options.requirements!r}, which job {job.name} ran with, cannot be "
+                             f"copied ({exc.strerror}): export from the folder the notebook ran it in") from None
     exported = {"name": job.name, "backend": job.backend, "options": shape, "source": code.source,
                 "cell_file": code.filename, "returns": code.assigns, "python": payload.python_version(),
                 "mpi_magic": __version__}
     _write(folder, EXPORT_FILE, json.dumps(exported, indent=1))
     _write(folder, "cell.py", code.source if code.source.endswith("\n") else code.source + "\n")
-    backend = get_backend(options.backend, config, options)
+    backend = get_backend(options.backend, config, planned)
     digest = payload.file_digest(path) if backend.pins_digest else None
     os.makedirs(os.path.join(folder, "results"), mode=0o700, exist_ok=True)  # where the launch line's ranks write
-    named_env = dataclasses.replace(options, env={name: f"${name}" for name in options.env})
-    _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, named_env).removeprefix("would run: ") + "\n")
+    _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, planned).removeprefix("would run: ") + "\n")
     _write(folder, "run.sh", RUN_SH, mode=0o700)
     _write(folder, "README.md", readme(job, options))
     return notes
@@ -112,6 +121,8 @@ def readme(job: Job, options: LaunchOptions) -> str:
     env = (f"\nThe cell ran with `--env` {', '.join(f'`{name}`' for name in sorted(options.env))}: the export keeps "
            "their names, not their values, which `run.sh` takes from the environment it runs in (it names any that "
            "is missing and starts nothing).\n" if options.env else "")
+    requirements = (f"- `{REQUIREMENTS_FILE}`: the file the cell's `--requirements` named, installed on every "
+                    "instance first.\n" if options.requirements else "")
     return f"""# {job.name}, exported
 
 The cell of job `{job.name}`, to run again without a notebook: {options.instances} x {options.gpus} ranks on the
@@ -136,7 +147,7 @@ results = pickle.load(open("results.pickle", "rb"))
 - `cell.py`: the cell, as it ran (for reading: `payload.bin` holds it too).
 - `payload.bin`: the cell and the values it reads, pickled (load them only from a source you trust).
 - `export.json`: the job's name, backend and options, the Python and mpi_magic versions it was exported with.
-- `{LAUNCH_FILE}`: {launch}, as `--dry-run` prints it for this folder; `run.sh` runs the same in a job folder of its
+{requirements}- `{LAUNCH_FILE}`: {launch}, as `--dry-run` prints it for this folder; `run.sh` runs the same in a job folder of its
   own (under the cache folder), follows it as the notebook does and collects its results.
 
 It needs Python {payload.python_version()} with mpi_magic {__version__} (`python -m pip install /path/to/mpi_magic`, with the `[sagemaker]`
@@ -152,10 +163,12 @@ def read(folder: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def launch_options(exported: dict[str, Any], environ: Mapping[str, str] = os.environ) -> LaunchOptions:
-    """The options the exported cell ran with, for a run of its own, its ``--env`` values taken from
-    ``environ`` (``UsageError`` naming those it lacks)."""
+def launch_options(exported: dict[str, Any], folder: str, environ: Mapping[str, str] = os.environ) -> LaunchOptions:
+    """The options the exported cell in ``folder`` ran with, for a run of its own: its ``--env`` values
+    taken from ``environ`` (``UsageError`` naming those it lacks), its requirements file the folder's."""
     shape = dict(exported["options"])
+    if shape.get("requirements"):
+        shape["requirements"] = os.path.join(folder, shape["requirements"])
     shape["given"] = frozenset(shape.get("given", ()))
     names = sorted(shape.get("env", ()))
     missing = [name for name in names if name not in environ]

@@ -250,14 +250,18 @@ def test_a_sagemaker_job_reopens_in_a_new_python_from_the_folder_its_kernel_kept
     assert reopened_facts(cache_dir, job.name) == seen
 
 
-def test_an_exported_sagemaker_job_is_created_followed_and_collected_from_bash(ip, cloud, cache_dir, tmp_path):
+def test_an_exported_sagemaker_job_is_created_followed_and_collected_from_bash(ip, cloud, cache_dir, tmp_path,
+                                                                             monkeypatch):
     import json
     import os
     import pickle
     import subprocess
 
+    (tmp_path / "notebook").mkdir()
+    (tmp_path / "notebook" / "requirements.txt").write_text("# nothing to install; pip still runs it\n")
+    monkeypatch.chdir(tmp_path / "notebook")  # the notebook's folder, which --requirements is relative to
     ip.user_ns["base"] = 10
-    run(ip, "-i 2 -g 1 --gather --out job", (
+    run(ip, "-i 2 -g 1 --gather --out job --requirements requirements.txt", (
         "import mpi_magic\n"
         "where = (mpi_magic.rank(), mpi_magic.instance(), base)\n"
         "print('rank', mpi_magic.rank())\n"
@@ -267,7 +271,11 @@ def test_an_exported_sagemaker_job_is_created_followed_and_collected_from_bash(i
     launch = (folder / "launch.txt").read_text()
     request = json.loads(launch[launch.index("{"):launch.index("\nS3 objects:")])
     assert request["ResourceConfig"]["InstanceCount"] == 2 and request["RoleArn"] == ROLE
+    assert (folder / "requirements.txt").read_text() == "# nothing to install; pip still runs it\n"
+    assert json.loads((folder / "export.json").read_text())["options"]["requirements"] == "requirements.txt"
+    (tmp_path / "elsewhere").mkdir()
     done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path / "elsewhere",
                           env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == ["[rank 0] rank 0", "[rank 1] rank 1"]
