@@ -374,7 +374,8 @@ class MpiMagics(Magics):
             started = time.strftime("%Y-%m-%d %H:%M", time.localtime(info["started"])) if "started" in info else "?"
             shape = (f"{info['instances']} x {info['procs_per_instance']}" if "instances" in info
                      else f"{info.get('world_size', '?')} ranks")
-            print(f"{info['name']:<40} {started}  {info.get('status', '?'):<11} {info.get('backend', '?')}, {shape}")
+            status = _kept_status(info, cache_dir)
+            print(f"{info['name']:<40} {started}  {status:<11} {info.get('backend', '?')}, {shape}")
         return None
 
     @line_magic
@@ -438,6 +439,18 @@ class MpiMagics(Magics):
             return None
         print(self.defaults.describe())
         return None
+
+
+def _kept_status(info: dict, cache_dir: str) -> str:
+    """A kept job's status as ``Job.load`` gives it: job.json's, unless that says running though the
+    kernel that followed the job has gone."""
+    status = info.get("status", "?")
+    if status != "running" or jobdir.is_running(info):
+        return status
+    try:
+        return Job.load(info["name"], cache_dir).status
+    except JobError:
+        return "?"
 
 
 def _parse(magic_func, line: str):

@@ -36,6 +36,9 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
     notebook's values of the names the cell reads, packed as a cell packs them (a value that cannot
     be written raises ``CaptureError`` naming it)."""
     options = job.launch
+    if job.reopened:
+        raise UsageError(f"job {job.name} was reopened from its folder, which keeps no launch options: "
+                         "%mpirun_export exports a job from the notebook that ran it")
     if options is None:
         raise UsageError(f"job {job.name} ran on a session or was attached: %mpirun_export exports a one-off "
                          "cell's job (run the cell with --no-session, then export it)")

@@ -104,24 +104,26 @@ class Job:
         if not name or os.sep in name or not os.path.isdir(job_dir):
             raise JobError(f"no job named {name!r} is kept in {os.path.join(cache_dir, 'jobs')}: "
                            f"{kept_phrase(cache_dir)}")
+        kept = jobdir.read_record(job_dir)
+        if jobdir.is_running(kept):
+            where = "this kernel: its cell's handle (--out) has it now" if _followed_here(kept) else "another kernel"
+            raise JobError(f"job {name} is still running, followed by {where}; Job.load reopens a job once it has "
+                           "ended")
+        clock = _Replay()
         try:
             head, recorded = record.read(job_dir)
+            job = cls(head["name"], head["backend"], head["world_size"], head["procs_per_instance"], clock)
+            job.job_dir, job.reopened = job_dir, True
+            model = job.model
+            model.stall_after = head["stall_after"]
+            for at, event in recorded:
+                clock.now = max(clock.now, at)
+                if isinstance(event, events.LauncherExited) and model.exit is None:
+                    job._fold_last_lines()
+                model.fold(event)
         except record.RecordError as exc:
             raise JobError(f"job {name} cannot be reopened: {exc}") from None
-        clock = _Replay()
-        job = cls(head["name"], head["backend"], head["world_size"], head["procs_per_instance"], clock)
-        job.job_dir, job.reopened = job_dir, True
-        model = job.model
-        model.stall_after = head["stall_after"]
-        for at, event in recorded:
-            clock.now = max(clock.now, at)
-            if isinstance(event, events.LauncherExited) and model.exit is None:
-                job._fold_last_lines()
-            model.fold(event)
         if model.exit is None:
-            if jobdir.is_running(jobdir.read_record(job_dir)):
-                raise JobError(f"job {name} is still running, followed by another kernel: Job.load reopens a job "
-                               "once it has ended")
             job._fold_last_lines()
             model.fold(events.LauncherExited(None, reason="the kernel that followed it stopped before it ended"))
             model.fold(events.Phase(model.status))
@@ -317,6 +319,19 @@ class Job:
             counts[state.status] = counts.get(state.status, 0) + 1
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         return f"<mpi_magic.Job {self.name} {self.backend} {self.status}: {self.world_size} ranks ({summary})>"
+
+
+def _followed_here(kept: dict) -> bool:
+    """Whether this kernel follows the running job whose job.json says ``kept``: it runs the job's
+    launcher, or follows the job where the launcher runs elsewhere."""
+    import psutil
+
+    if kept.get("follower_pid") == os.getpid():
+        return True
+    try:
+        return bool(kept.get("launcher_pid")) and psutil.Process(kept["launcher_pid"]).ppid() == os.getpid()
+    except psutil.Error:
+        return False
 
 
 class _Replay:

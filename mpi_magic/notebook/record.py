@@ -12,6 +12,7 @@ only as the roll-call made of them, and past ``LIMIT`` bytes only what stood at 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import typing
@@ -54,8 +55,7 @@ class Recorder:
         if isinstance(event, _THINNED):
             key = (type(event).__name__, event.rank, getattr(event, "bar", 0))
             if self.full or not self._worth_keeping(key, event, at):
-                if not isinstance(event, events.Metrics):  # a bar's or a rank's latest stands for those before it
-                    self._held[key] = (at, event)
+                self._held[key] = (at, self._standing(key, event))
                 return
             self._held.pop(key, None)
             self._keep(key, event, at)
@@ -75,6 +75,16 @@ class Recorder:
             return event.closed or event.n < last.n or event.total != last.total  # a bar's end or reset, a new total
         assert isinstance(event, events.Resources) and isinstance(last, events.Resources)
         return (event.rss or 0) > (last.rss or 0) or (event.gpu_memory or 0) > (last.gpu_memory or 0)  # a new peak
+
+    def _standing(self, key: tuple, event: events.Event) -> events.Event:
+        """What stands for ``event`` and those held before it: a bar's or a rank's latest, and of a
+        rank's metrics (held only past ``LIMIT``) the latest point of each series."""
+        if not isinstance(event, events.Metrics):
+            return event
+        held = self._held.get(key)
+        points = dict(held[1].points) if held and isinstance(held[1], events.Metrics) else {}
+        points.update({name: series[-1:] for name, series in event.points.items() if series})
+        return dataclasses.replace(event, points=points)
 
     def _keep(self, key: tuple, event: events.Event, at: float) -> None:
         self._kept_at[key], self._kept[key] = at, event
@@ -114,10 +124,11 @@ def read(job_dir: str) -> tuple[dict, Iterator[tuple[float, events.Event]]]:
     except ValueError:
         f.close()
         raise RecordError(f"{path} is not a job record this version of mpi_magic reads") from None
-    return head, _events(f)
+    return head, _events(f, path)
 
 
-def _events(f) -> Iterator[tuple[float, events.Event]]:
+def _events(f, path: str) -> Iterator[tuple[float, events.Event]]:
+    """Each event of the open record ``f``; ``RecordError`` at one whose fields another version wrote."""
     with f:
         for line in f:
             try:
@@ -127,4 +138,9 @@ def _events(f) -> Iterator[tuple[float, events.Event]]:
                 continue  # a line cut short when the kernel that wrote it died
             if issubclass(cls, events.LauncherExited):
                 fields["reports"] = {int(rank): text for rank, text in fields.get("reports", {}).items()}
-            yield at, cls(**fields)
+            try:
+                event = cls(**fields)
+            except TypeError:
+                raise RecordError(f"{path} holds a {cls.__name__} event this version of mpi_magic does not read "
+                                  "(another version wrote it)") from None
+            yield at, event

@@ -4,14 +4,19 @@ cell showed; the record stays small, and the jobs kept are as many as ``keep_job
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 from helpers import job_facts, reopened_facts, run
 
 import mpi_magic
 from mpi_magic.notebook import record
-from mpi_magic.shared import events
+from mpi_magic.shared import events, jobdir
+from mpi_magic.view.model import JobModel
 
 CELL = textwrap.dedent("""\
     import sys, time
@@ -105,4 +110,96 @@ def test_the_record_keeps_a_bars_progress_twice_a_second_and_stops_growing_at_it
         recorder(events.Metrics(0, {"loss": [[i, 1.0]]}, seq=i, time=100.0 + i), float(i))
     recorder(events.LauncherExited(0), 1000.0)
     assert sum(len(line) for line in lines) < 10_000 + 500
-    assert "the job's record reached 0 MiB" in lines[-2]
+    assert "the job's record reached 0 MiB" in lines[-3]
+    assert '"points":{"loss":[[999,1.0]]}' in lines[-2]  # the latest, as it stood at the end
+
+
+def test_past_its_limit_the_record_keeps_each_ranks_latest_metrics_as_they_stood_at_the_end(monkeypatch, tmp_path):
+    monkeypatch.setattr(record, "LIMIT", 10_000)
+    (tmp_path / "logs").mkdir()
+    lines = [record.header("job", "local", 2, 2, 60.0)]
+    recorder = record.Recorder(lines.append)
+    for step in range(1000):
+        for rank in (0, 1):
+            points = {"loss": [[step, 1.0 / (step + 1)]], **({"lr": [[step, 0.1]]} if step == 500 else {})}
+            recorder(events.Metrics(rank, points, seq=step, time=100.0 + step), float(step))
+    recorder(events.LauncherExited(0), 1000.0)
+    assert sum(len(line) for line in lines) < 10_000 + 1000
+    (tmp_path / "logs" / record.FILE).write_text("\n".join(lines) + "\n")
+    model = JobModel("job", "local", 2, 2, lambda: 0.0)
+    for _, event in record.read(str(tmp_path))[1]:
+        model.fold(event)
+    for rank in (0, 1):
+        assert model.metrics.as_dict()[rank]["loss"][-1] == (999, 1 / 1000)
+        assert model.metrics.as_dict()[rank]["lr"][-1] == (500, 0.1)
+
+
+def test_a_record_another_version_wrote_is_named_in_one_sentence(ip, cache_dir):
+    ip.run_line_magic("mpirun_config", "view=text")
+    run(ip, "-g 1 --out job", "x = 1\n")
+    name = ip.user_ns["job"].name
+    path = os.path.join(cache_dir, "jobs", name, "logs", record.FILE)
+    with open(path) as f:
+        lines = f.read().splitlines()
+    finished = next(i for i, line in enumerate(lines) if '"k":"RankFinished"' in line)
+    lines[finished] = lines[finished][:-1] + ',"colour":"green"}'  # a field another version's event has
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with pytest.raises(mpi_magic.JobError) as refused:
+        mpi_magic.Job.load(name, cache_dir)
+    assert str(refused.value) == (f"job {name} cannot be reopened: {path} holds a RankFinished event this version of "
+                                  "mpi_magic does not read (another version wrote it)")
+
+
+def test_a_job_whose_kernel_died_is_listed_and_reopened_as_stopped(ip, cache_dir, capsys):
+    script = textwrap.dedent("""\
+        import time
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpi_magic")
+        ip.run_line_magic("mpirun_config", "view=text")
+        ip.run_cell_magic("mpirun_remote", "-g 1 --async --out job",
+                          "import time\\nfor _ in range(600):\\n    print('.', flush=True)\\n    time.sleep(0.1)\\n")
+        time.sleep(2)  # its record is written as the job's output comes
+        print(ip.user_ns["job"].name, flush=True)
+        time.sleep(60)
+        """)
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, env={**os.environ, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    try:
+        name = kernel.stdout.readline().strip()
+    finally:
+        kernel.kill()  # the kernel dies with its job running
+        kernel.communicate()
+    job_dir = os.path.join(cache_dir, "jobs", name)
+    deadline = time.monotonic() + 30
+    while jobdir.is_running(jobdir.read_record(job_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # its launcher follows it (it dies with its parent)
+    reopened = mpi_magic.Job.load(name, cache_dir)
+    assert reopened.status != "running"
+    capsys.readouterr()
+    ip.run_line_magic("mpirun_jobs", "")
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(name))
+    assert row.split()[3] == reopened.status
+
+
+def test_this_kernels_running_job_and_a_reopened_one_are_named_as_they_are(ip, cache_dir):
+    from IPython.core.error import UsageError
+
+    ip.run_line_magic("mpirun_config", "view=text")
+    run(ip, "-g 1 --async --out job", "import time\ntime.sleep(30)\n")
+    job = ip.user_ns["job"]
+    try:
+        with pytest.raises(mpi_magic.JobError) as running:
+            mpi_magic.Job.load(job.name, cache_dir)
+        assert str(running.value) == (f"job {job.name} is still running, followed by this kernel: its cell's handle "
+                                      "(--out) has it now; Job.load reopens a job once it has ended")
+    finally:
+        job.cancel()
+        with pytest.raises(mpi_magic.JobError):
+            job.wait(30)
+    ip.user_ns["again"] = mpi_magic.Job.load(job.name, cache_dir)
+    with pytest.raises(UsageError) as refused:
+        ip.run_line_magic("mpirun_export", "again")
+    assert str(refused.value) == (f"job {job.name} was reopened from its folder, which keeps no launch options: "
+                                  "%mpirun_export exports a job from the notebook that ran it")
