@@ -35,6 +35,9 @@ PROBE_SECONDS = 3.0  # how long a tracking server gets to answer before the run 
 MAX_PENDING = 100_000  # metric points held for a server that is behind; more are dropped (and counted)
 TEXT_LIMIT = 5000  # characters of a tag's value (MLflow keeps up to 8000)
 MAX_FAILURES = 3  # calls in a row the server fails before the run is given up
+# MLflow's client waits 120 s for an answer and tries 7 times more, minutes for one call to a server
+# that slowed or went away mid-run; these are its settings where the notebook's environment has none
+CLIENT_SETTINGS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
 
 # a job's status -> the run's end
 RUN_STATUS = {"completed": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
@@ -93,6 +96,8 @@ class MlflowTracker:
         uri = mlflow.get_tracking_uri()
         if uri.startswith(("http://", "https://")):
             _probe(uri)  # a server that is down fails here at once, not after MLflow's minutes of retries
+        for setting, value in CLIENT_SETTINGS.items():  # MLflow reads them from the environment at each call
+            os.environ.setdefault(setting, value)
         client = self.client = mlflow.MlflowClient(uri)
         found = client.get_experiment_by_name(self.experiment)
         if found is not None:
@@ -192,7 +197,8 @@ class RunWriter:
 
     def end(self, status: str, say: Callable[[str], None], wait: float = FINISH_WAIT) -> None:
         """Close the run with a job's ``status``, waiting up to ``wait`` seconds for it to be written;
-        ``say`` tells the user, once, why it was not, or that it is still being written."""
+        ``say`` tells the user, once, why it was not, or that it is still being written (unless it was
+        not waited for)."""
         with self._wake:
             if self._ended:
                 return
@@ -203,7 +209,7 @@ class RunWriter:
             self._ended = True
             self._wake.notify()
         self._thread.join(wait)
-        if self._thread.is_alive() and not self.given_up:
+        if wait and self._thread.is_alive() and not self.given_up:
             say(f"MLflow is slow to take the run of {self.label}: it is written on in the background")
         self.tell(say)
 
@@ -325,7 +331,15 @@ class JobRecord:
 
     def ended(self, job: Job, error: BaseException | None, say: Callable[[str], None]) -> None:
         """The job has ended (``error``: what the cell raises, if anything): what it leaves goes to the
-        run, which ends with it unless it is a session's."""
+        run, which ends with it unless it is a session's, without waiting after an interrupt. What
+        fails here is said, never raised: the cell's own outcome stands."""
+        try:
+            self._ended(job, error, say)
+        except Exception as exc:  # noqa: BLE001 - a failure to record the job must not replace how it ended
+            say(f"the MLflow run of {self.writer.label} misses the end of job {job.name} "
+                f"({type(exc).__name__}: {_first_line(exc)[:200]})")
+
+    def _ended(self, job: Job, error: BaseException | None, say: Callable[[str], None]) -> None:
         model, at = job.model, self._at()
         now = _now_ms()
         peaks = [Point(_key(state.rank, name), float(value), self.steps.cells, now)
@@ -356,7 +370,7 @@ class JobRecord:
             if os.path.isdir(logs):
                 self.writer.folder(logs, at + "logs")
         if not self.cell:
-            self.writer.end(job.status, say)
+            self.writer.end(job.status, say, wait=0 if isinstance(error, KeyboardInterrupt) else FINISH_WAIT)
         else:
             self.writer.tell(say)
 

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import socket
 import sys
+import threading
 import time
 import urllib.request
 
 import pytest
-from helpers import run, start_session
+from helpers import once_running, run, start_session
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import JobTimeoutError, RemoteRankError
@@ -164,6 +167,60 @@ def test_a_tracking_server_that_never_answers_holds_the_cell_up_only_for_its_pro
     assert took < (job.ended_at - job.started_at) + PROBE_SECONDS + 3.0, (took, job.ended_at - job.started_at)
     said = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
     assert len(said) == 1 and "nothing answers at" in said[0] and "timed out" in said[0], said
+
+
+@contextlib.contextmanager
+def server_silent_after_its_probe():
+    """A tracking server that answers the probe (``/health``) and then holds every request unanswered
+    until the block ends, when it goes away; its URI."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.settimeout(0.1)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def serve():
+        while not done.is_set():
+            try:
+                connection, _ = listening.accept()
+            except TimeoutError:
+                continue
+            if connection.recv(65536).startswith(b"GET /health"):
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK")
+                connection.close()
+            else:
+                held.append(connection)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join()
+        listening.close()
+        for connection in held:
+            connection.close()
+
+
+def test_an_interrupted_cell_does_not_wait_for_its_run_and_the_writer_gives_a_lost_server_up_soon(ip, monkeypatch):
+    for name in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # unset, and as it was after the test
+    interrupted = []
+    with server_silent_after_its_probe() as uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with once_running(ip, lambda: interrupted.append(time.monotonic()), _thread.interrupt_main, pause=0.5), \
+                pytest.raises(KeyboardInterrupt):
+            run(ip, "-i 1 -g 2 --mlflow held --out job", "import time\ntime.sleep(60)\n")
+        took = time.monotonic() - interrupted[0]
+        writers = [thread for thread in threading.enumerate() if thread.name.startswith("mpi_magic tracking")]
+        assert took < 5.0, took  # the job's stop, not FINISH_WAIT more for a run the server holds
+        assert writers and all(writer.is_alive() for writer in writers)
+    gone = time.monotonic()  # the server is gone: the writer's requests fail and are tried again a little only
+    for writer in writers:
+        writer.join(30)
+    assert not any(writer.is_alive() for writer in writers), "the writer still retries"
+    assert time.monotonic() - gone < 20, time.monotonic() - gone
 
 
 def test_the_option_without_an_experiment_is_one_sentence(ip):
