@@ -11,7 +11,9 @@ the machine a notebook runs on is on a real cluster's network: the tests' notebo
 node's slurmctld, and ranks reach the notebook or a forwarded server (``forward``). Each host has a
 hostname of its own (a UTS namespace) and, in every process entered into it, its own ``/etc/hosts``
 and ``/etc/ssh`` (the bed's, bind-mounted: nothing under ``/etc`` is written), and empty ``/run``
-and ``/dev/shm``: what one host's daemons and ranks keep there, no other sees. ``ssh HOST`` works
+and ``/dev/shm``: what one host's daemons and ranks keep there, no other sees. A host is a fresh
+machine, so its shell start-up file (``~/.bashrc``, which bash reads in every ssh session) is
+empty: this machine's (a version manager's shims and their lock, say) stays here. ``ssh HOST`` works
 inside the hosts as on the SageMaker training images (root, a throwaway key, no host key checks);
 ``ssh_agent`` is the same ssh for this machine. With ``sshd`` (the default) each host runs the
 real ``/usr/sbin/sshd``; without, whatever runs in a host starts it (the SageMaker bootstrap does).
@@ -66,7 +68,9 @@ mount --bind "$MM_BED/etc-ssh" /etc/ssh
 mount -t tmpfs -o mode=755 mpi_magic-run /run
 mkdir -p /run/sshd
 mount -t tmpfs -o mode=1777 mpi_magic-shm /dev/shm
-unset MM_BED
+home=$(getent passwd "$(id -u)" | cut -d: -f6)
+if [ -f "$home/.bashrc" ]; then mount --bind "$MM_BED/empty" "$home/.bashrc"; fi
+unset MM_BED home
 exec "$@"
 """
 
@@ -274,6 +278,7 @@ class TestHosts:
 
     def _write_files(self) -> None:
         """/etc/hosts and /etc/ssh as every host sees them, the keys, and the ssh for this machine."""
+        open(self._file("empty"), "w").close()  # (a host's ~/.bashrc)
         with open(self._file("etc-hosts"), "w") as f:
             f.write("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
                     f"{self.login_address}\tlogin\n")

@@ -52,6 +52,8 @@ def test_four_hosts_have_their_own_names_addresses_sshd_and_files_and_go_down_wi
         assert name == "algo-2" and f"inet {bed.address('algo-2')}/24" in address
         # /dev/shm is each host's own, and nothing reaches past the bed: no route out
         assert bed.ssh("algo-1", "touch /dev/shm/mine && ls /dev/shm").stdout == "mine\n"
+        # a fresh machine's shell start-up: none of this machine's runs in an ssh session
+        assert bed.ssh("algo-1", "wc -c < ~/.bashrc 2>/dev/null || echo 0").stdout == "0\n"
         assert bed.ssh("algo-2", "ls /dev/shm").stdout == "" and not os.path.exists("/dev/shm/mine")
         out = bed.run("algo-3", ["ip", "route", "get", "192.0.2.1"])
         assert out.returncode != 0 and "unreachable" in out.stderr
