@@ -139,8 +139,8 @@ def _run(route: CellRoute, options: LaunchOptions, config: Config, on_job: Calla
         return CellRun(None)
     job = Job(prepared.job_name, route.backend_name, route.world_size, route.procs_per_instance, clock)
     job.model.stall_after = config.get("stall_after")
-    record = route.tracked(prepared.job_name)
     view = None if options.quiet else _open_view(config, job, echo)
+    record = route.tracked(prepared.job_name)  # (once made, it is ended whatever happens)
     try:
         job.model.fold(Phase("submitting"))
         backend_job = route.submit(prepared)

@@ -106,6 +106,7 @@ class Session:
         self.job_dir = ""
         self.tracking_run: tracking.RunWriter | None = None  # its one run in a tracking service (--mlflow), if any
         self._stopped_here = False  # the notebook ended it (a stop, the kernel's exit), not a failure
+        self._over_budget = False  # it ended because it cost --max-cost
 
     # -- for the user -----------------------------------------------------------------------
 
@@ -330,6 +331,7 @@ class Session:
         budget = self.options.max_cost
         spent = self.model.cost() if budget is not None and self.model.stop_reason is None else None
         if budget is not None and spent is not None and spent.amount >= budget:
+            self._over_budget = True
             self._end(budget_reached(spent, budget), wait=False)  # the pump reads on until the job stopped
 
     def _replaced(self, event: events.Restarted) -> None:
@@ -376,11 +378,14 @@ class Session:
         self._end_run()
 
     def _end_run(self) -> None:
-        """The session has ended: so does its run, finished if the notebook stopped it or its ranks
-        ended it for idleness, else failed (its ranks lost, torn down after a cell); once."""
+        """The session has ended: so does its run (once a cell in flight has written its record),
+        finished if the notebook stopped it or its ranks ended it for idleness, killed at its budget,
+        else failed (its ranks lost, torn down after a cell); once. The pump thread does not wait."""
         if self.tracking_run is not None:
-            self.tracking_run.end("completed" if self._stopped_here or self.model.closing else "failed",
-                                  ConsoleEcho().say)
+            status = ("completed" if self._stopped_here or self.model.closing else
+                      "stopped" if self._over_budget else "failed")
+            on_pump = threading.current_thread() is self._pump_thread
+            self.tracking_run.end(status, ConsoleEcho().say, wait=0 if on_pump else tracking.FINISH_WAIT)
 
     # -- cells ------------------------------------------------------------------------------
 

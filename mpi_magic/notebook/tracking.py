@@ -171,6 +171,8 @@ class RunWriter:
         self._dropped = 0
         self._actions: list[Callable[[], None]] = []
         self._ended = False
+        self._open_cells = 0  # a session's cells whose records are still being written
+        self._end_after_cells: str | None = None  # the status the run ends with once they are
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._write, args=(name, params, tags),
                                         name=f"mpi_magic tracking {label}", daemon=True)
@@ -195,19 +197,37 @@ class RunWriter:
         with self._wake:
             self._actions.append(action)
 
-    def end(self, status: str, say: Callable[[str], None], wait: float = FINISH_WAIT) -> None:
-        """Close the run with a job's ``status``, waiting up to ``wait`` seconds for it to be written;
-        ``say`` tells the user, once, why it was not, or that it is still being written (unless it was
-        not waited for)."""
+    def cell_opened(self) -> None:
+        """A session's cell will write into the run: its end waits for the cell's record."""
         with self._wake:
-            if self._ended:
+            self._open_cells += 1
+
+    def cell_recorded(self, say: Callable[[str], None], wait: float = FINISH_WAIT) -> None:
+        """A session's cell has written what it leaves; the run ends now if its session ended meanwhile."""
+        with self._wake:
+            self._open_cells -= 1
+            status = self._end_after_cells if self._open_cells == 0 else None
+        if status is not None:
+            self.end(status, say, wait)
+        else:
+            self.tell(say)
+
+    def end(self, status: str, say: Callable[[str], None], wait: float = FINISH_WAIT) -> None:
+        """Close the run with a job's ``status`` (after a cell still in flight has written its record),
+        waiting up to ``wait`` seconds for it to be written; ``say`` tells the user, once, why it was
+        not, or that it is still being written (unless it was not waited for). Only the first status
+        counts; a later call only waits."""
+        with self._wake:
+            if self._open_cells and not self._ended:
+                self._end_after_cells = self._end_after_cells or status
                 return
-            if self._dropped:
-                dropped = self._dropped
-                self._actions.append(lambda: self.tracker.set_tags({"mpi_magic.metrics_dropped": str(dropped)}))
-            self._actions.append(lambda: self.tracker.end(status))
-            self._ended = True
-            self._wake.notify()
+            if not self._ended:
+                if self._dropped:
+                    dropped = self._dropped
+                    self._actions.append(lambda: self.tracker.set_tags({"mpi_magic.metrics_dropped": str(dropped)}))
+                self._actions.append(lambda: self.tracker.end(status))
+                self._ended = True
+                self._wake.notify()
         self._thread.join(wait)
         if wait and self._thread.is_alive() and not self.given_up:
             say(f"MLflow is slow to take the run of {self.label}: it is written on in the background")
@@ -308,6 +328,7 @@ class JobRecord:
         self.steps = writer.steps
         if cell:
             self.steps.cells += 1
+            writer.cell_opened()
         self.offset: int | None = None  # decided by the job's first metric point
 
     def event(self, event: events.Event) -> None:
@@ -333,13 +354,17 @@ class JobRecord:
         """The job has ended (``error``: what the cell raises, if anything): what it leaves goes to the
         run, which ends with it unless it is a session's, without waiting after an interrupt. What
         fails here is said, never raised: the cell's own outcome stands."""
+        wait = 0 if isinstance(error, KeyboardInterrupt) else FINISH_WAIT
         try:
-            self._ended(job, error, say)
+            self._ended(job, error, say, wait)
         except Exception as exc:  # noqa: BLE001 - a failure to record the job must not replace how it ended
             say(f"the MLflow run of {self.writer.label} misses the end of job {job.name} "
                 f"({type(exc).__name__}: {_first_line(exc)[:200]})")
+        finally:
+            if self.cell:
+                self.writer.cell_recorded(say, wait)
 
-    def _ended(self, job: Job, error: BaseException | None, say: Callable[[str], None]) -> None:
+    def _ended(self, job: Job, error: BaseException | None, say: Callable[[str], None], wait: float) -> None:
         model, at = job.model, self._at()
         now = _now_ms()
         peaks = [Point(_key(state.rank, name), float(value), self.steps.cells, now)
@@ -370,9 +395,7 @@ class JobRecord:
             if os.path.isdir(logs):
                 self.writer.folder(logs, at + "logs")
         if not self.cell:
-            self.writer.end(job.status, say, wait=0 if isinstance(error, KeyboardInterrupt) else FINISH_WAIT)
-        else:
-            self.writer.tell(say)
+            self.writer.end(job.status, say, wait)
 
     def _tag(self, name: str) -> str:
         return f"mpi_magic.{self.cell}.{name}" if self.cell else f"mpi_magic.{name}"

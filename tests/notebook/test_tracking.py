@@ -12,10 +12,10 @@ import time
 import urllib.request
 
 import pytest
-from helpers import once_running, run, start_session
+from helpers import once_running, run, start_session, wait_until
 from IPython.core.error import UsageError
 
-from mpi_magic.errors import JobTimeoutError, RemoteRankError
+from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
 from mpi_magic.notebook.tracking import PROBE_SECONDS
 from mpi_magic.options import Config
 
@@ -39,6 +39,12 @@ def only_run(uri: str, experiment: str):
     runs = client.search_runs([found.experiment_id])
     assert len(runs) == 1, [r.info.run_name for r in runs]
     return client, runs[0]
+
+
+def ended_runs(client, experiment: str) -> bool:
+    """Whether the experiment is there and every run of it has ended."""
+    found = client.get_experiment_by_name(experiment)
+    return found is not None and all(r.info.status != "RUNNING" for r in client.search_runs([found.experiment_id]))
 
 
 def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -140,6 +146,32 @@ def test_a_session_is_one_run_whose_cells_follow_each_other(sessions, mlflow_ser
     assert [step for step, _ in history(client, found.info.run_id, "rank3/loss")] == [0, 1, 2, 3, 4, 5]
     assert found.data.tags["mpi_magic.cell1.status"] == found.data.tags["mpi_magic.cell2.status"] == "completed"
     assert {"cells/cell1/summary.html", "cells/cell2/summary.html"} <= artifacts(client, found.info.run_id)
+
+
+def test_a_session_ended_under_a_cell_keeps_that_cells_record_in_its_failed_run(sessions, mlflow_server):
+    ip = sessions
+    start_session(ip, "-i 1 -g 2 --mlflow lost-session")
+    cell = """
+import os, signal, mpi_magic
+from mpi4py import MPI
+if mpi_magic.rank() == 0:
+    for line in range(50_000):  # logs that take the cell's record a while to write after the session's end
+        print(f"line {line}")
+MPI.COMM_WORLD.Barrier()
+if mpi_magic.rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+    with pytest.raises(JobError):  # the rank's death ends the session's launcher, and with it the session
+        run(ip, "", cell)
+    assert ip.magics_manager.registry["MpiMagics"].session.status == "stopped"
+    client = mlflow.MlflowClient(mlflow_server)
+    # the session's end is its pump's, which waits for nothing: the run is written in the background
+    assert wait_until(lambda: ended_runs(client, "lost-session"), 30), "the session's run was never ended"
+    client, found = only_run(mlflow_server, "lost-session")
+    assert found.info.status == "FAILED"
+    assert found.data.tags["mpi_magic.cell1.status"] == "failed"
+    assert "mpi_magic.cell1.failure" in found.data.tags
+    assert "cells/cell1/summary.html" in artifacts(client, found.info.run_id)
 
 
 def test_a_tracking_server_that_is_down_leaves_the_cell_to_complete_with_one_warning(ip, monkeypatch, capsys):
