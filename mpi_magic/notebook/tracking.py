@@ -7,7 +7,8 @@ would be a class beside it. ``RunWriter`` writes a run from a thread of its own,
 so a slow or failing server never holds a cell up: a call the server refuses costs only what it
 carried, the first failure is said once, and a server that fails several calls in a row ends the run
 as failed where it still can. ``JobRecord`` turns one job's events and end into what its run records. A
-session is one run: each cell's steps follow the steps the session's earlier cells logged.
+session is one run: each cell's steps follow the steps the session's earlier cells logged, and a
+session that ends under a cell ends its run once that cell's record is written.
 """
 
 from __future__ import annotations
