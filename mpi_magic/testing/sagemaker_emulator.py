@@ -47,7 +47,8 @@ Test aids, no SageMaker operations (``X-Amz-Target: MpiMagicEmulator.<aid>``):
   job shows ``Interrupted``, then starts again on fresh instances (empty disks, the checkpoints
   copied back from S3, new log streams), and runs to its end. ``interrupt`` sends it.
 - ``InstanceFault`` with ``{"TrainingJobName": ..., "Host": "algo-2", "Fault": ...}`` does to that
-  instance's test host what a real cluster's faults do: ``lose`` (the host dies: its link down and
+  instance's test host what a real cluster's faults do: ``kill`` (every process of it killed, the
+  host still on the network, so a connection to it is refused at once), ``lose`` (the host dies: its link down and
   every process of it killed; the emulator notices an instance whose processes all ended without
   its container exiting, gives the others ``VANISHED_GRACE`` to end by themselves, and fails the job
   with what they said, else with an internal error naming the lost instance), ``cut`` (its link goes down: a partition) and ``mend``, ``slow``
@@ -94,7 +95,7 @@ FAILURE_GRACE = 2.0  # seconds the other instances get to end by themselves afte
 # give up on a lost worker and say so (the bootstrap's ssh alive checks, then one try to release it)
 VANISHED_GRACE = 16.0
 TEST_HOSTS, STAND_IN, AUTO = "test-hosts", "stand-in", "auto"  # where the instances run (--hosts)
-FAULTS = ("lose", "cut", "mend", "slow")
+FAULTS = ("kill", "lose", "cut", "mend", "slow")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -521,7 +522,9 @@ class EmulatedJob:
             if host not in self.bed.names:
                 raise ClientError("ValidationException", f"training job {self.name} has no instance {host} "
                                                          f"({', '.join(self.bed.names)})")
-            if fault == "lose":
+            if fault == "kill":
+                self.bed.kill_all(host)
+            elif fault == "lose":
                 self.bed.lose(host)
             elif fault in ("cut", "mend"):
                 getattr(self.bed, fault)(host)
@@ -742,7 +745,7 @@ def interrupt(endpoint: str, job_name: str) -> int:
 
 
 def instance_fault(endpoint: str, job_name: str, host: str, fault: str, rate: str | None = None) -> None:
-    """Do ``fault`` (lose, cut, mend, slow: at ``rate``) to instance ``host`` of job ``job_name`` at ``endpoint``."""
+    """Do ``fault`` (kill, lose, cut, mend, slow: at ``rate``) to instance ``host`` of job ``job_name`` at ``endpoint``."""
     _aid(endpoint, "InstanceFault", {"TrainingJobName": job_name, "Host": host, "Fault": fault,
                                      **({"Rate": rate} if rate else {})})
 

@@ -38,7 +38,7 @@ def _left_running(pids) -> list[int]:
     return [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize(("fault", "within", "what"), [("lose", 10, "lost"), ("cut", 30, "cut off")])
+@pytest.mark.parametrize(("fault", "within", "what"), [("kill", 10, "lost"), ("cut", 30, "cut off")])
 def test_an_instance_lost_or_cut_off_mid_cell_ends_the_cell_naming_it_fails_the_job_and_leaves_nothing(
         ip, cloud, local_aws_env, fault, within, what):
     done = {}
@@ -69,7 +69,9 @@ def test_a_lost_leader_fails_the_job_naming_it_and_its_workers_end_by_themselves
         run(ip, "-i 2 -g 2 --out job", BUSY_CELL)
     ended_after = time.monotonic() - done["at"]
     job = ip.user_ns["job"]
-    assert ended_after < 30, f"the cell ended {ended_after:.1f}s after algo-1 was lost"
+    # (about 35 s: the emulator gives the workers VANISHED_GRACE to say why first, then the notebook's
+    # watch, which reads the job's state less often while its log is quiet, takes up to 18 s to see it)
+    assert ended_after < 45, f"the cell ended {ended_after:.1f}s after algo-1 was lost"
     assert "algo-1" in str(raised.value) and job.status != "completed"
     sagemaker = described(cloud, job.name)
     assert sagemaker["TrainingJobStatus"] == "Failed", job_story(cloud, job.name)
@@ -83,7 +85,7 @@ def test_a_session_that_loses_an_instance_under_a_cell_ends_with_a_sentence_nami
     ip = cloud_sessions
     s = start_session(ip, "-i 2 -g 2")
     pids = [rank.pid for rank in s.ranks]
-    lose = lambda: _fault(local_aws_env, s.job_name, "algo-2", "lose")  # noqa: E731
+    lose = lambda: _fault(local_aws_env, s.job_name, "algo-2", "kill")  # noqa: E731
     with once(lambda: s.status == "running", lose, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
         run(ip, "--quiet", BUSY_CELL)
     assert (f"session {s.name} ended: instance algo-2 stopped answering algo-1 (lost, or cut off); every rank "
@@ -99,7 +101,7 @@ def test_a_session_that_loses_an_instance_between_cells_says_so_at_the_next_cell
     s = start_session(ip, "-i 2 -g 2")
     run(ip, "--quiet", "kept = 1")
     pids = [rank.pid for rank in s.ranks]
-    _fault(local_aws_env, s.job_name, "algo-2", "lose")
+    _fault(local_aws_env, s.job_name, "algo-2", "kill")
     assert wait_until(lambda: s.status == "stopped", 20), job_story(aws, s.job_name)
     capsys.readouterr()
     run(ip, "-i 1 -g 2 --quiet", "kept = 2")  # (as a one-off job)
