@@ -40,7 +40,7 @@ from .session import Session, SessionCell
 
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
 POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
-INTERRUPT_ROLL_CALL = 1.0  # seconds the ranks get to give their stacks when a cell is interrupted
+INTERRUPT_ROLL_CALL = 2.0  # seconds the ranks get to give their stacks when a cell is interrupted
 
 
 @dataclass
