@@ -59,3 +59,9 @@ def test_sagemaker_multinode_runs_on_the_rehearsal_cloud_at_its_sizes(tmp_path, 
         r"^4 ranks, 128 steps; loss [\d.]+ -> [\d.]+; largest difference from one process (\S+)$", o.get("text", ""),
         re.MULTILINE)]
     assert len(printed) == 1 and float(printed[0][1]) < 1e-4
+    # the budget stops a job that would run for ten minutes, and says so in the cell's error
+    budget = code_cell(nb, "%%mpirun_remote --backend sagemaker --instance-type ml.g5.xlarge").outputs
+    (error,) = [o for o in budget if o.output_type == "error"]
+    assert error.ename == "JobError" and re.fullmatch(
+        r"job \S+: its cost reached --max-cost \$0\.002 \(about \$[\d.]+ at list price\); all 2 ranks were stopped "
+        r"\(raise --max-cost to let it run longer\)", error.evalue), error.evalue
