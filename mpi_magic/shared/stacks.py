@@ -34,10 +34,10 @@ from . import envvars
 SIGNAL_NAME = "SIGURG"
 FALLBACK_NAME = "SIGWINCH"  # the second ask, answered without the GIL
 FALLBACK_AFTER = 0.5  # seconds an asker waits for a rank's answer before it asks the second way (100 GIL switches)
-# seconds after an answer in which a second ask is taken and dropped, never dumped: brief where the
-# asker sends it only to ranks that have not begun to answer (this machine's), longer where it goes
-# to every rank (Slurm's scancel, mpirun's forwarding), for it comes FALLBACK_AFTER after the first
-GRACE_WHERE_ASKED_ALONE, GRACE_WHERE_ASKED_ALL = 0.25, FALLBACK_AFTER + 1.0
+# seconds after an answer in which a second ask is taken and dropped, never dumped, where it goes to
+# every rank (Slurm's scancel, mpirun's forwarding) and so also to those that answered the first; where
+# the notebook asks each rank alone it sends the second only to one that has not begun to answer
+GRACE_WHERE_ASKED_ALL = FALLBACK_AFTER + 1.0
 HEADER = "mpi_magic stacks: main thread "
 ANSWER_LIMIT = 3.0  # seconds every rank gets to answer before the others' stacks are reported without it
 SETTLED = 0.05  # seconds a dump file's size must stay put for its dump to count as written
@@ -89,7 +89,7 @@ def install(rank: int, token: str = "", environ=os.environ) -> None:
         _registered.flush()
     faulthandler.register(fallback, file=_registered, all_threads=True, chain=False)
     _signal.pthread_sigmask(_signal.SIG_BLOCK, {signum, fallback})  # here, and in every thread started from here on
-    grace = GRACE_WHERE_ASKED_ALONE if folder else GRACE_WHERE_ASKED_ALL
+    grace = 0.0 if folder else GRACE_WHERE_ASKED_ALL
     _thread.start_new_thread(_take_the_signals, (signum, fallback, grace))
     os.register_at_fork(after_in_child=_forget)
 
@@ -99,27 +99,35 @@ def _take_the_signals(signum: int, fallback: int, grace: float) -> None:
     this thread's wait, never one of the cell's: ``sleep``, ``poll``, a driver's wait in C return
     early when a handler runs in their thread, whatever SA_RESTART says. It waits for ``signum``
     without the GIL and answers it holding the GIL. ``fallback`` reaches it only while it waits for
-    the GIL after an ask (the rank holds the GIL in C), and answers in C; for ``grace`` seconds
-    after an answer of its own, a ``fallback`` the asker sent meanwhile is taken and dropped, never
-    dumped while Python runs. It does not keep the rank from ending.
+    the GIL after an ask (the rank holds the GIL in C), and answers in C. With a ``grace``, a
+    ``fallback`` that comes within it after an answer of its own is taken and dropped, never dumped
+    while Python runs. It does not keep the rank from ending.
 
-    Known limits: an ask within ``grace`` of an answer, to a rank that meanwhile went into C holding
-    the GIL, is answered only when that call returns; and a rank answered the second way also
-    answers the first once it runs again (an asker takes the first answer after it asked)."""
+    Known limits: with a ``grace``, an ask to a rank that went into C holding the GIL within it after
+    an answer is answered only when that call returns (the thread waits for the GIL with ``fallback``
+    blocked); and a rank answered the second way also answers the first once it runs again (an asker
+    takes the first answer after it asked)."""
     import _signal
     import faulthandler
+
+    def dump() -> None:
+        if _registered is not None:
+            try:
+                faulthandler.dump_traceback(file=_registered, all_threads=True)
+            except (OSError, ValueError):
+                pass  # the rank's file or pipe is gone: it is ending
 
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
     while True:
         asked = _signal.sigwaitinfo({signum})
+        if not grace:
+            dump()  # (a second ask meanwhile is answered in C while this thread holds the GIL: as safe)
+            continue
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {fallback})
         until = time.monotonic() + grace
         while asked is not None:
-            if asked.si_signo == signum and _registered is not None:
-                try:
-                    faulthandler.dump_traceback(file=_registered, all_threads=True)
-                except (OSError, ValueError):
-                    pass  # the rank's file or pipe is gone: it is ending
+            if asked.si_signo == signum:
+                dump()
                 until = time.monotonic() + grace
             asked = _signal.sigtimedwait({signum, fallback}, max(0.0, until - time.monotonic()))
         _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {fallback})
