@@ -21,7 +21,7 @@ not answer for it: it forgets the handler.
 
 Both signals are ignored by default, so a rank that has not registered yet (still starting), and
 every other process Slurm signals, ignores them instead of dying. Open MPI 5's mpirun forwards
-SIGURG by itself; the fallback, and on Open MPI 4 both, only when told (``forward_signals``).
+SIGURG by itself; the fallback, and on Open MPI 4 both, only when told (``forwarding_args``).
 """
 
 from __future__ import annotations
