@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 
+import mlflow  # (the test extra installs it: a missing MLflow fails here, never skips)
 import pytest
 from helpers import once_running, run, start_session, wait_until
 from IPython.core.error import UsageError
@@ -18,8 +19,6 @@ from IPython.core.error import UsageError
 from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
 from mpi_magic.notebook.tracking import PROBE_SECONDS
 from mpi_magic.options import Config
-
-mlflow = pytest.importorskip("mlflow", reason="MLflow is not installed here: pip install 'mlflow>=2.16'")
 
 LOGGING_CELL = """
 import time

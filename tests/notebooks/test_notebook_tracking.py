@@ -11,8 +11,6 @@ import re
 import pytest
 from notebook_runs import code_cell, executed, text_of
 
-pytest.importorskip("mlflow", reason="MLflow is not installed here: pip install 'mlflow>=2.16'")
-
 TRACKED_CELL = "%%mpirun_remote --instances 2 --gpus 2 --mlflow notebook-demo --out job"
 FAILING_CELL = "%%mpirun_remote --instances 2 --gpus 2 --mlflow notebook-demo\n"
 
