@@ -17,8 +17,6 @@ import os
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
@@ -141,6 +139,9 @@ class MlflowTracker:
 def _probe(uri: str) -> None:
     """Raise ``OSError`` unless a server answers at ``uri`` within ``PROBE_SECONDS`` (any HTTP status
     is an answer: a proxy may keep /health for itself)."""
+    import urllib.error  # (here: with ssl and http.client it would cost every %load_ext some 25 ms)
+    import urllib.request
+
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_SECONDS):
             pass
