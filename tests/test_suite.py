@@ -3,6 +3,7 @@ Slurm): the tests that need what is missing are skipped, each saying what to ins
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -134,7 +135,8 @@ def test_an_interrupted_run_leaves_no_process_or_server_of_its_own(tmp_path, wor
         workers = [worker for pytest_run in psutil.Process(run.pid).children() for worker in pytest_run.children()]
         os.killpg(run.pid, signal.SIGINT)
         for worker in workers if workers_killed else []:
-            worker.kill()
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):  # (one may have ended on the SIGINT)
+                worker.kill()
         shown, _ = run.communicate(timeout=180)
     finally:
         if run.poll() is None:
