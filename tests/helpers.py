@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import psutil
 import pytest
 
 BUCKET = "mpi-magic-tests"  # on each test module's own moto server (the ``aws`` fixture)
@@ -269,6 +270,14 @@ def resume(cluster, node: str) -> None:
     cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
     assert wait_until(lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%t").stdout.split()[:1] == ["idle"], 30), \
         cluster.run("sinfo", "-h", "-n", node, "-o", "%t %E").stdout
+
+
+def command_of(process: psutil.Process) -> str:
+    """A process's command line, or "" when it ended (or is a zombie) since it was listed."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def wait_until(check, limit: float) -> bool:

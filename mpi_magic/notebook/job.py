@@ -85,6 +85,7 @@ class Job:
         model = self.model
         self._log(record.FILE, record.header(self.name, self.backend, self.world_size, model.procs_per_instance,
                                              model.stall_after))
+        self.flush_logs()  # the header at once: a kernel that dies before the first event leaves a job to reopen
         recorder = record.Recorder(lambda line: self._log(record.FILE, line))
 
         def keep(event: events.Event) -> None:

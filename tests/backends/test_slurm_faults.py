@@ -120,8 +120,9 @@ def test_a_cell_over_a_slow_link_completes_and_its_progress_stays_live(faults, s
     shown = sorted(seen)
     assert len([n for n in shown if 0 < n < 20]) >= 10, f"rank 3's steps as shown while it ran: {shown}"
     # each step sends at least its 256 KiB out of n2, at 2.5 MB/s (the first step waits for MPI's connections too)
-    steps = shown[-1] - 1
-    assert seen[shown[-1]] - seen[1] > 0.8 * steps * (256 << 10) / 2.5e6, "the link was not slowed"
+    first = min(n for n in shown if n >= 1)  # the notebook may show step 2 first: it looks every 50 ms
+    steps = shown[-1] - first
+    assert seen[shown[-1]] - seen[first] > 0.8 * steps * (256 << 10) / 2.5e6, "the link was not slowed"
     times = sorted(at for n, at in seen.items() if n >= 1)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert max(gaps) < 3, f"the longest wait for rank 3's next step to show: {max(gaps):.1f}s"

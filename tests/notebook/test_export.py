@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from helpers import run
+from helpers import command_of, run
 
 import mpi_magic
 
@@ -132,7 +132,7 @@ def test_sigterm_to_run_sh_stops_the_job_and_leaves_nothing_of_it_running(ip, ca
         while len(ranks) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
             ranks = [p for p in psutil.Process(started.pid).children(recursive=True)
-                     if p.cmdline()[1:3] == ["-m", "mpi_magic.runtime"]]
+                     if command_of(p).split()[1:3] == ["-m", "mpi_magic.runtime"]]
         assert len(ranks) == 2
         job_processes = psutil.Process(started.pid).children(recursive=True)
         started.send_signal(signal.SIGTERM)  # as CI cancels a run

@@ -15,7 +15,7 @@ import time
 import nbformat
 import psutil
 import pytest
-from helpers import run, wait_until
+from helpers import command_of, run, wait_until
 from notebook_runs import execute, text_of
 
 from mpi_magic.testing import sagemaker_emulator
@@ -27,7 +27,7 @@ CELL_ON_THE_CLOUD = ("--backend sagemaker --instance-type ml.m5.xlarge -i 2 -g 1
 
 
 def servers_of(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children(recursive=True) if any(s in " ".join(p.cmdline()) for s in SERVERS)]
+    return [p for p in psutil.Process(pid).children(recursive=True) if any(s in command_of(p) for s in SERVERS)]
 
 
 def answers(endpoint: str) -> bool:

@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from helpers import needs_slurm
+from helpers import command_of, needs_slurm
 
 from mpi_magic.testing import hosts
 from mpi_magic.testing.slurm_cluster import SlurmCluster
@@ -162,7 +162,7 @@ def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
         job, *bed = started.stdout.readline().split()
         assert job.isdigit()
         deadline = time.monotonic() + 30
-        while not any("sleep 300" in " ".join(p.cmdline()) for p in _cluster_processes(root)):
+        while not any("sleep 300" in command_of(p) for p in _cluster_processes(root)):
             assert time.monotonic() < deadline, "the job never ran"
             time.sleep(0.2)
     finally:
@@ -171,7 +171,7 @@ def test_a_cluster_whose_python_is_killed_is_stopped_all_the_same():
         started.stdout.close()
     deadline = time.monotonic() + 60
     while _cluster_processes(root) or os.path.exists(root) or (bed and _bed_left(int(bed[0]))):
-        assert time.monotonic() < deadline, [p.cmdline() for p in _cluster_processes(root)] + _bed_left(int(bed[0]))
+        assert time.monotonic() < deadline, [command_of(p) for p in _cluster_processes(root)] + _bed_left(int(bed[0]))
         time.sleep(0.2)
     assert bed or hosts.missing(), "where test hosts can be made, the cluster runs on them"
 
