@@ -24,11 +24,12 @@ pytestmark = needs_slurm()
 
 def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluster):
     slurm.user_ns["base"] = 10
-    run(slurm, "--backend slurm -i 2 -g 2 --gather --out job", textwrap.dedent("""\
+    run(slurm, "--backend slurm -i 2 -g 2 --gather --env OMPI_MCA_btl=self,sm,tcp --out job", textwrap.dedent("""\
         import os
         import mpi_magic
         from mpi4py import MPI
         node = os.environ["SLURMD_NODENAME"]
+        transports = (os.environ["OMPI_MCA_btl"], os.environ["OMPI_MCA_mtl"])
         where = (mpi_magic.instance(), os.environ["RANK"], os.environ["LOCAL_RANK"])
         total = base + MPI.COMM_WORLD.allreduce(mpi_magic.rank())
         """))
@@ -37,6 +38,7 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluste
     # mpirun started its daemons in); RANK and LOCAL_RANK as elsewhere
     assert slurm.user_ns["where"] == [(0, "0", "0"), (0, "1", "1"), (1, "2", "0"), (1, "3", "1")]
     assert slurm.user_ns["total"] == [16] * 4
+    assert slurm.user_ns["transports"] == [("self,sm,tcp", "^ofi")] * 4, "the job's own choice of transports wins"
     job = slurm.user_ns["job"]
     assert job.status == "completed" and [r.host for r in job.ranks] == ["n1", "n1", "n2", "n2"]
     # (its batch shell ends at once)
@@ -47,11 +49,13 @@ def test_a_cell_runs_as_one_batch_job_of_a_node_per_instance(slurm, slurm_cluste
 @pytest.mark.parametrize("line", ["", "--srun"], ids=["mpirun", "srun"])
 def test_the_ranks_run_on_every_node_of_the_allocation_each_a_host_of_its_own(slurm, slurm_cluster, line):
     """On test hosts: two ranks on each node's host, with its name and address, and MPI's bytes between
-    the nodes cross the network (an allreduce of 2 MiB: more than that leaves n2)."""
+    the nodes cross the network (an allreduce of 2 MiB: more than that leaves n2), without Open MPI's
+    libfabric transports (the nodes have no fabric device)."""
     bed = slurm_cluster.bed
     slurm.user_ns["login"] = bed.login_address
     before = bed.bytes_sent("n2")
     run(slurm, f"--backend slurm -i 2 -g 2 {line} --gather", textwrap.dedent("""\
+        import os
         import socket
         import numpy as np
         from mpi4py import MPI
@@ -61,8 +65,10 @@ def test_the_ranks_run_on_every_node_of_the_allocation_each_a_host_of_its_own(sl
         total = np.zeros(1 << 18)
         MPI.COMM_WORLD.Allreduce(np.ones(1 << 18), total)
         summed = total[0]
+        transports = (os.environ.get("OMPI_MCA_btl"), os.environ.get("OMPI_MCA_mtl"))
         """))
     assert slurm.user_ns["where"] == [("n1", bed.address("n1"))] * 2 + [("n2", bed.address("n2"))] * 2
+    assert slurm.user_ns["transports"] == [("^ofi", "^ofi")] * 4
     assert slurm.user_ns["summed"] == [4.0] * 4
     assert bed.bytes_sent("n2") - before > 2 << 20
 

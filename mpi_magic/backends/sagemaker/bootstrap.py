@@ -405,6 +405,7 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
             exports += ["-x", "NCCL_SOCKET_IFNAME=" + interface]
     launch += ["--bind-to", "none"]  # a rank and its data-loader threads may use every core, as in the toolkit
     launch += forwarded_signals(major, user_args)
+    launch += fabric_args(user_args)
     launch += user_args
     digest = os.environ.get(envvars.PAYLOAD_DIGEST, "")
     results = os.environ.get(envvars.RESULTS_URI, "")
@@ -446,6 +447,14 @@ def forwarded_signals(major, user_args=()):
     from mpi_magic.shared import stacks  # the job's code, unpacked by now
 
     return stacks.forwarding_args(major, user_args)
+
+
+def fabric_args(user_args=()):
+    """Open MPI's libfabric transports left out on instances without a fabric device (EFA): there
+    they would only slow each rank's start (``mpi_magic.shared.fabric``)."""
+    from mpi_magic.shared import fabric  # the job's code, unpacked by now
+
+    return fabric.mca_args(user_args, os.environ)
 
 
 def first_failure(failures):

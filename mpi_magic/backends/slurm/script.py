@@ -12,7 +12,7 @@ import os
 import shlex
 
 from ...options import LaunchOptions
-from ...shared import envvars
+from ...shared import envvars, fabric
 
 OUTPUT, ERRORS = "launcher.out", "launcher.err"  # in the job folder: the launcher's stdout and stderr
 EXIT_FILE = "launcher.exit"  # in the job folder: the launcher's exit status, once it has ended
@@ -51,6 +51,7 @@ def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, 
 export {envvars.MASTER_ADDR}="$(hostname)"  # the first node of the allocation, where rank 0 runs
 export {envvars.MASTER_PORT}=$((20000 + SLURM_JOB_ID % 40000))  # one job's own, on that node
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+{fabric.shell_lines()}
 trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs from Slurm
 {" ".join(shlex.quote(word) for word in launch)} &
 launcher=$!

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -339,6 +340,7 @@ def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
     run(ip, "-i 2 -g 2 --gather --out job", (
         "import os, psutil\n"
         "nic = (os.environ.get('NCCL_SOCKET_IFNAME'), sorted(psutil.net_if_addrs()))\n"  # (the interfaces where it runs)
+        "transports = (os.environ.get('OMPI_MCA_btl'), os.environ.get('OMPI_MCA_mtl'))\n"
     ))
     interface = ip.user_ns["nic"][0][0]  # (eth0 on test hosts; this machine's first interface on the stand-in)
     assert interface != "lo" and all(name == interface and name in present for name, present in ip.user_ns["nic"])
@@ -349,6 +351,9 @@ def test_ranks_on_every_instance_use_the_network_sagemaker_names(ip, cloud):
                                                         logStreamName=stream["logStreams"][0]["logStreamName"])["events"]]
     launch = next(line for line in lines if line.startswith("mpi_magic bootstrap: running mpirun"))
     assert f"--mca btl_tcp_if_include {interface} --prtemca prte_if_include {interface}" in launch
+    # no fabric device on the emulated instances: Open MPI's libfabric transports are left out
+    assert "--mca btl ^ofi --mca mtl ^ofi" in " ".join(shlex.split(launch))
+    assert ip.user_ns["transports"] == [("^ofi", "^ofi")] * 4
 
 
 @pytest.mark.parametrize(("instance_type", "env", "expected"), [
