@@ -4,6 +4,7 @@ rehearsal AWS, a Slurm cluster, MLflow), and a check that nothing outlives a tes
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import gc
 import json
@@ -382,14 +383,37 @@ def _command(process: psutil.Process) -> list[str] | int:
         return process.pid
 
 
-def _served() -> set[int]:
-    """The worker's shared servers (a Slurm node's slurmd that a test started again among them) and what
-    they run (a Slurm node's job steps: their ranks are found by their job folder instead)."""
+def _process_tree() -> dict[int, list[int]]:
+    """Each process's children, from one look at the process table."""
+    tree: dict[int, list[int]] = collections.defaultdict(list)
+    for process in psutil.process_iter(["ppid"]):
+        tree[process.info["ppid"]].append(process.pid)
+    return tree
+
+
+def _descendants(tree: dict[int, list[int]], roots) -> set[int]:
+    found, waiting = set(), list(roots)
+    while waiting:
+        for child in tree.get(waiting.pop(), ()):
+            if child not in found:
+                found.add(child)
+                waiting.append(child)
+    return found
+
+
+def _left_children(tree: dict[int, list[int]]) -> list[psutil.Process]:
+    """This worker's processes that are not its shared servers (a Slurm node's slurmd that a test
+    started again among them) nor what they run (a Slurm node's job steps: their ranks are found by
+    their job folder instead)."""
     served = set(_SHARED_SERVERS) | _cluster_daemons()
-    for pid in set(served):
+    served |= _descendants(tree, served)
+    left = []
+    for pid in sorted(_descendants(tree, [os.getpid()]) - served):
         with contextlib.suppress(psutil.Error):
-            served.update(p.pid for p in psutil.Process(pid).children(recursive=True))
-    return served
+            process = psutil.Process(pid)
+            if _alive(process):
+                left.append(process)
+    return left
 
 
 def _cluster_daemons() -> set[int]:
@@ -418,8 +442,7 @@ def nothing_leaks(request, tmp_path):
     yield
     deadline = time.monotonic() + 5
     while True:
-        children = [p for p in psutil.Process().children(recursive=True)
-                    if p.pid not in _served() and _alive(p)]
+        children = _left_children(_process_tree())
         ranks = _job_processes([str(tmp_path), *_SHARED_ROOTS])
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         folders = held_folders() - folders_before
