@@ -2,8 +2,9 @@
 run by hand on the same code, and a session's warm cell against a local session's of the same shape.
 
 Baselines, measured in the same run, taking turns with the magic: ``srun --mpi=pmix`` of the code
-(the quickest way to run it on an allocation), and ``sbatch --wait`` of a script running ``mpirun``
-(what the backend submits, waited for by Slurm's own client). Uses the cluster SLURM_CONF points
+(the quickest way to run it on an allocation), as it comes and with the transports the magic picks on
+nodes without a fabric device (Open MPI's libfabric left out), and ``sbatch --wait`` of a script
+running ``mpirun`` (what the backend submits, waited for by Slurm's own client, which polls the job). Uses the cluster SLURM_CONF points
 at, else starts one on this machine (``mpi_magic.testing.slurm_cluster``) and stops it at the end.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from _common import interleaved, median, shell
 
 from mpi_magic.backends import launcher
+from mpi_magic.shared import fabric
 
 CODE = "from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1)"
 CELL = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
@@ -45,6 +47,13 @@ def cluster() -> Iterator[None]:
 def bare_srun() -> None:
     subprocess.run(["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-c", CODE],
                    check=True, stdout=subprocess.DEVNULL)
+
+
+def bare_srun_without_libfabric() -> None:
+    """As the magic runs ranks on nodes without a fabric device (``mpi_magic.shared.fabric``)."""
+    subprocess.run(["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-c", CODE],
+                   check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, **{f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()}})
 
 
 def bare_sbatch(folder: str):
@@ -85,13 +94,16 @@ def main() -> None:
         magic = lambda: ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 2 --quiet", CELL)  # noqa: E731
         magic_srun = lambda: ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 2 --srun --quiet", CELL)  # noqa: E731
         magic()  # warm the page cache
-        cell, cell_srun, srun, sbatch = interleaved([magic, magic_srun, bare_srun, bare_sbatch(folder)], args.repeats)
-        print(f"one-off cell, 2 nodes x 2 ranks, median of {args.repeats} rounds, each taking the four in turn:")
+        cell, cell_srun, srun, srun_lean, sbatch = interleaved(
+            [magic, magic_srun, bare_srun, bare_srun_without_libfabric, bare_sbatch(folder)], args.repeats)
+        print(f"one-off cell, 2 nodes x 2 ranks, median of {args.repeats} rounds, each taking the five in turn:")
         print(f"  %%mpirun_remote --backend slurm -i 2 -g 2          {median(cell):6.3f} s  (mpirun in the allocation)")
         print(f"  %%mpirun_remote --backend slurm -i 2 -g 2 --srun   {median(cell_srun):6.3f} s")
         print(f"  bare srun --mpi=pmix                                {median(srun):6.3f} s")
-        print(f"  bare sbatch --wait of mpirun                        {median(sbatch):6.3f} s")
-        print(f"  ratio magic --srun / bare srun = {median(cell_srun) / median(srun):.2f}; "
+        print(f"  bare srun --mpi=pmix, btl and mtl ^ofi              {median(srun_lean):6.3f} s  (the magic's transports)")
+        print(f"  bare sbatch --wait of mpirun                        {median(sbatch):6.3f} s  (sbatch polls the job)")
+        print(f"  ratio magic --srun / bare srun = {median(cell_srun) / median(srun):.2f}, "
+              f"/ bare srun with the same transports = {median(cell_srun) / median(srun_lean):.2f}; "
               f"magic (mpirun) / bare sbatch --wait = {median(cell) / median(sbatch):.2f}")
         one_node = warm_cells(ip, "--backend slurm -i 1 -g 2", args.cells)
         local = warm_cells(ip, "-i 1 -g 2", args.cells)

@@ -17,9 +17,9 @@ DEVICE_CLASSES = ("/sys/class/infiniband", "/sys/class/cxi")
 LEFT_OUT = {"btl": "^ofi", "mtl": "^ofi"}  # Open MPI's frameworks with a libfabric component
 
 
-def has_device(classes: Iterable[str] = DEVICE_CLASSES) -> bool:
+def has_device(classes: Iterable[str] | None = None) -> bool:
     """Whether this node has a fabric device."""
-    for folder in classes:
+    for folder in DEVICE_CLASSES if classes is None else classes:
         try:
             if os.listdir(folder):
                 return True
@@ -28,8 +28,7 @@ def has_device(classes: Iterable[str] = DEVICE_CLASSES) -> bool:
     return False
 
 
-def mca_args(user_args: Iterable[str], environ: Mapping[str, str],
-             classes: Iterable[str] = DEVICE_CLASSES) -> list[str]:
+def mca_args(user_args: Iterable[str], environ: Mapping[str, str], classes: Iterable[str] | None = None) -> list[str]:
     """mpirun's arguments that leave libfabric out on this node (none where it has a fabric device),
     less those for a framework the user set in ``user_args`` or ``environ``."""
     if has_device(classes):
@@ -43,9 +42,9 @@ def mca_args(user_args: Iterable[str], environ: Mapping[str, str],
     return args
 
 
-def shell_lines(classes: Iterable[str] = DEVICE_CLASSES) -> str:
+def shell_lines(classes: Iterable[str] | None = None) -> str:
     """The same decision in a batch script, made on the node it runs on: the variables, where unset."""
-    devices = " ".join(f"{folder}/*" for folder in classes)
+    devices = " ".join(f"{folder}/*" for folder in (DEVICE_CLASSES if classes is None else classes))
     exports = "\n".join(f'  [ -n "${{OMPI_MCA_{framework}+set}}" ] || export OMPI_MCA_{framework}={value}'
                         for framework, value in LEFT_OUT.items())
     return (f"# no fabric device on this node: Open MPI's libfabric transports would only slow each rank's start\n"

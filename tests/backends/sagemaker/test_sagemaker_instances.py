@@ -258,7 +258,9 @@ def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, m
                                                                      signals):
     """Only `mpirun --version` is stood in for (a script printing what each version prints)."""
     from mpi_magic.backends.sagemaker import bootstrap
+    from mpi_magic.shared import fabric
 
+    monkeypatch.setattr(fabric, "DEVICE_CLASSES", (str(tmp_path / "infiniband"),))  # an instance without EFA
     fake = tmp_path / "mpirun"
     fake.write_text(f"#!/bin/sh\nprintf '{version_text}'\n")
     fake.chmod(0o755)
@@ -269,7 +271,8 @@ def test_bootstrap_speaks_open_mpi_4_behind_the_images_wrapper_and_5(tmp_path, m
     assert argv[:6] == [str(fake), "--hostfile", "/hosts", "-np", "16", "--tag-output"]
     assert argv[6:6 + len(launch)] == launch
     rest = argv[6 + len(launch):]
-    assert rest[:5 + len(signals)] == ["--bind-to", "none", *signals, "--mca", "btl_tcp_if_include", "eth0"]
+    assert rest[:11 + len(signals)] == ["--bind-to", "none", *signals, "--mca", "btl", "^ofi", "--mca", "mtl", "^ofi",
+                                        "--mca", "btl_tcp_if_include", "eth0"]
     assert ["-x", "STAGE"] == rest[rest.index("STAGE") - 1:rest.index("STAGE") + 1]
     monkeypatch.setenv("OMPI_MCA_ess_base_forward_signals", "SIGUSR1")  # the user's choices stay theirs
     monkeypatch.setenv("OMPI_MCA_plm_rsh_args" if "4." in version_text else "PRTE_MCA_plm_ssh_args", "-q")
