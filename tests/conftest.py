@@ -1,5 +1,5 @@
-"""A real IPython shell with the extension loaded, the servers a worker's tests share (the
-rehearsal AWS, a Slurm cluster, MLflow), and a check that nothing outlives a test."""
+"""A real IPython shell with the extension loaded, the rehearsal AWS a module's tests share,
+and a check that nothing outlives a test."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from mpi_magic.options import Config
 
-# Servers a worker's tests share (``shared_servers``), and the folders their jobs run in (searched for
-# left-over ranks as a test's own folder is).
-_SHARED_SERVERS: set[int] = set()
-_SHARED_ROOTS: set[str] = set()
+# Servers a module-scoped fixture started for all of that module's tests, stopped at its end,
+# and the folders their jobs run in (searched for left-over ranks as a test's own folder is).
+_MODULE_SERVERS: set[int] = set()
+_MODULE_ROOTS: set[str] = set()
 
 
 # How the tests are spread over xdist's workers (``./dev.sh test`` runs ``--dist loadscope``): a file
-# whose tests share a module-scoped fixture (the mypy check)
+# whose tests share a module-scoped fixture (a moto server and SageMaker emulator, the mypy check)
 # goes to one worker whole, as one unit; every other test is a unit of its own. Units are handed out
 # longest first (``--no-loadscope-reorder`` keeps the collection's order), by the seconds each test
 # took when ``--store-durations`` last measured them (durations.json); a test not measured yet counts
@@ -175,126 +175,118 @@ def sessions(ip):
         magics.session = None
 
 
-@pytest.fixture(scope="session")
-def shared_servers():
-    """``get(key, start)``: what ``start()`` (a context manager) yields, started at the first test of
-    this worker that asks for ``key`` and kept for the worker's later tests, which keep apart (their
-    own S3 prefixes, job names and folders); all stopped, last started first, when the worker ends.
-    A worker's tests share them rather than a module's: every test then goes to whichever worker is
-    free, and each server starts at most once a worker."""
-    made: dict = {}
-    with contextlib.ExitStack() as stack:
-        def get(key, start):
-            if key not in made:
-                before = _children()
-                made[key] = stack.enter_context(start())
-                _SHARED_SERVERS.update(_children() - before)
-            return made[key]
+@pytest.fixture(scope="module")
+def local_aws_env(tmp_path_factory, request):
+    """A moto server and the SageMaker emulator for one module's tests, which keep apart by
+    their own S3 prefixes and job names; the environment that points boto3 at them. At once,
+    unless the module sets ``AWS_PACE = "aws"`` (and ``INSTANCE_START``, seconds): ``aws_pace``."""
+    from mpi_magic.testing.local_aws import local_aws
 
-        yield get
-
-
-@pytest.fixture
-def local_aws_env(shared_servers, tmp_path_factory, request):
-    """A moto server and the SageMaker emulator this worker's tests share, at once, unless the module
-    sets ``AWS_PACE = "aws"`` (and ``INSTANCE_START``, seconds: ``aws_pace``); the environment that
-    points boto3 at them."""
-    pace, instance_start = getattr(request.module, "AWS_PACE", "none"), getattr(request.module, "INSTANCE_START", None)
-
-    @contextlib.contextmanager
-    def start():
-        from mpi_magic.testing.local_aws import local_aws
-
-        root = str(tmp_path_factory.mktemp("local_aws"))
-        _SHARED_ROOTS.add(root)
-        with local_aws(root=root, pace=pace, instance_start=instance_start) as env:
+    root = str(tmp_path_factory.mktemp("local_aws"))
+    before = _children()
+    with local_aws(root=root, pace=getattr(request.module, "AWS_PACE", "none"),
+                   instance_start=getattr(request.module, "INSTANCE_START", None)) as env:
+        servers = _children() - before
+        _MODULE_SERVERS.update(servers)
+        _MODULE_ROOTS.add(root)
+        try:
             yield env
+        finally:
+            _MODULE_SERVERS.difference_update(servers)
+            _MODULE_ROOTS.discard(root)
 
-    return shared_servers(("aws", pace, instance_start), start)
 
-
-@pytest.fixture
-def slurm_cluster(shared_servers, monkeypatch):
+@pytest.fixture(scope="module")
+def slurm_cluster():
     """A Slurm cluster of four nodes n1..n4 (partitions debug; short, with a 10-minute limit; gpu, n3 and
-    n4 counting 2 GPUs each) this worker's tests share: on test hosts of their own where they can be made
+    n4 counting 2 GPUs each), for one module's tests: on test hosts of their own where they can be made
     (root), else all on this machine; its environment (SLURM_CONF, which points Slurm's commands at it,
-    and on test hosts the notebook's address there) is set for the test."""
+    and on test hosts the notebook's address there) is set meanwhile."""
+    import tempfile
 
-    @contextlib.contextmanager
-    def start():
-        from mpi_magic.testing.slurm_cluster import SlurmCluster
+    from mpi_magic.testing.slurm_cluster import SlurmCluster
 
-        root = tempfile.mkdtemp(prefix="mpi_magic_slurm_")  # short: munge's socket path must be
-        _SHARED_ROOTS.add(root)
-        cluster = SlurmCluster(root, nodes=4).start()
-        try:
-            yield cluster
-        finally:
-            cluster.stop(remove=True)
+    root = tempfile.mkdtemp(prefix="mpi_magic_slurm_")  # short: munge's socket path must be
+    before = _children()
+    cluster = SlurmCluster(root, nodes=4).start()
+    servers = _children() - before
+    _MODULE_SERVERS.update(servers)
+    _MODULE_ROOTS.add(root)
+    environ = {name: os.environ.get(name) for name in cluster.environ}
+    os.environ.update(cluster.environ)
+    try:
+        yield cluster
+    finally:
+        for name, value in environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        cluster.stop(remove=True)
+        _MODULE_SERVERS.difference_update(servers)
+        _MODULE_ROOTS.discard(root)
 
-    cluster = shared_servers("slurm", start)
-    for name, value in cluster.environ.items():
-        monkeypatch.setenv(name, value)
-    return cluster
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` on loopback for one module's tests (a SQLite store, artifacts in a folder
+    of its own), with ``MLFLOW_TRACKING_URI`` pointing at it meanwhile; its URI. Its start takes
+    about 15 s on a loaded 2-core machine (MLflow's import and the store's migrations)."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
 
-@pytest.fixture
-def mlflow_server(shared_servers, tmp_path_factory, monkeypatch):
-    """A real ``mlflow server`` on loopback this worker's tests share (a SQLite store, artifacts in a
-    folder of its own), with ``MLFLOW_TRACKING_URI`` pointing at it for the test; its URI. Its start
-    takes about 15 s on a loaded 2-core machine (MLflow's import and the store's migrations)."""
+    from mpi_magic.shared.procs import free_port
+    from mpi_magic.testing import servers
 
-    @contextlib.contextmanager
-    def start():
-        import signal
-        import subprocess
-        import sys
-        import urllib.request
-
-        from mpi_magic.shared.procs import free_port
-        from mpi_magic.testing import servers
-
-        root = tmp_path_factory.mktemp("mlflow")
-        uri = f"http://127.0.0.1:{free_port()}"
-        with open(root / "server.log", "wb") as log:
-            server = servers.start(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/store.db",
-                 "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port",
-                 uri.rsplit(":", 1)[1], "--workers", "1"],
-                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # (no job runner processes)
-                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                        break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-                    time.sleep(0.2)
-            yield uri
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"http://127.0.0.1:{free_port()}"
+    before = _children()
+    with open(root / "server.log", "wb") as log:
+        server = servers.start(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/store.db",
+             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1],
+             "--workers", "1"],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # (no job runner processes)
+            stdout=log, stderr=subprocess.STDOUT)
+    servers_here = _children() - before
+    _MODULE_SERVERS.update(servers_here)
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
             try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
-
-    uri = shared_servers("mlflow", start)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.2)
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        yield uri
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)  # the server and its uvicorn worker
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        _MODULE_SERVERS.difference_update(servers_here)
 
 
 @pytest.fixture
 def slurm(ip, slurm_cluster, monkeypatch):
-    """The shell, its cells on the worker's Slurm cluster shown as text (its sessions' rank 0 reaching the
+    """The shell, its cells on the module's Slurm cluster shown as text (its sessions' rank 0 reaching the
     notebook where the cluster says); the test fails if it leaves a job in the queue for 10 s."""
     from helpers import SLURM_GONE_WITHIN, slurm_queue, wait_until
 
-    for name, value in slurm_cluster.environ.items():  # again: ``ip`` may have removed the MPI_MAGIC_* ones
+    for name, value in slurm_cluster.environ.items():
         monkeypatch.setenv(name, value)
     ip.run_line_magic("mpirun_config", "view=text")
     yield ip
@@ -304,7 +296,7 @@ def slurm(ip, slurm_cluster, monkeypatch):
 
 @pytest.fixture
 def aws(local_aws_env, monkeypatch):
-    """boto3, pointed at the worker's moto server and SageMaker emulator on loopback, with the tests' bucket."""
+    """boto3, pointed at the module's moto server and SageMaker emulator on loopback, with the tests' bucket."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in local_aws_env.items():
@@ -353,7 +345,7 @@ def _children() -> set[int]:
 
 
 def _job_processes(markers: list[str]) -> list[psutil.Process]:
-    found, servers = [], _SHARED_SERVERS | _cluster_daemons()
+    found, servers = [], _MODULE_SERVERS | _cluster_daemons()
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
             command = " ".join(proc.info["cmdline"] or [])
@@ -402,10 +394,10 @@ def _descendants(tree: dict[int, list[int]], roots) -> set[int]:
 
 
 def _left_children(tree: dict[int, list[int]]) -> list[psutil.Process]:
-    """This worker's processes that are not its shared servers (a Slurm node's slurmd that a test
-    started again among them) nor what they run (a Slurm node's job steps: their ranks are found by
-    their job folder instead)."""
-    served = set(_SHARED_SERVERS) | _cluster_daemons()
+    """This worker's processes that are neither a module's shared servers (a Slurm node's slurmd that a
+    test started again among them) nor what they run (a Slurm node's job steps: their ranks are found
+    by their job folder instead)."""
+    served = set(_MODULE_SERVERS) | _cluster_daemons()
     served |= _descendants(tree, served)
     left = []
     for pid in sorted(_descendants(tree, [os.getpid()]) - served):
@@ -417,11 +409,11 @@ def _left_children(tree: dict[int, list[int]]) -> list[psutil.Process]:
 
 
 def _cluster_daemons() -> set[int]:
-    """The daemons the worker's Slurm cluster recorded in its folder."""
+    """The daemons a module's Slurm cluster recorded in its folder."""
     from mpi_magic.testing.slurm_cluster import PIDS
 
     recorded = set()
-    for root in _SHARED_ROOTS:
+    for root in _MODULE_ROOTS:
         with contextlib.suppress(FileNotFoundError), open(os.path.join(root, PIDS)) as f:
             recorded.update(int(line) for line in f if line.strip())
     return recorded
@@ -437,13 +429,13 @@ def _alive(process: psutil.Process) -> bool:
 @pytest.fixture(autouse=True)
 def nothing_leaks(request, tmp_path):
     """Fail a test that leaves a child process, a rank, or a thread of ours running, or a temporary
-    folder held (the worker's shared servers are not the test's; what they run for it is)."""
+    folder held (a module's shared servers are not the test's; what they run for it is)."""
     threads_before, folders_before = set(threading.enumerate()), held_folders()
     yield
     deadline = time.monotonic() + 5
     while True:
         children = _left_children(_process_tree())
-        ranks = _job_processes([str(tmp_path), *_SHARED_ROOTS])
+        ranks = _job_processes([str(tmp_path), *_MODULE_ROOTS])
         threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
         folders = held_folders() - folders_before
         if not (children or ranks or threads or folders) or time.monotonic() > deadline:

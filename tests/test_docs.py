@@ -45,6 +45,9 @@ CLONE = "/path/to/mpi_magic"  # how the pages name the folder of the user's clon
 # What a page's cells run against, as the page says; every other page runs on this machine.
 RUNS_ON = {"docs/slurm.md": "slurm", "docs/sagemaker.md": "aws"}
 
+# The module's rehearsal cloud (and the Slurm cluster pages ask for) serve all its tests, which go to one
+# worker together for that (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("local_aws_env")
 
 
 # -- running a page's blocks ---------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The notebooks whose cells run on SageMaker execute in a real kernel (nbclient), on the
-rehearsal cloud (a moto server and the SageMaker emulator on loopback, which the worker's tests share),
+rehearsal cloud (a moto server and the SageMaker emulator on loopback, one of each for the module),
 chosen by the documented settings that notebooks/execute.py also uses."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from helpers import needs_torch
 from notebook_runs import code_cell, execute, executed, text_of
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cloud(local_aws_env):
     return execute.rehearsal_settings(local_aws_env)
 
