@@ -12,6 +12,8 @@ import sys
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
+# a first check, with no cache yet (a fresh clone), takes minutes on a loaded 2-core machine: as long as mypy may
+pytestmark = pytest.mark.timeout(300)
 
 
 def _mypy(*args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
