@@ -44,16 +44,14 @@ def cluster() -> Iterator[None]:
         started.stop(remove=True)
 
 
-def bare_srun() -> None:
+def bare_srun(environ: dict[str, str] | None = None) -> None:
     subprocess.run(["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-c", CODE],
-                   check=True, stdout=subprocess.DEVNULL)
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, **(environ or {})})
 
 
 def bare_srun_without_libfabric() -> None:
     """As the magic runs ranks on nodes without a fabric device (``mpi_magic.shared.fabric``)."""
-    subprocess.run(["srun", "-N", "2", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-c", CODE],
-                   check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, **{f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()}})
+    bare_srun({f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()})
 
 
 def bare_sbatch(folder: str):

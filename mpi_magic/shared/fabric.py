@@ -47,6 +47,6 @@ def shell_lines(classes: Iterable[str] | None = None) -> str:
     devices = " ".join(f"{folder}/*" for folder in (DEVICE_CLASSES if classes is None else classes))
     exports = "\n".join(f'  [ -n "${{OMPI_MCA_{framework}+set}}" ] || export OMPI_MCA_{framework}={value}'
                         for framework, value in LEFT_OUT.items())
-    return (f"# no fabric device on this node: Open MPI's libfabric transports would only slow each rank's start\n"
+    return (f"# on a node without a fabric device, Open MPI's libfabric transports would only slow each rank's start\n"
             f"fabric=\nfor device in {devices}; do [ -e \"$device\" ] && fabric=yes; done\n"
             f"if [ -z \"$fabric\" ]; then\n{exports}\nfi")
