@@ -12,6 +12,7 @@ sys.path.insert(0, NOTEBOOKS)
 import execute  # noqa: E402  (notebooks/execute.py)
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+DURATION = r"(?:\d+h\d\dm|(?:\d+m)?[\d.]+s)"  # a time as the view writes it: 4.2s, 1m04s, 1h02m
 RUNNING_LINE = re.compile(r"mpi_magic: job \S+ \(.*\) (starting|running) ")  # the text view's lines while a job starts and runs
 
 

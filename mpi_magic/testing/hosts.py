@@ -56,7 +56,6 @@ SSHD = "/usr/sbin/sshd"
 PROGRAMS = {"ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux", "tc": "iproute2",
             "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 NETNS = "/run/netns"  # where ``ip netns`` keeps named namespaces: a mount it makes on its first namespace
-NETNS_MOUNT_MADE = "/run/mpi_magic-hosts-made-netns-mount"  # there while that mount is a bed's to take down
 UP_LIMIT = 10.0  # seconds the hosts' sshd get to answer
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL for what runs in a host
 
@@ -177,7 +176,7 @@ class TestHosts:
         if os.path.exists(self._file(STATE)):
             raise HostsError(f"a bed is up under {self.root} already: bring it down first")
         if not _mounted(NETNS):  # (the first bed's ``ip netns add`` will make it)
-            open(NETNS_MOUNT_MADE, "a").close()
+            open(_netns_mount_made(), "a").close()
         self.number = self._claim()
         self._save()
         try:
@@ -528,11 +527,18 @@ def _zombie(pid: int) -> bool:
 def _unmount_netns_if_made() -> None:
     """The last bed down takes down the mount of ``/run/netns`` a bed made: while another bed's
     namespaces are mounted in it, ``umount`` refuses (busy) and the mount stays."""
-    if not os.path.exists(NETNS_MOUNT_MADE):
+    made = _netns_mount_made()
+    if not os.path.exists(made):
         return
     if not _mounted(NETNS) or _run("umount", NETNS, check=False).returncode == 0:
         with contextlib.suppress(FileNotFoundError):
-            os.remove(NETNS_MOUNT_MADE)
+            os.remove(made)
+
+
+def _netns_mount_made() -> str:
+    """A file there while the mount of ``/run/netns`` is a bed's to take down: one per mount
+    namespace, as the mount is (a bed in a namespace of its own neither sees nor takes another's)."""
+    return f"/run/mpi_magic-hosts-made-netns-mount.{os.stat('/proc/self/ns/mnt').st_ino}"
 
 
 def _mounted(path: str) -> bool:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from helpers import needs_slurm, needs_torch
-from notebook_runs import NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
+from notebook_runs import DURATION, NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
 
 @pytest.mark.parametrize("name", execute.NOTEBOOKS)
@@ -120,7 +120,7 @@ def test_data_parallel_training_matches_a_single_process_run(tmp_path):
 
     nb = executed("data_parallel_training.ipynb", tmp_path)
     training = text_of(code_cell(nb, "%%mpirun_remote --instances 1 --gpus 2 --out job").outputs)
-    assert re.search(r"completed [\d.]+s: 2/2 ranks done", training), training
+    assert re.search(rf"completed {DURATION}: 2/2 ranks done", training), training
     # a line every 2 s lists each rank's tqdm share while the job runs, which a short loop can finish
     # between two lines; the summary keeps where each rank's last bar ended
     assert "progress: ranks 0:100% 1:100%" in training, "the ranks' tqdm loops were reported"
@@ -156,8 +156,8 @@ def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_follows_the_loss
     peaks = [int(mb) for mb in re.search(r"peak memory per rank \(MB\): \[([\d, ]+)\]", followed).group(1).split(",")]
     assert peaks[3] - peaks[0] > 40, "rank 3 holds 60 MB more than rank 0"
     slow = text_of(code_cell(nb, "%%mpirun_remote --instances 2 --gpus 2\nfrom mpi4py import MPI\nfrom tqdm").outputs)
-    assert re.search(r"\n  straggler: rank 3: \d\.\dx the others' median step time \(\d+ms vs \d+ms\) for [\d.]+s, "
-                     r"until it finished\n", slow), slow
+    assert re.search(rf"\n  straggler: rank 3: \d\.\dx the others' median step time \(\d+ms vs \d+ms\) for {DURATION}, "
+                     "until it finished\n", slow), slow
     assert slow.count("straggler:") == 2, "said once while it ran, and in the summary"
     stored = stored_notebook("diagnosing.ipynb")
     for ran, kept in zip(nb.cells, stored.cells):  # (the lines a quiet job prints depend on the machine's pace)
@@ -188,7 +188,7 @@ def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_fai
         ("RemoteRankError", "rank 3 (instance 1, n2) raised ZeroDivisionError: division by zero")]
     timed = text_of(code_cell(nb, "%%mpirun_remote --backend slurm --instances 2 --gpus 2 --partition short --time 5")
                     .outputs)
-    assert re.search(r"running [\d.]+s: .*time left 4:[0-5]\d", timed), "the running job shows its time left"
+    assert re.search(rf"running {DURATION}: .*time left 4:[0-5]\d", timed), "the running job shows its time left"
     assert "completed" in timed and "4/4 ranks done" in timed, timed
     refused = [o for o in code_cell(nb, "%%mpirun_remote --backend slurm --instances 2 --gpus 2 --partition short "
                                         "--time 30").outputs if o.output_type == "error"]
