@@ -28,7 +28,8 @@ import time
 from _common import bare_launch, bare_mpirun, interleaved, median, shell
 
 import mpi_magic
-from mpi_magic.backends import launcher, local
+from mpi_magic.backends import launcher
+from mpi_magic.backends.local import backend as local
 from mpi_magic.notebook.job import Job
 from mpi_magic.shared import events
 

@@ -17,7 +17,7 @@ import time
 from _common import NoDisplay
 
 from mpi_magic.shared import reporting
-from mpi_magic.backends.local import READ_CHUNK
+from mpi_magic.backends.local.backend import READ_CHUNK
 from mpi_magic.shared.events import Progress, RankStarted, StreamDecoder, encode
 from mpi_magic.shared.wire import Emitter
 from mpi_magic.view.model import JobModel

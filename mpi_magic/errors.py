@@ -175,9 +175,6 @@ class RemoteRankError(JobError):
 
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
-# What a sentence about a missing package of the SageMaker backend says to run: the packages of the
-# ``sagemaker`` extra (pyproject.toml), by their names on the package index, where mpi_magic is not.
-INSTALL_SAGEMAKER = "pip install 'boto3>=1.34' 'sagemaker>=3' 'cryptography>=42'"
 INSTALL_MLFLOW = "pip install 'mlflow>=2.16'"  # the ``mlflow`` extra's
 
 

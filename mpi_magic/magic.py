@@ -15,8 +15,9 @@ from IPython.display import display
 
 from .notebook import debugger, export, pipeline
 from .errors import BackendNotAvailable, JobError, LauncherNotFound, counted, ranks_phrase
-from .backends import default_gpus, get_attachable
-from .options import CELL_ONLY, Config, flag_of, launch_arguments, parse_line, session_start_arguments
+from .backends import registry
+from .backends.registry import launch_arguments, session_start_arguments
+from .options import Config
 from .shared import cell, jobdir
 from .notebook.job import Job
 from .notebook.session import Session
@@ -36,7 +37,7 @@ class MpiMagics(Magics):
     shell: InteractiveShell  # registered with one, always
     def __init__(self, shell, config: Config | None = None):
         super().__init__(shell)
-        self.defaults = config or Config()
+        self.defaults = config or registry.config()
         self.session: Session | None = None  # the session cells run on, while one is up
         self.recent_jobs: deque[Job] = deque(maxlen=RECENT_JOBS)  # newest last: %mpirun_debug looks for a failed one
         shell.events.register("pre_run_cell", self._notebook_cell)
@@ -63,8 +64,7 @@ class MpiMagics(Magics):
         where a rank runs; mpi4py works as usual. Defaults: %mpirun_config.
         """
         live = self.session if self.session is not None and self.session.status != "stopped" else None
-        options = parse_line(self.mpirun_remote, line, self.defaults, default_gpus,
-                             live.options if live else None)
+        options = registry.parse_line(self.mpirun_remote, line, self.defaults, live.options if live else None)
         source = self.shell.transform_cell(cell)
         user_ns = self.shell.user_ns
 
@@ -128,12 +128,6 @@ class MpiMagics(Magics):
     @line_magic
     @magic_arguments()
     @session_start_arguments
-    @argument("--max-idle", "--idle-timeout", default=None, metavar="SECONDS",
-              help="End the session after this many seconds without a cell (sagemaker, slurm: 1800 unless set; "
-                   "--idle-timeout is its former name).")
-    @argument("--detach", action="store_true",
-              help="sagemaker: keep the session's job when the kernel shuts down (until the heartbeat limit), "
-                   "for %%mpirun_session attach from another kernel.")
     def mpirun_session(self, line: str):
         """Keep ranks up between cells: their globals stay, values cross once, a cell runs in milliseconds.
 
@@ -183,14 +177,15 @@ class MpiMagics(Magics):
             if session is not None and session.status != "stopped":
                 raise UsageError(f"session {session.name} is up already ({session.world_size} ranks): "
                                  "%mpirun_session stop first, or %mpirun_session restart")
-            options = parse_line(self.mpirun_session, rest, self.defaults, default_gpus)
-            cell_only = sorted(CELL_ONLY & options.given)
+            options = registry.parse_line(self.mpirun_session, rest, self.defaults)
+            cell_only = sorted(registry.cell_only() & options.given)
             if cell_only:
-                raise UsageError(f"{flag_of(cell_only[0])} applies to cells, not to %mpirun_session start; give it on a "
+                raise UsageError(f"{registry.flag_of(cell_only[0])} applies to cells, not to %mpirun_session start; give it on a "
                                  "%%mpirun_remote cell's line")
-            if options.detach and options.backend != "sagemaker":
-                raise UsageError("--detach applies to --backend sagemaker sessions; a local session's ranks "
-                                 "end with the kernel")
+            outliving = registry.attachable_names()
+            if options.detach and options.backend not in outliving:
+                raise UsageError(f"--detach applies to --backend {' or '.join(outliving)} sessions; a "
+                                 f"{options.backend} session's ranks end with the kernel")
         try:
             self.session = pipeline.start_session(options, self.defaults)
         except (BackendNotAvailable, LauncherNotFound) as exc:
@@ -360,7 +355,7 @@ class MpiMagics(Magics):
             if args.out:
                 self.shell.user_ns[args.out] = job
             return None
-        for record in get_attachable("sagemaker", self.defaults).recent_jobs():
+        for record in registry.attachable(self.defaults).recent_jobs():
             started = time.strftime("%Y-%m-%d %H:%M", time.localtime(record["created"]))
             print(f"{record['name']:<40} {started}  {record['status']:<11} {record['secondary']}")
             if "warning" in record:  # it still runs, and is billed

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
 
     from .errors import JobError, MpiMagicError
     from .notebook import export, pipeline
-    from .options import Config
+    from .backends import registry
     from .shared import jobdir
     from .view.console import ConsoleEcho
 
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         return 2
     export.forget_results(folder)
     signal.signal(signal.SIGTERM, _terminate)
-    config = Config()
+    config = registry.config()
     config.update("view=text")
     echo = ConsoleEcho(every_rank=True)
     try:

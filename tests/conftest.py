@@ -20,7 +20,7 @@ import pytest
 from helpers import BUCKET, ROLE, held_folders
 from IPython.core.interactiveshell import InteractiveShell
 
-from mpi_magic.options import Config
+from mpi_magic.backends import registry
 
 # Servers a module-scoped fixture started for all of that module's tests, stopped at its end,
 # and the folders their jobs run in (searched for left-over ranks as a test's own folder is).
@@ -159,7 +159,7 @@ def ip(shell, cache_dir, monkeypatch):
     monkeypatch.setenv("MPI_MAGIC_CACHE_DIR", cache_dir)
     shell.reset(new_session=False)
     magics = shell.magics_manager.registry["MpiMagics"]
-    magics.defaults = Config()
+    magics.defaults = registry.config()
     magics.recent_jobs.clear()
     return shell
 

@@ -237,7 +237,7 @@ def test_a_missing_package_of_the_sagemaker_backend_is_named_with_the_extras_pac
     """With their lowest versions: an older SageMaker SDK already installed would satisfy a bare name."""
     import tomllib
 
-    from mpi_magic.errors import INSTALL_SAGEMAKER
+    from mpi_magic.backends.sagemaker.aws import INSTALL_SAGEMAKER
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         declared = tomllib.load(f)["project"]["optional-dependencies"]["sagemaker"]
@@ -456,15 +456,15 @@ def settings_table() -> list[tuple[str, str, str]]:
 
 
 def test_the_settings_table_is_what_mpirun_config_lists(ip, capsys):
-    from mpi_magic.options import SETTINGS
+    from mpi_magic.backends.registry import settings
 
     ip.run_line_magic("mpirun_config", "")
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
     rows = settings_table()
     assert [setting for setting, _, _ in rows] == listed
     for setting, variable, default in rows:
-        assert variable == SETTINGS[setting].env_var, setting
-        value = SETTINGS[setting].default
+        assert variable == settings()[setting].env_var, setting
+        value = settings()[setting].default
         if value not in (None, ""):  # a default of its own, written as %mpirun_config takes it
             written = str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
             assert re.search(rf"(^|\W){re.escape(written)}(\W|$)", default), f"{setting}: {default!r} does not say {written}"

@@ -630,7 +630,7 @@ def test_mpich_launcher_tags_places_and_stops_ranks(ip, monkeypatch, capsys):
 
 
 def test_results_changed_before_they_are_read_are_not_unpickled(ip, monkeypatch, capsys):
-    from mpi_magic.backends import local
+    from mpi_magic.backends.local import backend as local
 
     def tamper(self, job_dir, ranks):
         path = os.path.join(job_dir, "results", "rank-0.bin")

@@ -10,11 +10,11 @@ import tracemalloc
 import pytest
 from IPython.core.error import UsageError
 
-from mpi_magic.backends import default_gpus
+from mpi_magic.backends import registry
 from mpi_magic.magic import MpiMagics
 from mpi_magic.notebook import pipeline
 from mpi_magic.notebook.session import Session
-from mpi_magic.options import CELL, JOB, LINE, ONE_OFF, OPTIONS, SETTINGS, Config, LaunchOptions, Option, parse_line
+from mpi_magic.options import CELL, JOB, LINE, ONE_OFF, Config, LaunchOptions, Option
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -115,7 +115,7 @@ def test_config_precedence_without_a_shell():
     assert config.lookup("keep_jobs") == (7, "%mpirun_config")
     config.update("keep_jobs=")
     assert config.lookup("keep_jobs") == (5, "MPI_MAGIC_KEEP_JOBS")
-    assert set(SETTINGS) >= {"backend", "instances", "gpus", "mpirun", "cache_dir", "keep_jobs", "timeout"}
+    assert set(registry.settings()) >= {"backend", "instances", "gpus", "mpirun", "cache_dir", "keep_jobs", "timeout"}
 
 
 def test_a_settings_former_name_still_sets_it():
@@ -204,15 +204,15 @@ def _two_values(option: Option, tmp_path) -> tuple[str, str]:
 
 def _session(line: str, tmp_path) -> Session:
     """A session's handle as %mpirun_session start makes it for this line; the rule needs no ranks."""
-    options = parse_line(MpiMagics.mpirun_session, line, Config(), default_gpus)
+    options = registry.parse_line(MpiMagics.mpirun_session, line, registry.config())
     return Session("s", options.backend, options, 5.0, str(tmp_path))
 
 
 def _cell(line: str, session: Session) -> LaunchOptions:
-    return parse_line(MpiMagics.mpirun_remote, line, Config(), default_gpus, session.options)
+    return registry.parse_line(MpiMagics.mpirun_remote, line, registry.config(), session.options)
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope == JOB], ids=lambda o: o.flag)
+@pytest.mark.parametrize("option", [o for o in registry.options() if o.scope == JOB], ids=lambda o: o.flag)
 def test_a_session_cell_giving_another_value_of_an_option_that_shapes_the_job_is_refused(option, tmp_path):
     """Every JOB option declared, whichever backend it applies to: the session's own value is taken."""
     start = f"--backend {option.only or 'local'} -g 1"
@@ -230,7 +230,7 @@ def test_a_session_cell_giving_another_value_of_an_option_that_shapes_the_job_is
         assert refusal.startswith("this cell asks for ") and ", but session s runs " in refusal
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope != JOB], ids=lambda o: o.flag)
+@pytest.mark.parametrize("option", [o for o in registry.options() if o.scope != JOB], ids=lambda o: o.flag)
 def test_a_session_cell_gives_its_own_options_except_those_of_a_one_off_job(option, tmp_path):
     session = _session("-g 1", tmp_path)
     value = {"out": " job"}.get(option.dest, "" if option.declaration.get("action") == "store_true" else " 7")
@@ -252,11 +252,11 @@ def test_session_help_lists_only_the_options_start_takes(ip):
     doc = ip.magics_manager.magics["line"]["mpirun_session"].__doc__
     usage, _, rest = doc.partition("\n\n")
     listed = usage + rest[rest.index("\noptions:"):]
-    assert {o.flag for o in OPTIONS if _named(o.flag, listed)} == {o.flag for o in OPTIONS if o.scope in (LINE, JOB)}
+    assert {o.flag for o in registry.options() if _named(o.flag, listed)} == {o.flag for o in registry.options() if o.scope in (LINE, JOB)}
     assert _named("--max-idle", listed) and _named("--detach", listed)
 
 
-@pytest.mark.parametrize("option", [o for o in OPTIONS if o.scope in (CELL, ONE_OFF)], ids=lambda o: o.flag)
+@pytest.mark.parametrize("option", [o for o in registry.options() if o.scope in (CELL, ONE_OFF)], ids=lambda o: o.flag)
 def test_a_cells_own_option_on_session_start_says_where_it_goes(ip, option):
     value = "" if option.declaration.get("action") == "store_true" else " 7"
     with pytest.raises(UsageError) as caught:

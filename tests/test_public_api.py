@@ -42,10 +42,9 @@ def test_parsing_sagemaker_options_imports_no_cloud_sdk():
         "from IPython.core.interactiveshell import InteractiveShell\n"
         "InteractiveShell.instance().run_line_magic('load_ext', 'mpi_magic')\n"
         "from mpi_magic.magic import MpiMagics\n"
-        "from mpi_magic.backends import default_gpus\n"
-        "from mpi_magic.options import Config, parse_line\n"
-        "options = parse_line(MpiMagics.mpirun_remote, '--backend sagemaker --instance-type ml.p4d.24xlarge', Config(),\n"
-        "                     default_gpus)\n"
+        "from mpi_magic.backends import registry\n"
+        "options = registry.parse_line(MpiMagics.mpirun_remote, '--backend sagemaker --instance-type ml.p4d.24xlarge',\n"
+        "                              registry.config())\n"
         f"print(json.dumps([options.gpus, [m for m in {HEAVY!r} if m in sys.modules]]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout

@@ -96,7 +96,7 @@ MAY_IMPORT = {
     "testing": {"errors", "shared", "options", "backends"},
     "notebook": {"errors", "shared", "options", "backends", "view"},
     "magic": {"errors", "shared", "options", "backends", "view", "notebook"},
-    "submit": {"errors", "shared", "options", "view", "notebook"},
+    "submit": {"errors", "shared", "options", "backends", "view", "notebook"},
 }
 
 
@@ -149,6 +149,13 @@ def test_shared_needs_only_the_standard_library():
     assert out.strip() == "[]", f"shared/ pulls in {out.strip()}"
 
 
+def _one_role_in_each_backend(modules: list[str]) -> bool:
+    """The same role in sibling backend folders has the same name (``backends/<name>/declaration.py``)."""
+    folders = [m.rpartition(".")[0] for m in modules]
+    return all(f.count(".") == 2 and f.startswith("mpi_magic.backends.") for f in folders) and \
+        len(set(folders)) == len(folders)
+
+
 def test_at_most_ten_modules_at_the_top_and_every_name_once():
     top = [name for name in _MODULES if name.count(".") == 1 and not os.path.isdir(os.path.join(ROOT, _part(name)))]
     assert len(top) <= 10, top
@@ -161,7 +168,8 @@ def test_at_most_ten_modules_at_the_top_and_every_name_once():
             for node in ast.parse(f.read()).body:
                 if isinstance(node, ast.ClassDef):
                     classes.setdefault(node.name, []).append(name)
-    assert {k: v for k, v in leaves.items() if len(v) > 1} == {}, "modules of one name"
+    assert {k: v for k, v in leaves.items() if len(v) > 1 and not _one_role_in_each_backend(v)} == {}, \
+        "modules of one name"
     assert {k: v for k, v in classes.items() if len(v) > 1} == {}, "classes of one name"
 
 
@@ -180,3 +188,42 @@ def test_every_mpi_magic_variable_is_named_in_envvars_alone():
             elif isinstance(node, ast.keyword) and node.arg and node.arg.startswith("MPI_MAGIC_"):
                 spelled.append(f"{name}:{node.value.lineno} {node.arg}")
     assert not spelled, "spell these as mpi_magic.shared.envvars constants:\n" + "\n".join(spelled)
+
+
+def _code_strings(path: str):
+    """(line, text) of every string in the module's code, docstrings left out (they may explain a backend)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+# Where a backend may be named: every backend's folder, the registry, the test doubles and emulators of
+# particular backends, the default backend's name (options.DEFAULT_BACKEND), and what a rank reads of
+# the SageMaker instance it runs on (rankinfo: where its checkpoints go).
+_MAY_NAME_A_BACKEND = ("mpi_magic.backends.registry", "mpi_magic.testing", "mpi_magic.shared.rankinfo")
+
+
+def test_no_backend_or_option_of_ones_own_is_spelled_outside_its_folder_and_the_registry():
+    """A backend's name (as a word), or a flag of its own options, in a string of the code elsewhere."""
+    from mpi_magic.backends import registry
+
+    folders = tuple(f"mpi_magic.backends.{backend.name}" for backend in registry.declared())
+    spelled = []
+    for name, path in sorted(_MODULES.items()):
+        if name.startswith(_MAY_NAME_A_BACKEND) or any(name == f or name.startswith(f + ".") for f in folders):
+            continue
+        for backend in registry.declared():
+            flags = [rf"(?<![\w-]){re.escape(flag)}(?![\w-])" for option in backend.options for flag in option.flags]
+            # (``local`` is a word of its own: only the name alone counts)
+            named = re.compile("|".join(flags + ([] if backend.one_host else [rf"\b{re.escape(backend.name)}\b"])),
+                               re.IGNORECASE) if flags or not backend.one_host else None
+            for line, text in _code_strings(path):
+                if (text == backend.name or (named and named.search(text))) and \
+                        (name, text) != ("mpi_magic.options", registry.DEFAULT_BACKEND):
+                    spelled.append(f"{name}:{line} {text[:80]!r}")
+    assert not spelled, "declare these in the backend's folder (declaration.py) instead:\n" + "\n".join(spelled)

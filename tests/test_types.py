@@ -38,10 +38,10 @@ def test_the_package_type_checks(package_check):
 def test_a_class_missing_a_member_of_its_protocol_fails_the_check(tmp_path, package_check):
     shutil.copytree(package_check[1], tmp_path / "cache")
     shutil.copytree(os.path.join(ROOT, "mpi_magic"), tmp_path / "mpi_magic", ignore=shutil.ignore_patterns("__pycache__"))
-    missing = [("backends/local.py", "fetch_results", "LocalJob", "BackendJob"),
-               ("backends/sagemaker/backend.py", "plan", "SageMakerBackend", "Backend"),
+    missing = [("backends/local/backend.py", "fetch_results", "LocalJob", "BackendJob"),
+               ("backends/sagemaker/backend.py", "plan", "SageMakerBackend", "SessionBackend"),
                ("view/widgets.py", "close", "WidgetView", "View"),
-               ("backends/local.py", "start_session", "LocalBackend", "SessionBackend"),
+               ("backends/local/backend.py", "start_session", "LocalBackend", "SessionBackend"),
                ("backends/sagemaker/backend.py", "attach_session", "SageMakerJobs", "AttachableBackend")]
     for module, member, _, _ in missing:
         path = tmp_path / "mpi_magic" / module

@@ -9,13 +9,15 @@ the notebook asks ``isinstance(backend, SessionBackend)``, never ``hasattr``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
 
 from ..shared.events import Event
 from ..shared.layout import RESULTS
 
-if TYPE_CHECKING:  # options reads the backends' instance facts: no import back at run time
-    from ..options import Config, LaunchOptions
+if TYPE_CHECKING:
+    from ..options import Config, LaunchOptions, Option, Setting
 
 
 class BackendJob(Protocol):
@@ -189,3 +191,33 @@ class SessionRanks(Protocol):
     def let_go(self, reason: str) -> None:
         """Hold the ranks no more and leave them running where they can outlive the notebook (a
         cloud job another notebook may take over); elsewhere, stop them."""
+
+
+def _no_values(args: argparse.Namespace, config: Config) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What a backend is, declared once in its own folder (``declaration.py``) and listed in the
+    registry, which builds the magic's options, %mpirun_config, the session checks and the view's
+    words from it. Nothing here imports the backend: ``make`` and ``attach`` do, when called."""
+
+    name: str  # as the user names it: --backend NAME
+    about: str  # what --backend's help says of it: "this machine"
+    make: Callable[[Config, LaunchOptions], Backend]  # the backend, checked to be usable here
+    default_gpus: Callable[[dict], int]  # processes per instance when --gpus is not given, from its settings
+    max_ranks: int  # the most ranks one job may have
+    why_max: str  # the reason a larger job is refused with
+    options: tuple[Option, ...] = ()  # the line's options only it takes (the job's shape: fixed for a session)
+    settings: tuple[Setting, ...] = ()  # its defaults, set with %mpirun_config or MPI_MAGIC_* variables
+    values: Callable[[argparse.Namespace, Config], dict] = _no_values  # its settings from the line (and the
+    # defaults), checked for form; they travel as ``LaunchOptions.settings``
+    idle_default: float | None = None  # seconds a session may sit without a cell unless --max-idle says
+    prices: bool = False  # its jobs' price is known, so a budget (--max-cost) applies
+    one_host: bool = False  # its instances are simulated on this machine, so one mpirun holds every rank
+    attach: Callable[[Config], AttachableBackend] | None = None  # its jobs outlive the kernel: others follow them
+    files: tuple[str, ...] = ()  # its settings that name a file the job takes along (an export copies them)
+    extra: str = ""  # the extra of mpi_magic's install it needs on the notebook's side ("sagemaker")
+    export_needs: str = ""  # what an exported job needs to run from a terminal
+    export_launch: str = "the launch"  # what an export's launch.txt holds

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from IPython.core.error import UsageError
 
 from .. import __version__
-from ..backends import get_backend
+from ..backends import registry
 from ..options import Config, LaunchOptions
 from ..shared import jobdir, payload
 from . import capture
@@ -24,7 +24,6 @@ from .pipeline import cell_meta
 EXPORT_FILE = "export.json"  # what submit reads: the job's name, options and cell
 RESULTS_FILE = "results.pickle"  # {name: value} the cell assigned, as the cell brought them back
 LAUNCH_FILE = "launch.txt"
-REQUIREMENTS_FILE = "requirements.txt"  # --requirements, copied: run.sh runs from any working directory
 _PER_CELL = ("out", "quiet", "dry_run", "run_async", "job_name", "no_session", "detach")  # not the job's shape
 
 
@@ -62,23 +61,26 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
                      + (f"; the cell assigned {', '.join(changed)} after reading them, so they hold what it made of "
                         "them" if changed else ""))
     shape = {name: value for name, value in dataclasses.asdict(options).items() if name not in _PER_CELL}
+    shape["settings"] = {name: value for name, value in options.settings.items() if name not in _PER_CELL}
     shape["given"] = sorted(options.given)
     shape["env"] = sorted(options.env)  # names only: the values (tokens, keys) come from where it runs
-    planned = dataclasses.replace(options, env={name: f"${name}" for name in options.env},
-                                  requirements=os.path.join(folder, REQUIREMENTS_FILE) if options.requirements else None)
-    if options.requirements and planned.requirements:
-        shape["requirements"] = REQUIREMENTS_FILE
+    copied = {}  # the files the backend's settings name, copied: run.sh runs from any working directory
+    for setting, original in _files(options).items():
+        copied[setting] = kept_as(setting, original)
+        shape["settings"][setting] = copied[setting]
         try:
-            shutil.copyfile(options.requirements, planned.requirements)
+            shutil.copyfile(original, os.path.join(folder, copied[setting]))
         except OSError as exc:
-            raise UsageError(f"--requirements {options.requirements!r}, which job {job.name} ran with, cannot be "
+            raise UsageError(f"{registry.flag_of(setting)} {original!r}, which job {job.name} ran with, cannot be "
                              f"copied ({exc.strerror}): export from the folder the notebook ran it in") from None
+    planned = dataclasses.replace(options, env={name: f"${name}" for name in options.env}, settings={
+        **options.settings, **{setting: os.path.join(folder, name) for setting, name in copied.items()}})
     exported = {"name": job.name, "backend": job.backend, "options": shape, "source": code.source,
                 "cell_file": code.filename, "returns": code.assigns, "python": payload.python_version(),
                 "mpi_magic": __version__}
     _write(folder, EXPORT_FILE, json.dumps(exported, indent=1))
     _write(folder, "cell.py", code.source if code.source.endswith("\n") else code.source + "\n")
-    backend = get_backend(options.backend, config, planned)
+    backend = registry.make(options.backend, config, planned)
     digest = payload.file_digest(path) if backend.pins_digest else None
     os.makedirs(os.path.join(folder, "results"), mode=0o700, exist_ok=True)  # where the launch line's ranks write
     _write(folder, LAUNCH_FILE, backend.plan(folder, job.name, digest, planned).removeprefix("would run: ") + "\n")
@@ -111,21 +113,15 @@ exec "${PYTHON:-python3}" -m mpi_magic.submit "$(cd "$(dirname "$0")" && pwd)" "
 
 def readme(job: Job, options: LaunchOptions) -> str:
     """What the folder holds and needs, in words."""
-    needs = {"local": "`mpirun` (Open MPI or MPICH) on this machine, or the one named by `%mpirun_config mpirun=...` "
-                      "(`MPI_MAGIC_MPIRUN`)",
-             "slurm": "Slurm's commands (`sbatch`, `squeue`, `scancel`) reaching the cluster the job ran on, and the "
-                      "cache folder (`MPI_MAGIC_CACHE_DIR`) on a file system its nodes share",
-             "sagemaker": "AWS credentials that may create training jobs and write the job's S3 folder, and the "
-                          "settings the cell ran with (`MPI_MAGIC_ROLE`, `MPI_MAGIC_S3_ROOT`, ... as in "
-                          "`export.json`)"}.get(options.backend, f"the {options.backend} backend")
-    launch = {"local": "the mpirun line", "slurm": "the batch script (also `batch.sh`) and the sbatch line",
-              "sagemaker": "the CreateTrainingJob request"}.get(options.backend, "the launch")
+    backend = registry.declaration(options.backend)
+    needs, launch = backend.export_needs or f"the {backend.name} backend", backend.export_launch
+    extra = f", with its `[{backend.extra}]` extra" if backend.extra else ""
     returns = ", ".join(f"`{name}`" for name in capture.analyze(job.source, job.cell_file).assigns) or "nothing"
     env = (f"\nThe cell ran with `--env` {', '.join(f'`{name}`' for name in sorted(options.env))}: the export keeps "
            "their names, not their values, which `run.sh` takes from the environment it runs in (it names any that "
            "is missing and starts nothing).\n" if options.env else "")
-    requirements = (f"- `{REQUIREMENTS_FILE}`: the file the cell's `--requirements` named, installed on every "
-                    "instance first.\n" if options.requirements else "")
+    files = "".join(f"- `{kept_as(setting, original)}`: the file the cell's `{registry.flag_of(setting)}` named.\n"
+                    for setting, original in _files(options).items())
     return f"""# {job.name}, exported
 
 The cell of job `{job.name}`, to run again without a notebook: {options.instances} x {options.gpus} ranks on the
@@ -150,14 +146,24 @@ results = pickle.load(open("results.pickle", "rb"))
 - `cell.py`: the cell, as it ran (for reading: `payload.bin` holds it too).
 - `payload.bin`: the cell and the values it reads, pickled (load them only from a source you trust).
 - `export.json`: the job's name, backend and options, the Python and mpi_magic versions it was exported with.
-{requirements}- `{LAUNCH_FILE}`: {launch}, as `--dry-run` prints it for this folder; `run.sh` runs the same in a job folder of its
+{files}- `{LAUNCH_FILE}`: {launch}, as `--dry-run` prints it for this folder; `run.sh` runs the same in a job folder of its
   own (under the cache folder), follows it as the notebook does and collects its results.
 
-It needs Python {payload.python_version()} with mpi_magic {__version__} (`python -m pip install /path/to/mpi_magic`, with the `[sagemaker]`
-extra for SageMaker), cloudpickle,
+It needs Python {payload.python_version()} with mpi_magic {__version__} (`python -m pip install /path/to/mpi_magic`{extra}), cloudpickle,
 and what the cell imports (mpi4py for MPI), and {needs}. `PYTHON=/path/to/python bash run.sh` picks the
 Python.
 """
+
+
+def _files(options: LaunchOptions) -> dict[str, str]:
+    """{setting: path} of the files the job's backend takes along (``Declaration.files``) that it names."""
+    return {setting: options.settings[setting] for setting in registry.declaration(options.backend).files
+            if options.settings.get(setting)}
+
+
+def kept_as(setting: str, original: str) -> str:
+    """The name of a setting's file in the export: ``requirements.txt`` for --requirements a/reqs.txt."""
+    return setting + os.path.splitext(original)[1]
 
 
 def read(folder: str) -> dict[str, Any]:
@@ -168,10 +174,12 @@ def read(folder: str) -> dict[str, Any]:
 
 def launch_options(exported: dict[str, Any], folder: str, environ: Mapping[str, str] = os.environ) -> LaunchOptions:
     """The options the exported cell in ``folder`` ran with, for a run of its own: its ``--env`` values
-    taken from ``environ`` (``UsageError`` naming those it lacks), its requirements file the folder's."""
+    taken from ``environ`` (``UsageError`` naming those it lacks), the files its settings name the folder's copies."""
     shape = dict(exported["options"])
-    if shape.get("requirements"):
-        shape["requirements"] = os.path.join(folder, shape["requirements"])
+    shape["settings"] = dict(shape.get("settings", {}))
+    for setting in registry.declaration(exported["backend"]).files:
+        if shape["settings"].get(setting):
+            shape["settings"][setting] = os.path.join(folder, shape["settings"][setting])
     shape["given"] = frozenset(shape.get("given", ()))
     names = sorted(shape.get("env", ()))
     missing = [name for name in names if name not in environ]

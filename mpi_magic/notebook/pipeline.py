@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from IPython.core.error import UsageError
 
-from ..backends import get_attachable, get_backend
+from ..backends import registry
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
 from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError, ResultsLost
 from ..options import Config, LaunchOptions
@@ -106,7 +106,7 @@ def run_cell(source: str, namespace: Mapping[str, Any], options: LaunchOptions, 
     as ``cell_file``, which ``cell.name_cell`` may have named.
     """
     code = capture.analyze(source, cell_file)
-    backend = get_backend(options.backend, config, options)
+    backend = registry.make(options.backend, config, options)
     return _run(OneOffCell(backend, code, namespace, options, cell_names), options, config, on_job,
                 echo or ConsoleEcho(), clock, deliver)
 
@@ -126,7 +126,7 @@ def attach(name: str, namespace, config: Config, echo: ConsoleEcho | None = None
            clock: Callable[[], float] = time.monotonic) -> CellRun:
     """Follow a job started earlier (by this or another kernel) to its end: the dashboard is
     rebuilt from its logs and status, and its results come back."""
-    return _run(AttachedJob(get_attachable("sagemaker", config), name, namespace), LaunchOptions(), config,
+    return _run(AttachedJob(registry.attachable(config), name, namespace), LaunchOptions(), config,
                 lambda job: None, echo or ConsoleEcho(), clock)
 
 
@@ -333,7 +333,7 @@ class ExportedCell:
 def run_exported(folder: str, exported: dict[str, Any], options: LaunchOptions, config: Config,
                  echo: ConsoleEcho) -> CellRun:
     """Run the cell exported to ``folder`` (``export.json`` read as ``exported``) as a job of its own."""
-    backend = get_backend(options.backend, config, options)
+    backend = registry.make(options.backend, config, options)
     return _run(ExportedCell(backend, folder, exported, options), options, config, lambda job: None, echo,
                 time.monotonic)
 
@@ -394,10 +394,10 @@ def _pack(config: Config, job_name: str, items: list, meta: dict, options: Launc
 def start_session(options: LaunchOptions, config: Config, echo: ConsoleEcho | None = None,
                   clock: Callable[[], float] = time.monotonic) -> Session:
     """Start ranks that wait for cells; returns once every one is up."""
-    backend = get_backend(options.backend, config, options)
+    backend = registry.make(options.backend, config, options)
     if not isinstance(backend, SessionBackend):
-        raise UsageError(f"the {backend.name} backend runs each cell as a job of its own; sessions run on the "
-                         "local and sagemaker backends")
+        raise UsageError(f"the {backend.name} backend runs each cell as a job of its own: it keeps no "
+                         "session; leave out %mpirun_session, or choose another --backend")
     echo = echo or ConsoleEcho()
     _check_budget(backend, options)
     for warning in backend.check(options):
@@ -418,7 +418,7 @@ def attach_session(job_name: str, config: Config, detach: bool = False, quiet: b
     """Take over a session started from this machine (by a kernel that is gone): its ranks keep
     their state; the values they hold are sent again when a cell needs them, as this notebook
     cannot know them."""
-    jobs = get_attachable("sagemaker", config)
+    jobs = registry.attachable(config)
     echo = echo or ConsoleEcho()
     cache_dir = config.get("cache_dir")
     _prepare_cache(cache_dir)

@@ -29,7 +29,8 @@ from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from . import tracking
 from .holdings import Holdings
 from .job import CELL, ask_ranks
-from ..options import ONE_OFF, LaunchOptions, refused_on_session
+from ..backends.registry import refused_on_session
+from ..options import ONE_OFF, LaunchOptions
 from ..shared.slurmtime import clock
 from ..view.console import ConsoleEcho
 from ..view.model import JobModel
@@ -338,7 +339,7 @@ class Session:
         """SageMaker started the session's job again (a spot interruption) on new instances: what
         the ranks held is gone and a cell that ran is lost, so the session ends instead of going on
         as if nothing happened (its ranks never run an earlier cell again: ``s3channel.S3RankEnd``)."""
-        self._end(f"{event.cause}: SageMaker replaced its instances, and what the ranks held with them", wait=False)  # no cell may start now; the pump reads on until the job stopped
+        self._end(f"{event.cause}: the job's instances were replaced, and what the ranks held with them", wait=False)  # no cell may start now; the pump reads on until the job stopped
 
     def _closing_reason(self) -> str:
         closing, end = self.model.closing, self.model.exit

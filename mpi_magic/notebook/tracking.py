@@ -283,14 +283,13 @@ def run_params(options: LaunchOptions, backend: str, world_size: int, procs_per_
     """The shape and the options a run records: what the line gave, and the backend's settings."""
     params = {"backend": backend, "world_size": str(world_size), "instances": str(world_size // procs_per_instance),
               "procs_per_instance": str(procs_per_instance)}
-    for name in ("gather", "timeout", "mpirun_args", "requirements"):
+    for name in ("gather", "timeout", "mpirun_args"):
         value = options.value(name)
         if value not in (None, False, [], ""):
             params[name] = " ".join(value) if isinstance(value, list) else str(value)
     if options.env:
         params["env"] = " ".join(sorted(options.env))  # names only: values may be secrets
-    settings = options.cloud if backend == "sagemaker" else options.slurm if backend == "slurm" else {}
-    for name, value in settings.items():
+    for name, value in options.settings.items():
         if value not in (None, False, (), [], {}, ""):
             params[name] = (",".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict)
                             else " ".join(value) if isinstance(value, (list, tuple)) else str(value))

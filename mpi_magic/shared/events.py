@@ -180,12 +180,14 @@ STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "Pre
 class Allocation:
     """A batch scheduler's word on the job (Slurm's ``squeue``): ``state`` (PENDING, RUNNING, ...),
     ``reason`` it waits (Priority, Resources), its estimated ``starts`` (epoch seconds) and the
-    ``time_left`` of its time limit in seconds when read (math.inf: no limit; None: unknown). Client-side."""
+    ``time_left`` of its time limit in seconds when read (math.inf: no limit; None: unknown); ``queue``:
+    what the view calls the scheduler it waits in. Client-side."""
 
     state: str
     reason: str = ""
     starts: float | None = None
     time_left: float | None = None
+    queue: str = "queue"
 
 
 @dataclass

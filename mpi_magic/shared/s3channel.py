@@ -103,10 +103,10 @@ class Signer:
         try:
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         except ImportError:
-            from ..errors import INSTALL_SAGEMAKER, BackendNotAvailable
+            from ..errors import BackendNotAvailable
 
-            raise BackendNotAvailable("a SageMaker session signs its cells with the cryptography package, which is "
-                                      f"not installed: {INSTALL_SAGEMAKER}") from None
+            raise BackendNotAvailable("a session whose cells travel through S3 signs them with the cryptography "
+                                      "package, which is not installed: pip install 'cryptography>=42'") from None
 
         self._key = (Ed25519PrivateKey.from_private_bytes(private_bytes) if private_bytes
                      else Ed25519PrivateKey.generate())

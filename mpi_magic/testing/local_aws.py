@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from ..options import SETTINGS
+from ..backends.registry import settings as every_setting
 from ..shared.procs import free_port
 from . import servers as serving
 
@@ -97,8 +97,9 @@ def rehearsal_settings(env: dict[str, str]) -> dict[str, str]:
                       aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
     if BUCKET not in [bucket["Name"] for bucket in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket=BUCKET)
-    return {SETTINGS["role"].env_var: ROLE, SETTINGS["s3_root"].env_var: f"s3://{BUCKET}/jobs",
-            SETTINGS["image_uri"].env_var: IMAGE}
+    known = every_setting()
+    return {known["role"].env_var: ROLE, known["s3_root"].env_var: f"s3://{BUCKET}/jobs",
+            known["image_uri"].env_var: IMAGE}
 
 
 class Rehearsal:

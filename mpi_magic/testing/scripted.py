@@ -6,17 +6,28 @@ and without sleeping; the local backend's real-mpirun tests check the contract i
 
     clock = FakeClock()
     job = ScriptedJob(clock, [(0.0, RankStarted(...)), (1.0, RankFinished(...)), (1.5, LauncherExited(0))])
+
+``declaration()`` makes it a backend like the others, which the tests register: ``--backend scripted``
+runs each rank of a cell here, in this process, one after another, and plays what they did as a job.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import traceback
 from typing import TYPE_CHECKING, Callable, Union, cast
 
-from ..shared.events import Event, LauncherExited, LauncherOutput
-from ..shared.layout import RESULTS
+from ..backends.base import Declaration
+from ..options import JOB, Option, Setting, positive_float
+from ..shared import payload
+from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStarted
+from ..shared.layout import RESULTS, result_path
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, BackendJob
+    from ..options import Config, LaunchOptions
 
 # At its time, a step is delivered (an event), raised in the watching thread (an exception,
 # e.g. KeyboardInterrupt), or called (a function, e.g. the user's job.cancel()).
@@ -136,8 +147,81 @@ class ScriptedBackend:
         return self.job
 
 
+class PlayedBackend:
+    """The scripted backend as ``--backend scripted`` makes it: each rank runs the cell here, in turn,
+    in a namespace of its own made from the payload; what it printed, its end and its results are then
+    played as the job's events, ``pace`` seconds apart on a fake clock (no real time passes)."""
+
+    pins_digest = False
+    stop_description = "a scripted stop"
+
+    def __init__(self, name: str, pace: float):
+        self.name, self.pace = name, pace
+
+    def check(self, options: LaunchOptions) -> list[str]:
+        return []
+
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        return "a scripted job has no price"
+
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
+        return f"would play {options.world_size} ranks, {self.pace:g} s apart"
+
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> ScriptedJob:
+        bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE))
+        script: list[tuple[float, Step]] = []
+        for rank in range(options.world_size):
+            at = rank * self.pace
+            script.append((at, RankStarted(rank, rank // options.gpus, rank % options.gpus, options.world_size,
+                                           host="scripted-host")))
+            printed, finished = _run_rank(bundle, job_dir, rank)
+            script += [(at, Output(rank, "stdout", line)) for line in printed] + [(at, finished)]
+        script.append((options.world_size * self.pace, LauncherExited(0)))
+        return ScriptedJob(FakeClock(), script, linger=None)
+
+
+def _run_rank(bundle: payload.Bundle, job_dir: str, rank: int) -> tuple[list[str], RankFinished]:
+    """Run the cell as ``rank`` would: the lines it printed, and its end (rank 0 writes its results file)."""
+    namespace = {"__name__": "__main__", **bundle.load_all()[0]}
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(bundle.meta["source"], namespace)
+    except Exception as exc:  # noqa: BLE001 - the rank's failure, reported as a rank reports it
+        return out.getvalue().splitlines(), RankFinished(rank, False, type(exc).__name__, str(exc),
+                                                         traceback.format_exc())
+    returned = [payload.pack_result(name, namespace[name]) for name in bundle.meta["returns"] if name in namespace]
+    os.makedirs(os.path.dirname(result_path(job_dir, rank)), exist_ok=True)
+    digest = payload.write(result_path(job_dir, rank), returned, {"rank": rank}) if rank == 0 else None
+    return out.getvalue().splitlines(), RankFinished(rank, True, results_digest=digest or "")
+
+
+def declaration(name: str = "scripted") -> Declaration:
+    """The scripted backend as a fourth one, for the registry (``registry.register``): it declares an
+    option (``--pace``) and a setting (``scripted_pace``) of its own, as every backend may."""
+    pace = Setting("scripted_pace", 0.5, positive_float, f"{name}: seconds between one rank's end and the next's")
+
+    def values(args, config: Config) -> dict:
+        return {"pace": config.pick("scripted_pace", args.pace)}
+
+    def make(config: Config, options: LaunchOptions) -> PlayedBackend:
+        return PlayedBackend(name, options.settings["pace"])
+
+    return Declaration(
+        name=name, about="ranks played from a script, for tests", make=make, default_gpus=lambda settings: 1,
+        max_ranks=64, why_max="it plays each rank in turn in the notebook's process",
+        options=(Option(JOB, ("--pace",), {"default": None, "metavar": "SECONDS",
+                                           "help": f"{name}: seconds between one rank's end and the next's."},
+                        only=name),),
+        settings=(pace,), values=values,
+    )
+
+
 if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its BackendJob
     def _is_backend(backend: ScriptedBackend) -> Backend:
+        return backend
+
+    def _is_played_backend(backend: PlayedBackend) -> Backend:
         return backend
 
     def _is_backend_job(job: ScriptedJob) -> BackendJob:

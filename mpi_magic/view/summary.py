@@ -187,7 +187,7 @@ def allocation_phrase(model: JobModel) -> str:
             shown = "%H:%M:%S" if wait < 12 * 3600 else "%Y-%m-%d %H:%M"  # (a later day's estimate says its date)
             words.append(f"starts about {time.strftime(shown, time.localtime(allocation.starts))}"
                          + (f" (in {duration(wait)})" if wait > 0 else ""))
-        return "Slurm: " + (", ".join(words) or "pending")
+        return f"{allocation.queue}: " + (", ".join(words) or "pending")
     if allocation.state == "PENDING":
         return ""  # its ranks started since squeue said so
     left = model.time_left()

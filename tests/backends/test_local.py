@@ -264,7 +264,7 @@ def test_a_launcher_that_refuses_its_arguments_says_why(ip):
 
 def _ended_stand_in(script: str, limit: float = 30.0, **env) -> tuple[events.LauncherExited, float, int]:
     """Run ``script`` as a stand-in launcher until its job ends: (its end event, seconds, its pid)."""
-    from mpi_magic.backends.local import LocalJob
+    from mpi_magic.backends.local.backend import LocalJob
 
     started = time.monotonic()
     job = LocalJob("stand-in-launcher", [sys.executable, "-c", script], {**os.environ, **env}, os.getcwd(),
@@ -281,7 +281,7 @@ def test_a_launcher_stuck_after_its_ranks_ended_is_stopped_and_says_so():
     start-up (here in most runs of the session start test with a broken rank, but not on
     demand), so a stand-in launcher here starts a process that ends, never reaps it, and
     sleeps: no live process under it, one unreaped, no CPU used."""
-    from mpi_magic.backends.local import STUCK_REASON, LocalJob
+    from mpi_magic.backends.local.backend import STUCK_REASON, LocalJob
 
     # (the child is kept referred to: a Popen object dropped reaps its child if it has ended)
     stand_in = "import subprocess, time\nchild = subprocess.Popen(['true'])\nprint('launched', flush=True)\ntime.sleep(300)\n"
@@ -292,7 +292,7 @@ def test_a_launcher_stuck_after_its_ranks_ended_is_stopped_and_says_so():
 
 
 def test_a_launcher_slow_to_start_its_ranks_or_to_pass_on_output_or_gone_with_its_output_held_is_not_taken_for_hung():
-    from mpi_magic.backends.local import LocalJob
+    from mpi_magic.backends.local.backend import LocalJob
 
     slow = "import subprocess, time\ntime.sleep(4.5)\nsubprocess.run(['sleep', '0.5'])\n"
     ended, took, _ = _ended_stand_in(slow)

@@ -633,7 +633,7 @@ def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_lef
     view = WidgetView(model, lambda: "", Slot())
     model.fold(Phase("starting"))
     in_two_days = time.time() + 2 * 86400
-    model.fold(Allocation("PENDING", "Priority", in_two_days))
+    model.fold(Allocation("PENDING", "Priority", in_two_days, queue="Slurm"))
     assert model.phase == "queued" and model.waiting(threshold=0) is None  # nobody waits for another rank yet
     assert f"Slurm: Priority, starts about {time.strftime('%Y-%m-%d %H:%M', time.localtime(in_two_days))} (in 47h59m)" \
         in headline(model)  # (a later day's estimate says its date)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import INSTALL_SAGEMAKER, BackendNotAvailable
+from ...errors import BackendNotAvailable
+
+# What a sentence about a missing package of this backend says to run: the packages of the
+# ``sagemaker`` extra (pyproject.toml), by their names on the package index, where mpi_magic is not.
+INSTALL_SAGEMAKER = "pip install 'boto3>=1.34' 'sagemaker>=3' 'cryptography>=42'"
 
 
 def import_boto3() -> Any:

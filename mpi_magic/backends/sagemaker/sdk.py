@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from ...errors import INSTALL_SAGEMAKER
+from .aws import INSTALL_SAGEMAKER
 
 
 STUDIO_METADATA = "/opt/ml/metadata/resource-metadata.json"  # where the SDK reads SageMaker Studio's role

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel
 from ..channel_ranks import ChannelRanks
+from .declaration import IDLE_DEFAULT
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
     from ..base import SessionRanks
     from .batch_job import SlurmBackend, SlurmJob
 
-IDLE_TIMEOUT = 1800.0  # seconds an allocation may sit without a cell, unless --max-idle says
 START_LIMIT = 1800.0  # seconds from submitting until every rank is up: the queue wait included
 LEAVE_WAIT = 5.0  # seconds the ranks get to leave by themselves once the channel is closed
 STOP_WAIT = 30.0  # seconds a stop waits for Slurm to end the job
@@ -39,7 +39,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     jobdir.make_private_dirs(folder)
     secret = secrets.token_hex(32)
     cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
-    idle = options.max_idle or IDLE_TIMEOUT
+    idle = options.max_idle or IDLE_DEFAULT
     command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
     try:
         job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, session=True)

@@ -81,7 +81,7 @@ class SlurmBackend:
                                   "nothing was submitted")
         self.expected_start = (tested.stderr or tested.stdout).strip().removeprefix("sbatch: ")
         self.stall_after = config.get("stall_after")  # seconds of quiet before the ranks are asked for their stacks
-        self.srun = bool(options.slurm.get("srun"))
+        self.srun = bool(options.settings.get("srun"))
         if self.srun:
             offered = commands.run("srun", "--mpi=list")
             if "pmix" not in offered.stdout + offered.stderr:
@@ -213,7 +213,7 @@ class SlurmJob:
         if state != self._state:
             self._state = state
             with self._allocation_lock:
-                self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left)
+                self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left, "Slurm")
         if state.ended:
             self._ended = state
         elif state.state in REQUEUED_STATES and had_run:  # requeued (a node failed): the run is over, the job cancelled

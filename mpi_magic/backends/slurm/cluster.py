@@ -65,7 +65,7 @@ def default_gpus(partition: str | None) -> int:
 
 def chosen(options: LaunchOptions, known: dict[str, Partition]) -> Partition:
     """The partition the job goes to, checked against what the job asks; one sentence otherwise."""
-    settings = options.slurm
+    settings = options.settings
     name = settings.get("partition")
     listing = ", ".join(p.name + (" (default)" if p.default else "") for p in known.values()) or "none"
     if name is None:

@@ -31,7 +31,7 @@ def sbatch_argv(sbatch: str, job_dir: str, job_name: str, options: LaunchOptions
 def shape(options: LaunchOptions, gpus_per_node: int) -> list[str]:
     """What the job asks of Slurm: ``--instances`` nodes of ``--gpus`` tasks each, GPUs where the
     partition has them, the user's settings, then ``--slurm-args``."""
-    settings = options.slurm
+    settings = options.settings
     argv = [f"--nodes={options.instances}", f"--ntasks-per-node={options.procs_per_instance}"]
     if gpus_per_node:
         argv.append(f"--gres=gpu:{min(gpus_per_node, options.procs_per_instance)}")

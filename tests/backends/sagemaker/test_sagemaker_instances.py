@@ -19,7 +19,7 @@ import pytest
 from helpers import BUCKET, ROLE, run, training_jobs, uploaded
 
 import mpi_magic
-from mpi_magic.errors import INSTALL_SAGEMAKER
+from mpi_magic.backends.sagemaker.aws import INSTALL_SAGEMAKER
 
 
 def test_dry_run_prints_the_request_and_starts_nothing(ip, cloud, prefix, capsys):

@@ -27,7 +27,7 @@ def test_a_spot_interruption_ends_the_session_and_says_why(cloud_sessions, aws, 
     reclaim = lambda: interrupt(local_aws_env["AWS_ENDPOINT_URL_SAGEMAKER"], s.job_name)  # noqa: E731
     with once(lambda: s.status == "running", reclaim, pause=1), pytest.raises(mpi_magic.MpiMagicError) as raised:
         run(ip, "--quiet", "import time\ntime.sleep(60)")
-    assert f"session {s.name} ended: spot interruption: SageMaker replaced its instances" in str(raised.value)
+    assert f"session {s.name} ended: spot interruption: the job's instances were replaced" in str(raised.value)
     assert s.status == "stopped" and described(aws, s.job_name)["TrainingJobStatus"] == "Stopped"
 
 

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Callable
 
 import psutil
 
-from . import launcher as launchers
-from ..shared import envvars, jobdir, procs, wire
-from ..shared.layout import RESULTS
-from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
-from ..options import Config, LaunchOptions
-from .channel_ranks import ChannelRanks
-from .scratch import ScratchFolder
+from .. import launcher as launchers
+from ...shared import envvars, jobdir, procs, wire
+from ...shared.layout import RESULTS
+from ...shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
+from ...options import Config, LaunchOptions
+from ..channel_ranks import ChannelRanks
+from ..scratch import ScratchFolder
 
 if TYPE_CHECKING:
-    from .base import BackendJob, SessionBackend, SessionRanks
+    from ..base import BackendJob, SessionBackend, SessionRanks
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
@@ -74,7 +74,7 @@ class LocalBackend:
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
 
-        from ..shared.channel import SocketChannel
+        from ...shared.channel import SocketChannel
 
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
