@@ -32,8 +32,9 @@ def _from_target(node: ast.ImportFrom, package: str) -> str:
 
 
 def _run_time_imports(path: str) -> set[str]:
-    """The package's modules that ``path`` imports when it is imported (not in functions,
-    not under ``if TYPE_CHECKING``), with the packages that importing them loads first."""
+    """The package's modules that ``path`` imports when it runs, whether on import or in a function
+    (not under ``if TYPE_CHECKING``: names for the type checker only), with the packages that
+    importing them loads first."""
     name, package = _module_name(path), _package_of(path)
     found: set[str] = set()
 
@@ -41,16 +42,14 @@ def _run_time_imports(path: str) -> set[str]:
         for node in nodes:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 visit(node.orelse)
-            elif isinstance(node, (ast.If, ast.Try)):
-                visit(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom):
                 target = _from_target(node, package)
                 found.add(target)
                 found.update(f"{target}.{alias.name}" for alias in node.names)
+            else:
+                visit(ast.iter_child_nodes(node))
 
     with open(path, encoding="utf-8") as f:
         visit(ast.parse(f.read()).body)
@@ -58,7 +57,8 @@ def _run_time_imports(path: str) -> set[str]:
     for target in found:
         parts = target.split(".")
         modules.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return {m for m in modules if m.startswith("mpi_magic") and m != name and m in _MODULES}
+    own_packages = {name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)}  # (loaded before it, always)
+    return {m for m in modules if m.startswith("mpi_magic") and m != name and m in _MODULES} - own_packages
 
 
 _MODULES = {_module_name(os.path.join(folder, f)): os.path.join(folder, f)

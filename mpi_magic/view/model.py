@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..shared import events
 from ..shared.cost import Cost, estimate
@@ -200,140 +200,172 @@ class JobModel:
         return min(times, default=None)
 
     def fold(self, event: events.Event) -> None:
+        """Take in one event: its handler (``_HANDLERS``, one per event type) changes the state, and
+        says whether a view has something new to draw."""
         if self.recorder is not None:
             self.recorder(event)
-        if isinstance(event, events.Progress):  # the most frequent event: kept short
-            if not 0 <= event.rank < self.world_size:
-                return
-            state = self.ranks[event.rank]
-            n, stamped = event.n, event.time
-            bar = state.bars.get(event.bar)
-            if bar is None:
-                bar = state.bars[event.bar] = Bar()
-            elif stamped < bar.last_time:
-                return  # older than the state shown (a session cell's log catching up with its end record)
-            made = n - bar.n
-            if made > 0:
-                state.steps += made
-                state.stepped_at = stamped
-            if made < 0 or bar.first is None:  # a new bar, or one restarted (reset), measures its rate anew
-                bar.first = (stamped, n)
-            bar.n, bar.total, bar.last_time, bar.closed = n, event.total, stamped, event.closed
-            now = self.clock()
-            if now >= self.pace.due:
-                self.pace.assess(now, self.ranks, self.stall_after)
-            self.clock_offsets.heard(state.instance, stamped, now)
-            if event.desc:
-                bar.desc = event.desc
-            if state.status == "starting":
-                state.status = "running"
-            self.last_activity = now
-        elif isinstance(event, events.Output):
-            if not self._valid(event.rank):
-                return
-            state = self.ranks[event.rank]
-            text = event.text if len(event.text) <= LIVE_LINE else event.text[:LIVE_LINE] + " [...]"
-            state.tail.append((event.stream, text))
-            state.outputs += 1
-            self.tail.append((event.rank, event.stream, text))
-            self.outputs += 1
-            if text.strip():
-                state.last_line = text
-            self.last_activity = self.clock()
-        elif isinstance(event, events.Metrics):
-            if not self._valid(event.rank):
-                return
-            self.metrics.fold(event.rank, event.points)
-            self.last_activity = self.clock()
-        elif isinstance(event, events.LauncherOutput):
-            if event.text.strip():
-                self.launcher_tail.append(event.text[:LIVE_LINE])
-            return  # not shown live: no redraw needed
-        elif isinstance(event, events.RankStarted):
-            if not self._valid(event.rank):
-                return
-            state = self.ranks[event.rank]
-            state.host, state.pid, state.started_at = event.host, event.pid, event.time
-            self.clock_offsets.heard(state.instance, event.time, self.clock())
-            if state.status == "starting":
-                state.status = "running"
-            if self.phase in BEFORE_RANKS:
-                self.phase = "running"
-            self.last_activity = self.clock()
-        elif isinstance(event, events.RankFinished):
-            if not self._valid(event.rank):
-                return
-            self._finished(event)
-        elif isinstance(event, events.RankGone):
-            if not self._valid(event.rank) or self.ranks[event.rank].status not in ACTIVE:
-                return
-            self.ranks[event.rank].gone = True
-        elif isinstance(event, events.Note):
-            self.notes.append(event.text)
-        elif isinstance(event, events.Billing):
-            before, self.billing, self.billing_at = self.billing, event, self.clock()
-            if before is not None and before.running and event.running and before.hourly_price == event.hourly_price:
-                return  # the figure moves on by the clock anyway: no redraw (nor text line) for each report
-        elif isinstance(event, events.Phase):
-            if event.name in events.STARTING_PHASES and any(s.status != "starting" for s in self.ranks):
-                return  # read after the ranks started (SageMaker's status is read every 5-30 s): no news
-            self.phase = event.name
-            if event.name in ENDED:
-                self.ended_at = self.ended_at or self.clock()
-                self._stop_active()
-        elif isinstance(event, events.Allocation):
-            self.allocation, self.allocation_at = event, self.clock()
-            if event.state == "PENDING" and self.phase in BEFORE_RANKS:
-                self.phase = "queued"
-            elif event.state == "RUNNING" and self.phase == "queued":
-                self.phase = "starting"
-        elif isinstance(event, events.Restarted):
-            self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
-            self.restart_cause = event.cause
-            self.notes.append(f"{event.cause}: started again as attempt {event.attempt}")  # read after it ended
-            self.result_digests.clear()
-            self.unreturned.clear()
-            self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
-            self.reported_stacks.clear()
-            self.clock_offsets.clear()  # the attempt runs on new instances, with clocks of their own
-            self.ranks = [state.restart(event.attempt) for state in self.ranks]
-            self.metrics = MetricStore()
-            self.pace = Stragglers(self.world_size)
-            self.last_activity = self.clock()
-        elif isinstance(event, events.Resources):
-            if not self._valid(event.rank):
-                return
-            self._resources(event)  # not activity: ranks that only report resources have gone quiet
-        elif isinstance(event, events.RankReady):
-            if not self._valid(event.rank):
-                return
-            self.ranks[event.rank].ready_after = event.cell
-        elif isinstance(event, events.SessionClosing):
-            self.closing = event.reason
-        elif isinstance(event, events.RankStacks):
-            if self._valid(event.rank):
-                self.reported_stacks[event.rank] = (event.frames, self.clock())
-                self._stacks_news = True
-            return  # no sign of life, and nothing to draw until the roll-call made of them
-        elif isinstance(event, events.RollCall):
-            self.roll_call, self.roll_call_at = event.text, self.clock()
-            self.roll_call_quiet = self.roll_call_at - self.last_activity if event.stall else None
-            if event.stall:
-                self.roll_call_for = self.last_activity
-        elif isinstance(event, events.CellSent):
-            self.cells = max(self.cells, event.number)
-        elif isinstance(event, events.StopRequested):
-            if self.stop_reason is None:
-                self.stop_reason = event.reason
-        elif isinstance(event, events.LauncherExited):
-            if self.exit is None:
-                self.exit = event
-                self._settle(event)
-                self.pace.assess(self.clock(), self.ranks, self.stall_after)  # how each spell ended
-                self.pace.end(self.ranks)
-        else:
-            return
-        self.version += 1
+        handler = _HANDLERS.get(type(event))
+        if handler is not None and handler(self, event) is not False:
+            self.version += 1
+
+    def _progress(self, event: events.Progress) -> bool | None:  # the most frequent event: kept short
+        if not 0 <= event.rank < self.world_size:
+            return False
+        state = self.ranks[event.rank]
+        n, stamped = event.n, event.time
+        bar = state.bars.get(event.bar)
+        if bar is None:
+            bar = state.bars[event.bar] = Bar()
+        elif stamped < bar.last_time:
+            return False  # older than the state shown (a session cell's log catching up with its end record)
+        made = n - bar.n
+        if made > 0:
+            state.steps += made
+            state.stepped_at = stamped
+        if made < 0 or bar.first is None:  # a new bar, or one restarted (reset), measures its rate anew
+            bar.first = (stamped, n)
+        bar.n, bar.total, bar.last_time, bar.closed = n, event.total, stamped, event.closed
+        now = self.clock()
+        if now >= self.pace.due:
+            self.pace.assess(now, self.ranks, self.stall_after)
+        self.clock_offsets.heard(state.instance, stamped, now)
+        if event.desc:
+            bar.desc = event.desc
+        if state.status == "starting":
+            state.status = "running"
+        self.last_activity = now
+        return None
+
+    def _output(self, event: events.Output) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        state = self.ranks[event.rank]
+        text = event.text if len(event.text) <= LIVE_LINE else event.text[:LIVE_LINE] + " [...]"
+        state.tail.append((event.stream, text))
+        state.outputs += 1
+        self.tail.append((event.rank, event.stream, text))
+        self.outputs += 1
+        if text.strip():
+            state.last_line = text
+        self.last_activity = self.clock()
+        return None
+
+    def _metrics(self, event: events.Metrics) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        self.metrics.fold(event.rank, event.points)
+        self.last_activity = self.clock()
+        return None
+
+    def _launcher_output(self, event: events.LauncherOutput) -> bool:
+        if event.text.strip():
+            self.launcher_tail.append(event.text[:LIVE_LINE])
+        return False  # not shown live: no redraw needed
+
+    def _rank_started(self, event: events.RankStarted) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        state = self.ranks[event.rank]
+        state.host, state.pid, state.started_at = event.host, event.pid, event.time
+        self.clock_offsets.heard(state.instance, event.time, self.clock())
+        if state.status == "starting":
+            state.status = "running"
+        if self.phase in BEFORE_RANKS:
+            self.phase = "running"
+        self.last_activity = self.clock()
+        return None
+
+    def _rank_finished(self, event: events.RankFinished) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        self._finished(event)
+        return None
+
+    def _rank_gone(self, event: events.RankGone) -> bool | None:
+        if not self._valid(event.rank) or self.ranks[event.rank].status not in ACTIVE:
+            return False
+        self.ranks[event.rank].gone = True
+        return None
+
+    def _note(self, event: events.Note) -> None:
+        self.notes.append(event.text)
+
+    def _billing(self, event: events.Billing) -> bool | None:
+        before, self.billing, self.billing_at = self.billing, event, self.clock()
+        if before is not None and before.running and event.running and before.hourly_price == event.hourly_price:
+            return False  # the figure moves on by the clock anyway: no redraw (nor text line) for each report
+        return None
+
+    def _phase(self, event: events.Phase) -> bool | None:
+        if event.name in events.STARTING_PHASES and any(s.status != "starting" for s in self.ranks):
+            return False  # read after the ranks started (SageMaker's status is read every 5-30 s): no news
+        self.phase = event.name
+        if event.name in ENDED:
+            self.ended_at = self.ended_at or self.clock()
+            self._stop_active()
+        return None
+
+    def _allocation(self, event: events.Allocation) -> None:
+        self.allocation, self.allocation_at = event, self.clock()
+        if event.state == "PENDING" and self.phase in BEFORE_RANKS:
+            self.phase = "queued"
+        elif event.state == "RUNNING" and self.phase == "queued":
+            self.phase = "starting"
+
+    def _restarted(self, event: events.Restarted) -> None:
+        self.attempt, self.phase, self.restart_reason = event.attempt, "restarting", event.reason
+        self.restart_cause = event.cause
+        self.notes.append(f"{event.cause}: started again as attempt {event.attempt}")  # read after it ended
+        self.result_digests.clear()
+        self.unreturned.clear()
+        self.launcher_tail.clear()  # the ended attempt's launcher said how it ended, not how this one does
+        self.reported_stacks.clear()
+        self.clock_offsets.clear()  # the attempt runs on new instances, with clocks of their own
+        self.ranks = [state.restart(event.attempt) for state in self.ranks]
+        self.metrics = MetricStore()
+        self.pace = Stragglers(self.world_size)
+        self.last_activity = self.clock()
+
+    def _resources_event(self, event: events.Resources) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        self._resources(event)  # not activity: ranks that only report resources have gone quiet
+        return None
+
+    def _rank_ready(self, event: events.RankReady) -> bool | None:
+        if not self._valid(event.rank):
+            return False
+        self.ranks[event.rank].ready_after = event.cell
+        return None
+
+    def _session_closing(self, event: events.SessionClosing) -> None:
+        self.closing = event.reason
+
+    def _rank_stacks(self, event: events.RankStacks) -> bool:
+        if self._valid(event.rank):
+            self.reported_stacks[event.rank] = (event.frames, self.clock())
+            self._stacks_news = True
+        return False  # no sign of life, and nothing to draw until the roll-call made of them
+
+    def _roll_call(self, event: events.RollCall) -> None:
+        self.roll_call, self.roll_call_at = event.text, self.clock()
+        self.roll_call_quiet = self.roll_call_at - self.last_activity if event.stall else None
+        if event.stall:
+            self.roll_call_for = self.last_activity
+
+    def _cell_sent(self, event: events.CellSent) -> None:
+        self.cells = max(self.cells, event.number)
+
+    def _stop_requested(self, event: events.StopRequested) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = event.reason
+
+    def _launcher_exited(self, event: events.LauncherExited) -> None:
+        if self.exit is None:
+            self.exit = event
+            self._settle(event)
+            self.pace.assess(self.clock(), self.ranks, self.stall_after)  # how each spell ended
+            self.pace.end(self.ranks)
 
     def _finished(self, event: events.RankFinished) -> None:
         state = self.ranks[event.rank]
@@ -524,3 +556,18 @@ class JobModel:
                     "completed": "finished", "failed": "failed", "stopped": "stopped"}[state.status]
                 others.setdefault(verb, []).append(state.rank)
         return "; ".join([text] + [f"{ranks_phrase(ranks)} {verb}" for verb, ranks in others.items()])
+
+
+# What each event changes, by its type (an event of another type changes nothing): a new event
+# is a new handler, not another branch.
+_HANDLERS: dict[type, Callable[[JobModel, Any], bool | None]] = {
+    events.Progress: JobModel._progress, events.Output: JobModel._output, events.Metrics: JobModel._metrics,
+    events.LauncherOutput: JobModel._launcher_output, events.RankStarted: JobModel._rank_started,
+    events.RankFinished: JobModel._rank_finished, events.RankGone: JobModel._rank_gone, events.Note: JobModel._note,
+    events.Billing: JobModel._billing, events.Phase: JobModel._phase, events.Allocation: JobModel._allocation,
+    events.Restarted: JobModel._restarted, events.Resources: JobModel._resources_event,
+    events.RankReady: JobModel._rank_ready, events.SessionClosing: JobModel._session_closing,
+    events.RankStacks: JobModel._rank_stacks, events.RollCall: JobModel._roll_call,
+    events.CellSent: JobModel._cell_sent, events.StopRequested: JobModel._stop_requested,
+    events.LauncherExited: JobModel._launcher_exited,
+}

@@ -17,7 +17,6 @@ from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .history import record_job
 from .training_job import SageMakerJob
 from .request import BOOTSTRAP, CloudSettings, input_uri, results_uri, training_job_request, validate
-from .declaration import IDLE_DEFAULT
 from .settings import accelerators
 from ...shared import envvars
 
@@ -130,7 +129,7 @@ class SageMakerBackend:
         """One training job whose ranks wait for cells (``session_ranks.py``); returns once it is created."""
         from .session_ranks import start
 
-        return start(self, name, options, options.max_idle or IDLE_DEFAULT,
+        return start(self, name, options, options.max_idle,
                      config.get("heartbeat"), config.get("heartbeat_limit"), config.get("cache_dir"))
 
 

@@ -301,7 +301,7 @@ class SageMakerSessionRanks:
         return lines
 
 
-def start(backend, name: str, options, idle_timeout: float, heartbeat_every: float, heartbeat_limit: float,
+def start(backend, name: str, options, idle_timeout: float | None, heartbeat_every: float, heartbeat_limit: float,
           cache_dir: str) -> SageMakerSessionRanks:
     """Upload the code, create the job whose ranks wait for cells, and start the heartbeat."""
     from .request import job_prefix, validate
@@ -317,7 +317,7 @@ def start(backend, name: str, options, idle_timeout: float, heartbeat_every: flo
     request = backend.request(name, "", options, token, session={
         envvars.SESSION_URI: uri, envvars.SESSION_KEY: signer.public_text,
         envvars.HEARTBEAT_LIMIT: repr(float(heartbeat_limit)),
-        envvars.IDLE_TIMEOUT: repr(float(idle_timeout)),
+        envvars.IDLE_TIMEOUT: repr(float(idle_timeout or 0)),  # (0: none)
     })
     validate(request)
     job = SageMakerJob(backend.aws, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel
 from ..channel_ranks import ChannelRanks
-from .declaration import IDLE_DEFAULT
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
@@ -39,8 +38,9 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     jobdir.make_private_dirs(folder)
     secret = secrets.token_hex(32)
     cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
-    idle = options.max_idle or IDLE_DEFAULT
-    command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address, "--idle-timeout", repr(idle)]
+    command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address]
+    if options.max_idle:  # (the line's, else the registry's default for this backend)
+        command += ["--idle-timeout", repr(options.max_idle)]
     try:
         job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, session=True)
     except BaseException:
