@@ -164,8 +164,11 @@ class SessionRanks(Protocol):
     def connect(self) -> bool:
         """True once rank 0 is on the channel (checked without waiting)."""
 
-    def send(self, message: dict) -> None:
-        """Hand rank 0 a message (a cell to run, or the end of the session)."""
+    def send_cell(self, number: int, job_dir: str, digest: str | None) -> None:
+        """Hand rank 0 cell ``number``, whose payload is in ``job_dir`` (``digest``: its SHA-256, where pinned)."""
+
+    def close(self, reason: str) -> None:
+        """Tell the ranks the session ends, for ``reason``: they leave by themselves (``stop`` makes sure)."""
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """Put each listed rank's results of the last cell (or its ``kind`` of file) where

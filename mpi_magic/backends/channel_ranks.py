@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
-from ..shared.channel import SocketChannel
+from ..shared.channel import SocketChannel, cell_message, stop_message
 from ..shared.events import Event
 from ..shared.layout import RESULTS
 
@@ -35,6 +35,16 @@ class ChannelRanks:
 
     def connect(self) -> bool:
         return self.cells.try_accept()
+
+    def send_cell(self, number: int, job_dir: str, digest: str | None) -> None:
+        self._new_cell(number)
+        self.cells.send(cell_message(number, job_dir, digest))
+
+    def close(self, reason: str) -> None:
+        self.cells.send(stop_message(reason))
+
+    def _new_cell(self, number: int) -> None:
+        """What the job resets before a cell is sent (its per-cell tally)."""
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote their results into the cell's folder already."""

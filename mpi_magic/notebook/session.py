@@ -102,7 +102,7 @@ class Session:
         # when it ended, the launcher's exit, billing, the cells run and why it stopped
         self.model = JobModel(name, backend, self.world_size, self.procs_per_instance, clock)
         self.model.fold(events.CellSent(cells))
-        self._pump_thread: threading.Thread | None = None
+        self._pump: Pump | None = None
         self._say: Callable[[str], None] | None = None  # while starting: how the backend's phases are shown
         self.job_dir = ""
         self.tracking_run: tracking.RunWriter | None = None  # its one run in a tracking service (--mlflow), if any
@@ -178,7 +178,7 @@ class Session:
             self.model.fold(events.StopRequested(reason))
         if idle:
             try:
-                ranks.send({"kind": "stop", "reason": reason})
+                ranks.close(reason)
             except OSError:
                 pass
             deadline = self.clock() + STOP_WAIT
@@ -242,8 +242,7 @@ class Session:
             else:
                 ranks.stop(wait=False)
             raise
-        self._pump_thread = threading.Thread(target=self._pump, name=f"mpi_magic {self.name}", daemon=True)
-        self._pump_thread.start()
+        self._pump = Pump(self, ranks)
         if not detach:
             atexit.register(self._at_exit)
         if say:
@@ -274,8 +273,8 @@ class Session:
                 self._end("its start was interrupted")
             raise
         if not self._up:
-            if self.model.exit is not None and self._pump_thread is not None:
-                self._pump_thread.join(timeout=STOP_WAIT)  # the launcher is gone: its last events say why
+            if self.model.exit is not None and self._pump is not None:
+                self._pump.join(STOP_WAIT)  # the launcher is gone: its last events say why
             failure = self._start_failure()
             self._end("its ranks ended while starting")
             raise SessionStartError(failure)
@@ -293,15 +292,8 @@ class Session:
         return (f"session {self.name} could not start: its ranks ended before all {self.world_size} were up "
                 f"({why})" + "".join(lines))
 
-    def _pump(self) -> None:
-        ranks = self._ranks
-        assert ranks is not None
-        while True:
-            for event in ranks.poll(0.2):
-                self._route(event)
-            if ranks.finished:
-                break
-            self._keep_to_budget()
+    def ranks_ended(self, ranks: SessionRanks) -> None:
+        """The pump read the ranks' last event: the session is over, for the reason they gave."""
         with self._lock:
             self.model.fold(events.StopRequested(ranks.released or self._closing_reason()))  # (unless one was)
             self._lock.notify_all()
@@ -309,7 +301,7 @@ class Session:
         atexit.unregister(self._at_exit)
         self._end_run()
 
-    def _route(self, event: events.Event) -> None:
+    def route(self, event: events.Event) -> None:
         """Between cells the session's model folds every event (its tail keeps what the ranks
         printed then); during a cell it folds the session's own facts, and the cell gets every event."""
         if isinstance(event, events.Restarted):
@@ -326,7 +318,7 @@ class Session:
         if cell is not None:
             cell.queue.put(event)  # bounded: a flooding rank is slowed down, not stored
 
-    def _keep_to_budget(self) -> None:
+    def keep_to_budget(self) -> None:
         """End the session once the meter says it cost ``--max-cost``, idle or in a cell (which then
         ends as under any end of its session)."""
         budget = self.options.max_cost
@@ -356,8 +348,8 @@ class Session:
         """This notebook holds the session no more; its ranks run on (another notebook may take them over)."""
         assert self._ranks is not None
         self._ranks.let_go(reason)
-        if self._pump_thread is not None and self._pump_thread is not threading.current_thread():
-            self._pump_thread.join(timeout=STOP_WAIT)
+        if self._pump is not None and not self._pump.is_current:
+            self._pump.join(STOP_WAIT)
         with self._lock:
             self.model.fold(events.StopRequested(self._ranks.released or reason))
         atexit.unregister(self._at_exit)
@@ -371,8 +363,8 @@ class Session:
             self.model.fold(events.StopRequested(reason))  # (the first reason stays)
         if self._ranks is not None:
             self._ranks.stop(wait)
-        if wait and self._pump_thread is not None and self._pump_thread is not threading.current_thread():
-            self._pump_thread.join(timeout=STOP_WAIT)
+        if wait and self._pump is not None and not self._pump.is_current:
+            self._pump.join(STOP_WAIT)
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)
@@ -385,7 +377,7 @@ class Session:
         if self.tracking_run is not None:
             status = ("completed" if self._stopped_here or self.model.closing else
                       "stopped" if self._over_budget else "failed")
-            on_pump = threading.current_thread() is self._pump_thread
+            on_pump = self._pump is not None and self._pump.is_current
             self.tracking_run.end(status, ConsoleEcho().say, wait=0 if on_pump else tracking.FINISH_WAIT)
 
     # -- cells ------------------------------------------------------------------------------
@@ -417,7 +409,7 @@ class Session:
             if allocation is not None and allocation.time_left is not None:  # the time left shows from the start
                 cell.queue.put(dataclasses.replace(allocation, time_left=self.model.time_left()))
         try:
-            ranks.send({"kind": "cell", "cell": cell.number, "dir": job_dir, "digest": digest})
+            ranks.send_cell(cell.number, job_dir, digest)
         except OSError as exc:
             self.cell_ended(cell)
             self._end(str(exc) if ranks.released else f"rank 0 could not be reached ({exc})")
@@ -453,7 +445,7 @@ class Session:
                 event = cell.queue.get_nowait()
             except queue.Empty:
                 break
-            self._route(event)
+            self.route(event)
 
     def interrupt(self, ranks: list[int]) -> None:
         assert self._ranks is not None
@@ -504,6 +496,36 @@ class Session:
                     f"(%mpirun_session attach {self.job_name} takes it back here)")
         return (f"session {self.name} ended: {self.ended_reason}; every rank was stopped and the session's state "
                 "is gone (the next cell runs as a one-off job, or start a new session with %mpirun_session start)")
+
+
+class Pump:
+    """The thread that reads a session's ranks until they end: each event goes to the session
+    (``Session.route``: between cells its model, during one the cell), the session is kept to its
+    budget between reads, and told when the ranks have ended."""
+
+    READ_WAIT = 0.2  # seconds one read waits for the ranks' first event
+
+    def __init__(self, session: Session, ranks: SessionRanks):
+        self.session, self.ranks = session, ranks
+        self._thread = threading.Thread(target=self._run, name=f"mpi_magic {session.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_current(self) -> bool:
+        """True on the pump's own thread (which must not wait for itself)."""
+        return threading.current_thread() is self._thread
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        while True:
+            for event in self.ranks.poll(self.READ_WAIT):
+                self.session.route(event)
+            if self.ranks.finished:
+                break
+            self.session.keep_to_budget()
+        self.session.ranks_ended(self.ranks)
 
 
 class SessionCell:

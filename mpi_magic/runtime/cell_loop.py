@@ -411,16 +411,16 @@ def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | No
                 cells.all_back()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                message = {"kind": "stop", "reason": f"idle for {idle_timeout:g}s (--max-idle)"}
+                message = channel.stop_message(f"idle for {idle_timeout:g}s (--max-idle)")
                 break
             wait = None if deadline is None else deadline - now
             if not back:
                 wait = BACK_CHECK if wait is None else min(wait, BACK_CHECK)
             message = source.receive(wait)
     except channel.ChannelError as exc:
-        message = {"kind": "stop", "reason": f"the notebook is gone ({exc})"}
+        message = channel.stop_message(f"the notebook is gone ({exc})")
     except (OSError, ValueError):
-        message = {"kind": "stop", "reason": "the notebook is gone"}
+        message = channel.stop_message("the notebook is gone")
     if message["kind"] == "stop":
         emitter.emit(wire.CLOSING, reason=str(message.get("reason", "stop")))
     if not back:

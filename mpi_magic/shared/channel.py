@@ -25,6 +25,21 @@ TCP = "tcp:"  # an address that starts so is HOST:PORT, else a Unix socket's pat
 HANDSHAKE_LIMIT = 5.0  # seconds a connecting peer gets to answer the challenge
 
 
+def cell_message(number: int, job_dir: str, digest: str | None) -> dict:
+    """What tells rank 0 to run cell ``number``, whose payload is in ``job_dir`` (``digest``: its SHA-256)."""
+    return {"kind": "cell", "cell": number, "dir": job_dir, "digest": digest}
+
+
+def interrupt_message(number: int) -> dict:
+    """What tells rank 0 to interrupt cell ``number`` on every rank."""
+    return {"kind": "interrupt", "cell": number}
+
+
+def stop_message(reason: str) -> dict:
+    """What tells the ranks the session ends, and why."""
+    return {"kind": "stop", "reason": reason}
+
+
 class ChannelError(ConnectionError):
     """The other side is gone, or is not who it should be."""
 

@@ -381,9 +381,8 @@ class LocalSessionRanks(ChannelRanks):
     def launcher(self) -> tuple[int, float]:
         return self.job.launcher
 
-    def send(self, message: dict) -> None:
+    def _new_cell(self, number: int) -> None:
         self.job.new_round()
-        self.cells.send(message)
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """SIGINT to the given ranks ({rank: pid}): a ``KeyboardInterrupt`` in the cell's code."""

@@ -212,22 +212,23 @@ class SageMakerSessionRanks:
     def connect(self) -> bool:
         return True  # S3 needs no connection: rank 0 is there once it says it is ready
 
-    def send(self, message: dict) -> None:
-        if message["kind"] == "stop":  # the job's end is SageMaker's to say: Stopped, not Completed
-            if self.released is not None:
-                return
-            self.job.describe_every = STOPPING_DESCRIBE
-            self.job.cancel()
+    def close(self, reason: str) -> None:
+        """The job's end is SageMaker's to say (Stopped, not Completed): it is stopped."""
+        if self.released is not None:
             return
+        self.job.describe_every = STOPPING_DESCRIBE
+        self.job.cancel()
+
+    def send_cell(self, number: int, job_dir: str, digest: str | None) -> None:
         try:
             self.channel.check_held()
         except s3channel.TakenOver as exc:
             self._release(str(exc))
             raise
-        self._cell, self._back = message["cell"], set()
+        self._cell, self._back = number, set()
         record = self.end_records and self._rank_key is not None
         self.ends.begin()
-        self._record_uri = self.channel.send_cell(message["cell"], os.path.join(message["dir"], PAYLOAD_FILE),
+        self._record_uri = self.channel.send_cell(number, os.path.join(job_dir, PAYLOAD_FILE),
                                                   end_record=record)
         self._pace_running()
         self._refused = None

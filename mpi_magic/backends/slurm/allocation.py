@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ...shared import envvars, jobdir
-from ...shared.channel import SocketChannel
+from ...shared.channel import SocketChannel, interrupt_message
 from ..channel_ranks import ChannelRanks
 
 if TYPE_CHECKING:
@@ -90,16 +90,14 @@ class SlurmSessionRanks(ChannelRanks):
     def job_name(self) -> str:
         return self.job.job_id
 
-    def send(self, message: dict) -> None:
-        if message.get("kind") == "cell":
-            self._cell = message["cell"]
-            self.job.new_cell()
-        self.cells.send(message)
+    def _new_cell(self, number: int) -> None:
+        self._cell = number
+        self.job.new_cell()
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
         if self._cell:
-            self.cells.send({"kind": "interrupt", "cell": self._cell})
+            self.cells.send(interrupt_message(self._cell))
 
     def memory(self, pids: dict[int, int]) -> dict[int, int]:
         return {}  # each rank's memory comes with its events (the resources it reports)
