@@ -145,6 +145,13 @@ def runtime_command(job_dir: str, digest: str | None) -> list[str]:
     return [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
 
 
+def session_command(address: str, max_idle: float | None) -> list[str]:
+    """Every rank's runtime for a session whose rank 0 reaches the notebook at ``address``, ending
+    itself after ``max_idle`` seconds without a cell (None: never)."""
+    command = [sys.executable, "-m", "mpi_magic.runtime", "--session", address]
+    return command + (["--idle-timeout", repr(max_idle)] if max_idle else [])
+
+
 def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool,
                      oversubscribed: bool = False) -> dict[str, str]:
     """Environment for mpirun: root allowed, on one machine shared memory only, and with more ranks

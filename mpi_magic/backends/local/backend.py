@@ -79,9 +79,7 @@ class LocalBackend:
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
         cells = SocketChannel(folder.path, secret)
-        command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address]
-        if options.max_idle:
-            command += ["--idle-timeout", repr(options.max_idle)]
+        command = launchers.session_command(cells.address, options.max_idle)
         try:
             job = self._launch(name, command, options, {envvars.SESSION_SECRET: secret}, _stacks_folder(folder.path))
         except BaseException:

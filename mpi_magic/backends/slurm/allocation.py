@@ -15,11 +15,11 @@ import ipaddress
 import os
 import secrets
 import socket
-import sys
 from typing import TYPE_CHECKING
 
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel, interrupt_message
+from .. import launcher as launchers
 from ..channel_ranks import ChannelRanks
 
 if TYPE_CHECKING:
@@ -38,9 +38,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     jobdir.make_private_dirs(folder)
     secret = secrets.token_hex(32)
     cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
-    command = [sys.executable, "-m", "mpi_magic.runtime", "--session", cells.address]
-    if options.max_idle:  # (the line's, else the registry's default for this backend)
-        command += ["--idle-timeout", repr(options.max_idle)]
+    command = launchers.session_command(cells.address, options.max_idle)
     try:
         job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret}, session=True)
     except BaseException:
