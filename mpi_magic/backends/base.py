@@ -19,6 +19,8 @@ from ..shared.layout import RESULTS
 if TYPE_CHECKING:
     from ..options import Config, LaunchOptions, Option, Setting
 
+LEAVE_WAIT = 5.0  # seconds a session's ranks get to leave by themselves (told it ends) before they are stopped
+
 
 class BackendJob(Protocol):
     """A submitted job, as the notebook follows it to its end."""

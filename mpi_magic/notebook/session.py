@@ -24,7 +24,7 @@ from ..shared import events, jobdir
 from ..shared.cost import budget_reached, dollars
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
-from ..backends.base import SessionRanks
+from ..backends.base import LEAVE_WAIT, SessionRanks
 from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from . import tracking
 from .holdings import Holdings
@@ -35,7 +35,6 @@ from ..shared.slurmtime import clock
 from ..view.console import ConsoleEcho
 from ..view.model import JobModel
 
-STOP_WAIT = 5.0  # seconds the ranks get to leave by themselves before they are stopped
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
 # what a session's model folds during a cell too (the cell's own model gets every event)
@@ -181,7 +180,7 @@ class Session:
                 ranks.close(reason)
             except OSError:
                 pass
-            deadline = self.clock() + STOP_WAIT
+            deadline = self.clock() + LEAVE_WAIT
             while wait and not ranks.finished and self.clock() < deadline:
                 time.sleep(0.01)
         self._end(reason, wait)
@@ -274,7 +273,7 @@ class Session:
             raise
         if not self._up:
             if self.model.exit is not None and self._pump is not None:
-                self._pump.join(STOP_WAIT)  # the launcher is gone: its last events say why
+                self._pump.join(LEAVE_WAIT)  # the launcher is gone: its last events say why
             failure = self._start_failure()
             self._end("its ranks ended while starting")
             raise SessionStartError(failure)
@@ -349,7 +348,7 @@ class Session:
         assert self._ranks is not None
         self._ranks.let_go(reason)
         if self._pump is not None and not self._pump.is_current:
-            self._pump.join(STOP_WAIT)
+            self._pump.join(LEAVE_WAIT)
         with self._lock:
             self.model.fold(events.StopRequested(self._ranks.released or reason))
         atexit.unregister(self._at_exit)
@@ -364,7 +363,7 @@ class Session:
         if self._ranks is not None:
             self._ranks.stop(wait)
         if wait and self._pump is not None and not self._pump.is_current:
-            self._pump.join(STOP_WAIT)
+            self._pump.join(LEAVE_WAIT)
         atexit.unregister(self._at_exit)
         if self.job_dir:
             jobdir.record(self.job_dir, status="stopped", ended=time.time(), reason=self.ended_reason)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel, interrupt_message
 from .. import launcher as launchers
+from ..base import LEAVE_WAIT
 from ..channel_ranks import ChannelRanks
 
 if TYPE_CHECKING:
@@ -28,8 +29,7 @@ if TYPE_CHECKING:
     from .batch_job import SlurmBackend, SlurmJob
 
 START_LIMIT = 1800.0  # seconds from submitting until every rank is up: the queue wait included
-LEAVE_WAIT = 5.0  # seconds the ranks get to leave by themselves once the channel is closed
-STOP_WAIT = 30.0  # seconds a stop waits for Slurm to end the job
+CANCEL_WAIT = 30.0  # seconds a stop waits for Slurm to end the job it cancelled
 
 
 def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
@@ -116,7 +116,7 @@ class SlurmSessionRanks(ChannelRanks):
             return
         self.job.cancel()
         if wait:
-            self.job.over.wait(STOP_WAIT)
+            self.job.over.wait(CANCEL_WAIT)
 
 
 if TYPE_CHECKING:  # read by the type checker only
