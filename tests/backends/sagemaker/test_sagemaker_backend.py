@@ -272,7 +272,7 @@ def test_an_exported_sagemaker_job_is_created_followed_and_collected_from_bash(i
     request = json.loads(launch[launch.index("{"):launch.index("\nS3 objects:")])
     assert request["ResourceConfig"]["InstanceCount"] == 2 and request["RoleArn"] == ROLE
     assert (folder / "requirements.txt").read_text() == "# nothing to install; pip still runs it\n"
-    assert json.loads((folder / "export.json").read_text())["options"]["requirements"] == "requirements.txt"
+    assert json.loads((folder / "export.json").read_text())["options"]["settings"]["requirements"] == "requirements.txt"
     (tmp_path / "elsewhere").mkdir()
     done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path / "elsewhere",
