@@ -7,15 +7,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import shlex
-from typing import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, construct_parser
 
 from ..errors import BackendNotAvailable
-from ..options import (CELL, COMMON_OPTIONS, COMMON_SETTINGS, DEFAULT_BACKEND, JOB, LINE, ONE_OFF, Config, LaunchOptions, Option,
-                       Setting, check_job_name, check_out, joined_args, mlflow_experiment, option, parse_env, with_suggestion)
+from ..options import (CELL, COMMON_OPTIONS, COMMON_SETTINGS, DEFAULT_BACKEND, JOB, LINE, ONE_OFF, Config,
+                       LaunchOptions, Option, Setting, check_job_name, check_out, joined_args, mlflow_experiment,
+                       option, parse_env, with_suggestion)
 from .base import AttachableBackend, Backend, Declaration
 from .local.declaration import LOCAL
 from .sagemaker.declaration import SAGEMAKER
@@ -52,13 +53,9 @@ def declared() -> list[Declaration]:
 
 def declaration(name: str) -> Declaration:
     if name not in _DECLARED:
-        raise BackendNotAvailable(f"there is no {name!r} backend; use {_names(' or ')}")
+        names = list(_DECLARED)
+        raise BackendNotAvailable(f"there is no {name!r} backend; use {', '.join(names[:-1])} or {names[-1]}")
     return _DECLARED[name]
-
-
-def _names(last: str = " or ") -> str:
-    names = list(_DECLARED)
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + last + names[-1]
 
 
 def _backend_name(given: str, what: str) -> str:
@@ -71,15 +68,12 @@ def _backend_name(given: str, what: str) -> str:
 
 def settings() -> dict[str, Setting]:
     """Every setting: the backend, those all backends share, then each backend's own."""
-    if _settings[0] != _generation:
-        _settings[:] = [_generation, _every_setting()]
-    return _settings[1]
+    return _every_setting(_generation)
 
 
-_settings: list = [-1, {}]  # (the generation they were made in, the settings)
-
-
-def _every_setting() -> dict[str, Setting]:
+@functools.lru_cache(maxsize=1)
+def _every_setting(generation: int) -> dict[str, Setting]:
+    """``settings()`` as the list is in ``generation`` (made once for each)."""
     backend = Setting("backend", DEFAULT_BACKEND, _backend_name,
                       "where ranks run: " + ", ".join(f"{d.name} ({d.about})" for d in _DECLARED.values()))
     table = {"backend": backend, **COMMON_SETTINGS}
@@ -154,8 +148,6 @@ def session_start_arguments(func):
     return _arguments(func, session=True)
 
 
-
-
 def refused_on_session(session: LaunchOptions, cell: LaunchOptions) -> list[Option]:
     """The options a cell's line gives that the session it runs on cannot take, decided by their
     declared scope: a one-off job's own, or one that shapes the job with another value than the
@@ -227,11 +219,10 @@ def make(name: str, config: Config, options: LaunchOptions) -> Backend:
 
 def attachable(config: Config) -> AttachableBackend:
     """The backend whose jobs another kernel can follow or take over (they outlive the kernel)."""
-    found = [d for d in _DECLARED.values() if d.attach is not None]
-    if not found:
-        raise BackendNotAvailable("no backend's jobs outlive the kernel that started them, so none can be attached")
-    attach: Callable[[Config], AttachableBackend] = found[0].attach  # type: ignore[assignment]
-    return attach(config)
+    for declared_backend in _DECLARED.values():
+        if declared_backend.attach is not None:
+            return declared_backend.attach(config)
+    raise BackendNotAvailable("no backend's jobs outlive the kernel that started them, so none can be attached")
 
 
 def attachable_names() -> list[str]:

@@ -330,7 +330,8 @@ class Session:
         """SageMaker started the session's job again (a spot interruption) on new instances: what
         the ranks held is gone and a cell that ran is lost, so the session ends instead of going on
         as if nothing happened (its ranks never run an earlier cell again: ``s3channel.S3RankEnd``)."""
-        self._end(f"{event.cause}: the job's instances were replaced, and what the ranks held with them", wait=False)  # no cell may start now; the pump reads on until the job stopped
+        # (no cell may start now; the pump reads on until the job stopped)
+        self._end(f"{event.cause}: the job's instances were replaced, and what the ranks held with them", wait=False)
 
     def _closing_reason(self) -> str:
         closing, end = self.model.closing, self.model.exit

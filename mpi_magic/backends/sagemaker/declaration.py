@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .backend import SageMakerBackend, SageMakerJobs
 
 IDLE_DEFAULT = 1800.0  # seconds a session may sit without a cell, unless --max-idle says
-_TRAINING_PLAN = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+$")  # (the API's pattern)
+_TRAINING_PLAN = re.compile(r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+$")  # (the API's)
 
 
 def _option(*flags: str, **declaration) -> Option:
