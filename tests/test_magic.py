@@ -81,12 +81,6 @@ def test_a_read_name_that_cannot_travel_stops_the_launch_before_anything_starts(
         value.close()
 
 
-def test_gather_brings_every_ranks_value_as_a_list(ip):
-    run(ip, "-i 2 -g 2 --gather", "import mpi_magic\nme = mpi_magic.rank()\nwhere = (mpi_magic.instance(), mpi_magic.local_rank())\n")
-    assert ip.user_ns["me"] == [0, 1, 2, 3]
-    assert ip.user_ns["where"] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-
 def test_allreduce_over_two_instances_of_two(ip):
     run(ip, "--instances 2 --gpus 2 --out job", (
         "from mpi4py import MPI\n"
@@ -368,16 +362,6 @@ def test_a_rank_that_dies_without_raising_is_reported_with_its_exit_status(ip, c
         run(ip, "-g 3 --out job", f"import os, signal, time, mpi_magic\nif mpi_magic.rank() == 1:\n    {code}\ntime.sleep(30)\n")
     assert "rank 1 (instance 0" in str(caught.value) and expected in str(caught.value)
     assert ip.user_ns["job"].ranks[1].status == "failed"
-
-
-def test_timeout_stops_every_rank_and_raises(ip):
-    import psutil
-
-    with pytest.raises(mpi_magic.JobTimeoutError, match="ran past --timeout 2s; all 2 ranks were stopped"):
-        run(ip, "-g 2 --timeout 2 --out job", "import time\ntime.sleep(60)\n")
-    job = ip.user_ns["job"]
-    assert job.status == "stopped"
-    assert all(not psutil.pid_exists(r.pid) or psutil.Process(r.pid).status() == psutil.STATUS_ZOMBIE for r in job.ranks)
 
 
 def test_interrupt_stops_every_process_of_the_job(ip, capsys):

@@ -66,14 +66,6 @@ def test_a_cell_asking_for_another_partition_time_or_account_is_refused_before_a
     slurm.run_line_magic("mpirun_session", "stop")
 
 
-def test_a_session_ends_after_its_idle_timeout(slurm, sessions, slurm_cluster):
-    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --idle-timeout 2 --out s")
-    session = slurm.user_ns["s"]
-    assert wait_until(lambda: session.status == "stopped", 30)
-    assert "idle for 2s" in session.ended_reason
-    assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
-
-
 def test_a_budget_is_refused_before_anything_is_submitted_as_slurm_has_no_price(slurm, sessions, slurm_cluster):
     with pytest.raises(UsageError) as refused:
         slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --max-cost 5")

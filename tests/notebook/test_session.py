@@ -188,17 +188,6 @@ def test_a_rank_that_cannot_start_ends_the_start_with_its_words(sessions, tmp_pa
         start_session(ip, "-i 1 -g 2 --mpirun-args=--no-such-flag")
 
 
-def test_idle_timeout_ends_the_session(sessions):
-    ip = sessions
-    s = start_session(ip, "-i 1 -g 2 --idle-timeout 1")
-    pids = [r.pid for r in s.ranks]
-    deadline = time.monotonic() + 20
-    while s.status != "stopped" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert s.status == "stopped" and "idle for 1s" in s.ended_reason
-    assert _wait_dead(pids, 5)
-
-
 def test_a_killed_kernel_leaves_no_rank_and_its_folders_go_at_the_next_launch(tmp_path, monkeypatch):
     from helpers import held_folders
 

@@ -13,7 +13,7 @@ import re
 import sys
 
 import pytest
-from helpers import BUCKET, ROLE, once, once_running, run, uploaded, wait_until
+from helpers import BUCKET, ROLE, once, run, uploaded, wait_until
 
 import mpi_magic
 
@@ -120,18 +120,6 @@ def test_mpirun_stacks_asks_a_background_jobs_ranks_through_s3_and_they_answer_t
         with pytest.raises(Exception, match="cancelled"):
             job.wait()
     assert "  rank 0 at cell line 7 in sleep\n  rank 1 at cell line 4 in sleep\n" in shown
-
-
-def test_interrupt_stops_the_training_job(ip, cloud, capsys):
-    import _thread
-
-    with once_running(ip, _thread.interrupt_main, pause=0.1), pytest.raises(KeyboardInterrupt):
-        run(ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(120)\n")
-    job = ip.user_ns["job"]
-    assert job.status == "stopped"
-    described = cloud.client("sagemaker").describe_training_job(TrainingJobName=job.name)
-    assert described["TrainingJobStatus"] == "Stopped"
-    assert "StopTrainingJob" in capsys.readouterr().err
 
 
 def test_instances_refuse_a_payload_changed_after_submission(ip, cloud, monkeypatch):

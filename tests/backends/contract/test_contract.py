@@ -1,0 +1,134 @@
+"""What every backend must do, run over each (this machine, the tests' Slurm cluster on its test
+hosts, the SageMaker rehearsal) by one fixture: a backend passes these, and keeps in its own tests
+only what is its own. Each test runs a 2 x 2 cell through the magic, as a user would."""
+
+from __future__ import annotations
+
+import _thread
+import re
+import socket
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+from IPython.core.error import UsageError
+from helpers import SLURM_GONE_WITHIN, needs_slurm, once_running, run, slurm_listed, start_session, wait_until
+
+from mpi_magic.errors import JobTimeoutError, RemoteRankError
+
+
+@dataclass
+class On:
+    """The shell with its cells going to one backend, and what that backend says of its ranks."""
+
+    name: str
+    ip: object
+    host_of: Callable[[int], str]  # the host an error names for the ranks of an instance
+    gone: Callable[[object], bool]  # nothing of an ended job (or session) is left where it ran
+    stop_description: str  # how an interrupt stops its jobs, as the sentence says it
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    """(A module's fixture: the suite's servers, started once for the module, serve every test of it.)"""
+
+
+@pytest.fixture(params=["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker"])
+def on(request, sessions, one_worker) -> On:
+    """(``sessions``: a session a test leaves up is stopped at its end.)"""
+    ip = sessions
+    if request.param == "slurm":
+        cluster = request.getfixturevalue("slurm_cluster")
+        request.getfixturevalue("slurm")  # (which fails the test if a job is left in the queue)
+        ip.run_line_magic("mpirun_config", "backend=slurm")
+        return On("slurm", ip, lambda instance: f"n{instance + 1}",
+                  lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel")
+    if request.param == "sagemaker":
+        aws = request.getfixturevalue("cloud")
+
+        def ended(ran) -> bool:  # (a session's handle names its training job apart)
+            name = getattr(ran, "job_name", None) or ran.name
+            return wait_until(lambda: aws.client("sagemaker").describe_training_job(TrainingJobName=name)[
+                "TrainingJobStatus"] in ("Completed", "Failed", "Stopped"), 30)
+        return On("sagemaker", ip, lambda instance: f"algo-{instance + 1}", ended, "StopTrainingJob")
+    ip.run_line_magic("mpirun_config", "view=text")
+    return On("local", ip, lambda instance: socket.gethostname(), _no_rank_process, "SIGINT, then SIGTERM, then SIGKILL")
+
+
+def _no_rank_process(ran) -> bool:
+    """No process of the ranks of a job (or session) runs on (one ended but not yet reaped counts as gone)."""
+    import psutil
+
+    for rank in ran.ranks:
+        try:
+            if rank.pid and psutil.Process(rank.pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
+    on.ip.user_ns["data"] = [1, 10, 100, 1000]  # a notebook value the cell reads
+    run(on.ip, "-i 2 -g 2 --out job", (
+        "import mpi_magic\n"
+        "from mpi4py import MPI\n"
+        "total = MPI.COMM_WORLD.allreduce(data[mpi_magic.rank()])\n"
+        "where = (mpi_magic.rank(), mpi_magic.instance(), mpi_magic.local_rank(), mpi_magic.world_size())\n"
+    ))
+    assert on.ip.user_ns["total"] == 1111 and on.ip.user_ns["where"] == (0, 0, 0, 4), "rank 0's values"
+    job = on.ip.user_ns["job"]
+    assert (job.backend, job.status, [r.status for r in job.ranks]) == (on.name, "completed", ["completed"] * 4)
+    run(on.ip, "-i 2 -g 2 --gather", "import mpi_magic\nwhere = (mpi_magic.rank(), mpi_magic.instance())\n")
+    assert on.ip.user_ns["where"] == [(0, 0), (1, 0), (2, 1), (3, 1)], "--gather: every rank's, by rank"
+
+
+def test_a_failing_rank_is_named_with_its_instance_and_host_and_the_line_that_raised(on):
+    with pytest.raises(RemoteRankError) as raised:
+        run(on.ip, "-i 2 -g 2 --out job", (
+            "import time, mpi_magic\n"
+            "if mpi_magic.rank() == 3:\n"
+            "    raise ValueError('bad shard')\n"
+            "time.sleep(120)\n"
+        ))
+    assert str(raised.value).startswith(f"rank 3 (instance 1, {on.host_of(1)}) raised ValueError: bad shard"), \
+        str(raised.value)
+    assert re.search(r"Cell In\[\d+\], line 4, in <module>\n    raise ValueError\('bad shard'\)\n",
+                     raised.value.remote_traceback), "the cell's frame, as the notebook names its cells"
+    job = on.ip.user_ns["job"]
+    assert job.status == "failed" and on.gone(job), "the others were stopped, and nothing of the job is left"
+
+
+def test_timeout_stops_every_rank_and_says_so(on):
+    with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
+        run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
+    job = on.ip.user_ns["job"]
+    assert job.status == "stopped" and on.gone(job)
+
+
+def test_ctrl_c_stops_the_job_the_way_the_backend_says(on, capsys):
+    with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
+        run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
+    job = on.ip.user_ns["job"]
+    assert job.status == "stopped" and on.gone(job)
+    stopping = [line for line in capsys.readouterr().err.splitlines() if "interrupted: stopping job" in line]
+    assert stopping and on.stop_description in stopping[0], "the sentence says how it is stopped"
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_shape_is_refused(on):
+    session = start_session(on.ip, "-i 2 -g 1")
+    run(on.ip, "", "import mpi_magic\nkept = 10 * mpi_magic.rank()\n")
+    run(on.ip, "--gather", "seen = kept + 1\n")
+    assert on.ip.user_ns["seen"] == [1, 11], "each rank's own value, kept from the cell before"
+    with pytest.raises(UsageError, match=r"^this cell asks for --gpus 2, but session \S+ runs "):
+        run(on.ip, "-g 2", "x = 1\n")
+    on.ip.run_line_magic("mpirun_session", "stop")
+    assert session.status == "stopped" and on.gone(session)
+
+
+def test_an_idle_session_ends_itself_after_max_idle(on):
+    session = start_session(on.ip, "-i 1 -g 2 --max-idle 2")
+    assert wait_until(lambda: session.status == "stopped", 60)
+    assert "idle for 2s (--max-idle)" in session.ended_reason and on.gone(session)
