@@ -128,24 +128,6 @@ def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], 30)
 
 
-def test_timeout_stops_a_running_job_and_the_stall_roll_call_names_each_ranks_line(slurm, slurm_cluster):
-    slurm.run_line_magic("mpirun_config", "stall_after=2")
-    with pytest.raises(JobTimeoutError):
-        run(slurm, "--backend slurm -i 2 -g 2 --timeout 10 --out job", textwrap.dedent("""\
-            import time, mpi_magic
-            from mpi4py import MPI
-            if mpi_magic.rank() == 2:
-                time.sleep(300)
-            MPI.COMM_WORLD.allreduce(1)  # (mpi4py holds the GIL there: the ranks answer when asked the second way)
-            """))
-    job = slurm.user_ns["job"]
-    # (lines as the cell shows them, the magic's line first)
-    assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in allreduce; rank 2 at cell line 5 in sleep"
-    assert job.model.time_left() is None  # (it has ended)
-    assert job.status == "stopped"
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, job.name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
-
-
 @pytest.mark.parametrize("line", ["", "--slurm-args --requeue"])
 def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(slurm, slurm_cluster, line):
     """Slurm ends the job (NODE_FAIL) as its node goes down; left to itself it would requeue the job
