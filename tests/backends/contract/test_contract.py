@@ -129,6 +129,22 @@ def test_a_stall_names_where_each_rank_waits(on):
     assert on.gone(job)
 
 
+def test_timeout_stops_every_rank_and_says_so(on):
+    with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
+        run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
+    job = on.ip.user_ns["job"]
+    assert job.status == "stopped" and on.gone(job)
+
+
+def test_ctrl_c_stops_the_job_the_way_the_backend_says(on, capsys):
+    with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
+        run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
+    job = on.ip.user_ns["job"]
+    assert job.status == "stopped" and on.gone(job)
+    stopping = [line for line in capsys.readouterr().err.splitlines() if "interrupted: stopping job" in line]
+    assert stopping and on.stop_description in stopping[0], "the sentence says how it is stopped"
+
+
 # -- sessions ------------------------------------------------------------------------------------
 
 def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_shape_is_refused(on):
