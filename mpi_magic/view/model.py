@@ -200,13 +200,16 @@ class JobModel:
         return min(times, default=None)
 
     def fold(self, event: events.Event) -> None:
-        """Take in one event: its handler (``_HANDLERS``, one per event type) changes the state, and
-        says whether a view has something new to draw."""
+        """Take in one event: the handler of its type (``_HANDLERS``) changes the state, and says
+        whether a view has something new to draw."""
         if self.recorder is not None:
             self.recorder(event)
-        handler = _HANDLERS.get(type(event))
-        if handler is not None and handler(self, event) is not False:
-            self.version += 1
+        for kind in type(event).__mro__:  # (an event of a subclass is one of its base: CellEnded, LauncherExited)
+            handler = _HANDLERS.get(kind)
+            if handler is not None:
+                if handler(self, event) is not False:
+                    self.version += 1
+                return
 
     def _progress(self, event: events.Progress) -> bool | None:  # the most frequent event: kept short
         if not 0 <= event.rank < self.world_size:

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from mpi_magic.shared.events import (LauncherExited, Output, Phase, Progress, RankFinished, RankStarted, Resources,
+from mpi_magic.shared.events import (CellEnded, LauncherExited, Output, Phase, Progress, RankFinished, RankStarted, Resources,
                                       Restarted, StreamDecoder, encode)
 from mpi_magic.view.model import JobModel
 from mpi_magic.view.summary import Summary
@@ -83,6 +83,20 @@ def test_model_folds_progress_duplicates_gaps_and_a_failure(world):
     assert model.ranks[3].status == "failed" and model.ranks[3].failure.error_type == "ValueError"
     assert model.progress() == pytest.approx((0.3 + 0.5) / 2)
     assert [s.rank for s in model.slowest()] == [0, 1]
+
+
+def test_a_sessions_cell_end_is_folded_as_the_launchers_exit_it_is(world):
+    """CellEnded is a LauncherExited (every rank back, the launcher running on): the ranks still
+    active end with it, as they would with the launcher (one it reports on has failed)."""
+    clock, model, view, slot, decoder = world
+    for rank in range(4):
+        model.fold(started(rank))
+    model.fold(RankFinished(rank=0, ok=True))
+    before = model.version
+    model.fold(CellEnded(0, reports={2: "exited with status 3"}))
+    assert model.exit is not None and model.version > before
+    assert [s.status for s in model.ranks] == ["completed", "stopped", "failed", "stopped"]
+    assert model.ranks[2].failure.message == "exited with status 3"
 
 
 def test_widgets_show_rows_by_instance_with_values_and_styles(world):
