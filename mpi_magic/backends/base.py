@@ -179,6 +179,11 @@ class SessionRanks(Protocol):
     def interrupt(self, pids: dict[int, int]) -> None:
         """Interrupt the cell on the given ranks ({rank: pid})."""
 
+    def request_stacks(self) -> bool:
+        """Ask every rank for its stack through the ranks' own channel, the answers to come as
+        ``RankStacks`` events, in a cell or between cells; False where they are asked through
+        ``stacks_dir``, or cannot be asked from the notebook."""
+
     def memory(self, pids: dict[int, int]) -> dict[int, int]:
         """{rank: resident bytes} of the given ranks, where the backend can tell (else empty)."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
+from ..shared.cell import FILENAME
 from ..shared.cost import budget_reached, dollars
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
@@ -28,12 +29,12 @@ from ..backends.base import LEAVE_WAIT, SessionRanks
 from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from . import tracking
 from .holdings import Holdings
-from .job import CELL, ask_ranks
+from .job import CELL, ask_ranks, in_cell_words
 from ..backends.registry import refused_on_session
 from ..options import ONE_OFF, LaunchOptions
 from ..shared.slurmtime import clock
 from ..view.console import ConsoleEcho
-from ..view.model import JobModel
+from ..view.model import ACTIVE, JobModel
 
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
@@ -457,14 +458,32 @@ class Session:
         """Where the ranks dump their stacks when signalled (None: the backend cannot signal them)."""
         return self._ranks.stacks_dir if self._ranks is not None else None
 
+    def request_stacks(self) -> bool:
+        """Ask the ranks for their stacks through their own channel (the answers come as events)."""
+        return self._ranks is not None and self._ranks.request_stacks()
+
     def roll_call(self, limit: float = dumps.ANSWER_LIMIT) -> dumps.Snapshot:
-        """Where the session's ranks are now, grouped ("ranks 0, 1 at cell_loop.py:88 in wait" while
-        idle); a running cell's own roll-call names the cell's lines."""
-        if self.stacks_dir is None:
+        """Where the session's ranks are now, grouped ("ranks 0, 1 waiting for a cell" while idle); a
+        running cell's own roll-call names the cell's lines. Asked through ``stacks_dir`` where the
+        notebook can signal the ranks, else through the ranks' channel (Slurm)."""
+        if self.stacks_dir is not None:
+            return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit), CELL, [])
+        asked_at = self.clock()
+        if not self.request_stacks():
             raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "from this notebook (that works for local sessions); they give them by themselves when "
-                           "a cell's ranks go quiet for stall_after seconds")
-        return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit), CELL, [])
+                           "from this notebook; they give them by themselves when a cell's ranks go quiet for "
+                           "stall_after seconds")
+        while True:  # the answers come with the ranks' other events, which the pump folds
+            with self._lock:
+                fresh = {rank: in_cell_words(frames, FILENAME)
+                         for rank, (frames, at) in self.model.reported_stacks.items() if at >= asked_at}
+                waiting = [s.rank for s in self.model.ranks if s.status in ACTIVE and s.rank not in fresh]
+            if not waiting or self.clock() - asked_at > limit:
+                break
+            time.sleep(0.05)
+        missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
+        missing.update({s.rank: f"it has {s.status}" for s in self.model.ranks if s.status not in ACTIVE})
+        return dumps.Snapshot(fresh, missing, CELL, [])
 
     @property
     def latency(self) -> float:
@@ -551,7 +570,7 @@ class SessionCell:
         return self.session.stacks_dir
 
     def request_stacks(self) -> bool:
-        return False  # a session's ranks are asked through stacks_dir, where they can be
+        return self.session.request_stacks()  # (where they are asked through stacks_dir: False)
 
     @property
     def finished(self) -> bool:

@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, run,
-                     slurm_listed, slurm_queue, wait_until)
+from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, ranks_running,
+                     run, slurm_listed, slurm_queue, wait_until)
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import JobError, JobTimeoutError
@@ -136,3 +136,18 @@ def test_a_session_tells_rank_0_this_machines_own_name_never_localhost(tmp_path,
          "from mpi_magic.backends.slurm.allocation import this_host; print(this_host())"],
         capture_output=True, text=True, timeout=60)
     assert (shown.returncode, shown.stdout, shown.stderr) == (0, f"{name}\n", "")
+
+
+def test_an_idle_sessions_ranks_and_a_running_cells_answer_where_they_are(slurm, sessions, capsys):
+    """Through Slurm (``scancel --signal``), as a one-off job's are asked: the notebook cannot signal
+    ranks on the nodes itself. In a cell, ``job.roll_call()`` is asked from another thread."""
+    slurm.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --out s")
+    session = slurm.user_ns["s"]
+    capsys.readouterr()
+    slurm.run_line_magic("mpirun_stacks", "")
+    assert capsys.readouterr().out.splitlines() == [f"session {session.name} (slurm, 2 ranks) idle",
+                                                    "  ranks 0, 1 waiting for a cell"]
+    seen = []
+    with once(lambda: ranks_running(slurm), lambda: seen.append(str(slurm.user_ns["job"].roll_call(limit=15)))):
+        run(slurm, "--quiet --out job", "import time\ntime.sleep(10)\n")  # (asked from another thread meanwhile)
+    assert seen == ["ranks 0, 1 at cell line 3 in sleep"]

@@ -382,6 +382,9 @@ class LocalSessionRanks(ChannelRanks):
     def _new_cell(self, number: int) -> None:
         self.job.new_round()
 
+    def request_stacks(self) -> bool:
+        return False  # asked through stacks_dir
+
     def interrupt(self, pids: dict[int, int]) -> None:
         """SIGINT to the given ranks ({rank: pid}): a ``KeyboardInterrupt`` in the cell's code."""
         for pid in pids.values():

@@ -256,6 +256,9 @@ class SageMakerSessionRanks:
                    f"rank 0's end record, which holds them, did not come within {RECORD_WAIT:g}s")
             raise ResultsLost(f"the results of cell {self._cell} could not be read: {why}")
 
+    def request_stacks(self) -> bool:
+        return False  # a session's leader asks its ranks when a cell goes quiet (stall_after), not when asked
+
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""
         if self._cell:

@@ -92,6 +92,10 @@ class SlurmSessionRanks(ChannelRanks):
         self._cell = number
         self.job.new_cell()
 
+    def request_stacks(self) -> bool:
+        """Through Slurm, as a one-off job's ranks are asked (``scancel --signal``), idle or in a cell."""
+        return self.job.request_stacks()
+
     def interrupt(self, pids: dict[int, int]) -> None:
         """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
         if self._cell:
