@@ -176,12 +176,15 @@ STARTING_PHASES = frozenset({"Starting", "Pending", "LaunchingMLInstances", "Pre
                              "DownloadingTrainingImage"})
 
 
+QUEUED, RUNNING = "queued", "running"  # the states of an Allocation the view reads; a scheduler's others pass as named
+
+
 @dataclass
 class Allocation:
-    """A batch scheduler's word on the job (Slurm's ``squeue``): ``state`` (PENDING, RUNNING, ...),
-    ``reason`` it waits (Priority, Resources), its estimated ``starts`` (epoch seconds) and the
-    ``time_left`` of its time limit in seconds when read (math.inf: no limit; None: unknown); ``queue``:
-    what the view calls the scheduler it waits in. Client-side."""
+    """A batch scheduler's word on the job, in no scheduler's own terms: ``state`` QUEUED (waiting for
+    its nodes: the ``reason`` why, as the scheduler words it, and its estimated ``starts``, epoch
+    seconds), RUNNING, or another the scheduler names; the ``time_left`` of its time limit in seconds
+    when read (math.inf: no limit; None: unknown); ``queue``: what the view calls the scheduler. Client-side."""
 
     state: str
     reason: str = ""

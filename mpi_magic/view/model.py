@@ -310,9 +310,9 @@ class JobModel:
 
     def _allocation(self, event: events.Allocation) -> None:
         self.allocation, self.allocation_at = event, self.clock()
-        if event.state == "PENDING" and self.phase in BEFORE_RANKS:
+        if event.state == events.QUEUED and self.phase in BEFORE_RANKS:
             self.phase = "queued"
-        elif event.state == "RUNNING" and self.phase == "queued":
+        elif event.state == events.RUNNING and self.phase == "queued":
             self.phase = "starting"
 
     def _restarted(self, event: events.Restarted) -> None:
@@ -464,7 +464,8 @@ class JobModel:
         """Seconds left of the allocation's time limit, counted down by our clock since the scheduler
         said; math.inf without a limit; None where unknown, before it runs, and after the job ended."""
         allocation = self.allocation
-        if allocation is None or allocation.state != "RUNNING" or allocation.time_left is None or self.exit is not None:
+        if allocation is None or allocation.state != events.RUNNING or allocation.time_left is None or \
+                self.exit is not None:
             return None
         return max(0.0, allocation.time_left - (self.clock() - self.allocation_at))
 

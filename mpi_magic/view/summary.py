@@ -8,6 +8,7 @@ import math
 import os
 import time
 
+from ..shared.events import QUEUED
 from ..shared.payload import size_text
 from ..shared.slurmtime import clock
 from .model import BEFORE_RANKS, JobModel, RankState
@@ -180,16 +181,16 @@ def allocation_phrase(model: JobModel) -> str:
     allocation = model.allocation
     if allocation is None or model.exit is not None:
         return ""
-    if allocation.state == "PENDING" and model.phase in BEFORE_RANKS:
-        words = [allocation.reason] if allocation.reason and allocation.reason != "None" else []
+    if allocation.state == QUEUED and model.phase in BEFORE_RANKS:
+        words = [allocation.reason] if allocation.reason else []
         if allocation.starts:
             wait = allocation.starts - time.time()
             shown = "%H:%M:%S" if wait < 12 * 3600 else "%Y-%m-%d %H:%M"  # (a later day's estimate says its date)
             words.append(f"starts about {time.strftime(shown, time.localtime(allocation.starts))}"
                          + (f" (in {duration(wait)})" if wait > 0 else ""))
         return f"{allocation.queue}: " + (", ".join(words) or "pending")
-    if allocation.state == "PENDING":
-        return ""  # its ranks started since squeue said so
+    if allocation.state == QUEUED:
+        return ""  # its ranks started since the scheduler said so
     left = model.time_left()
     if left is None:
         return ""

@@ -639,7 +639,7 @@ def test_the_text_view_names_the_rank_with_the_most_memory():
 def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_left_counts_down():
     import time
 
-    from mpi_magic.shared.events import Allocation, LauncherExited
+    from mpi_magic.shared.events import QUEUED, RUNNING, Allocation, LauncherExited
     from mpi_magic.view.summary import headline
 
     clock = Clock()
@@ -647,14 +647,14 @@ def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_lef
     view = WidgetView(model, lambda: "", Slot())
     model.fold(Phase("starting"))
     in_two_days = time.time() + 2 * 86400
-    model.fold(Allocation("PENDING", "Priority", in_two_days, queue="Slurm"))
+    model.fold(Allocation(QUEUED, "Priority", in_two_days, queue="Slurm"))
     assert model.phase == "queued" and model.waiting(threshold=0) is None  # nobody waits for another rank yet
     assert f"Slurm: Priority, starts about {time.strftime('%Y-%m-%d %H:%M', time.localtime(in_two_days))} (in 47h59m)" \
         in headline(model)  # (a later day's estimate says its date)
     clock.now += 2  # (a dashboard shows from a job's second second)
     view.update()
     assert [row.numbers.value for row in view.rows] == ["queued", "queued"], "not 'starting' while Slurm holds them"
-    model.fold(Allocation("RUNNING", "None", None, 300.0))
+    model.fold(Allocation(RUNNING, "", None, 300.0))
     assert model.phase == "starting" and "time left 5:00" in headline(model)
     clock.now += 1  # (the next redraw)
     view.update()
@@ -669,12 +669,11 @@ def test_the_schedulers_word_shows_in_the_headline_while_queued_and_the_time_lef
 def test_a_job_without_a_time_limit_says_so_rather_than_counting_down_slurms_year():
     """squeue's figures for a job on a partition with MaxTime=INFINITE and no --time: a year, counting down."""
     from mpi_magic.backends.slurm.queue import parse
-    from mpi_magic.shared.events import Allocation
     from mpi_magic.view.summary import headline
 
     model = JobModel("j", "slurm", 2, 1, Clock())
     (running,) = parse("9|RUNNING|None|2026-12-05T18:40:00|365-00:00:00|364-23:59:52|n[1-2]\n").values()
-    model.fold(Allocation(running.state, running.reason, running.starts, running.time_left))
+    model.fold(running.allocation())
     assert "no time limit" in headline(model) and "time left" not in headline(model), headline(model)
 
 

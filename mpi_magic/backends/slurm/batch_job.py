@@ -213,7 +213,7 @@ class SlurmJob:
         if state != self._state:
             self._state = state
             with self._allocation_lock:
-                self._allocation = Allocation(state.state, state.reason, state.starts, state.time_left, "Slurm")
+                self._allocation = state.allocation()
         if state.ended:
             self._ended = state
         elif state.state in REQUEUED_STATES and had_run:  # requeued (a node failed): the run is over, the job cancelled

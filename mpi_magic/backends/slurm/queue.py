@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ...shared.events import QUEUED, RUNNING, Allocation
 from ...shared.slurmtime import seconds
 from . import commands
 
@@ -39,6 +40,11 @@ class JobState:
     @property
     def ended(self) -> bool:
         return self.state in ENDED
+
+    def allocation(self) -> Allocation:
+        """squeue's word in the view's terms (PENDING is queued, RUNNING running; Slurm's reason "None" none)."""
+        state = {"PENDING": QUEUED, "RUNNING": RUNNING}.get(self.state, self.state.lower())
+        return Allocation(state, "" if self.reason == "None" else self.reason, self.starts, self.time_left, "Slurm")
 
 
 def parse(text: str) -> dict[str, JobState]:
