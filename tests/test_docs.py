@@ -369,7 +369,7 @@ def _not_open_mpi(trial: Trial) -> str:
 def _slurm_time_limit(trial: Trial) -> str:
     """A job Slurm ended at its time limit, as the notebook folds it (a real one takes its minute and
     more: tests/backends/test_slurm_time_limit.py)."""
-    from mpi_magic.backends.slurm.batch_job import ENDED_BY_SLURM
+    from mpi_magic.backends.slurm.backend import ENDED_BY_SLURM
     from mpi_magic.shared import events
     from mpi_magic.view.model import JobModel
 

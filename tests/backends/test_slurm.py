@@ -179,7 +179,7 @@ def test_ranks_asked_for_their_stacks_while_slurmctld_does_not_answer_still_end_
 def _followed(cluster, folder, *sbatch_args: str, watcher=None):
     """A batch job of ``sbatch_args`` followed as a cell's job is (its folder ``folder``), once squeue
     says it runs: its id, and the ``SlurmJob``."""
-    from mpi_magic.backends.slurm.batch_job import SlurmJob
+    from mpi_magic.backends.slurm.backend import SlurmJob
     from mpi_magic.backends.slurm.queue import WATCHER
     from mpi_magic.shared import wire
     from mpi_magic.shared.events import StreamDecoder
@@ -230,10 +230,10 @@ def test_a_stopped_job_whose_cancel_slurmctld_does_not_answer_is_cancelled_all_t
                                                                                          monkeypatch):
     """Its processes ignore the SIGINT of a stop, and slurmctld does not answer the cancel when the
     grace after it is over (stopped): no thread dies of it, and the job is cancelled once it answers."""
-    from mpi_magic.backends.slurm import batch_job
+    from mpi_magic.backends.slurm import backend
 
     monkeypatch.setattr(commands, "CALL_LIMIT", 1.0)
-    monkeypatch.setattr(batch_job, "INTERRUPT_GRACE", 1.0)
+    monkeypatch.setattr(backend, "INTERRUPT_GRACE", 1.0)
     controller = _controller(slurm_cluster)
     job_id, job = _followed(slurm_cluster, tmp_path, "--wrap", "trap '' INT; sleep 300")
     try:
@@ -404,7 +404,7 @@ def test_the_clusters_words_read_as_they_are_written():
 
 
 def test_a_node_failure_names_each_node_down_with_slurms_reason():
-    from mpi_magic.backends.slurm.batch_job import node_failure
+    from mpi_magic.backends.slurm.backend import node_failure
 
     assert node_failure({"n2": "Not responding", "n3": "Not responding"}) == (
         "nodes n2, n3 of the job failed (NODE_FAIL; Slurm's reason: Not responding)")
@@ -417,7 +417,7 @@ def test_the_nodes_whose_daemon_mpirun_lost_are_named_from_its_own_words():
     """As Open MPI 5's mpirun says it (and Open MPI 4's, ORTE's), for each node it lost (tests/backends/
     test_slurm_faults.py loses one for real)."""
     from mpi_magic.backends.launcher import lost_hosts
-    from mpi_magic.backends.slurm.batch_job import lost_nodes
+    from mpi_magic.backends.slurm.backend import lost_nodes
 
     def said(runtime: str, daemon: str, node: str) -> str:
         return (f"{runtime} has lost communication with a remote daemon.\n\n  HNP daemon   : {daemon}0] on node n1\n"

@@ -21,11 +21,11 @@ from ...shared import envvars, jobdir, procs, wire
 from ...shared.layout import RESULTS
 from ...shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
 from ...options import Config, LaunchOptions
-from ..channel_ranks import ChannelRanks
 from ..scratch import ScratchFolder
 
 if TYPE_CHECKING:
-    from ..base import BackendJob, SessionBackend, SessionRanks
+    from ..base import BackendJob, SessionBackend
+    from .session_ranks import LocalSessionRanks
 
 # Seconds each signal gets to work before the next, harder one is sent (SIGINT, SIGTERM, SIGKILL).
 STOP_WAITS = (2.0, 2.0, 2.0)
@@ -70,11 +70,12 @@ class LocalBackend:
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> "LocalJob":
         return self._launch(job_name, self.command(job_dir, digest), options, {}, _stacks_folder(job_dir))
 
-    def start_session(self, name: str, options: LaunchOptions, config: Config | None = None) -> "LocalSessionRanks":
+    def start_session(self, name: str, options: LaunchOptions, config: Config | None = None) -> LocalSessionRanks:
         """Start ranks that wait for cells; the channel to rank 0 is a Unix socket only this user reaches."""
         import secrets
 
         from ...shared.channel import SocketChannel
+        from .session_ranks import LocalSessionRanks
 
         secret = secrets.token_hex(16)
         folder = ScratchFolder("session")
@@ -358,65 +359,6 @@ class LocalJob:
         return procs.job_processes(self.pid, self.name, self.started)
 
 
-class LocalSessionRanks(ChannelRanks):
-    """A session's mpirun, and the channel to its rank 0."""
-
-    stop_description = "SIGINT to every rank"
-    job_name = None
-    latency = 0.0
-    released = None  # local ranks end with the notebook: no other notebook takes them over
-    start_limit = 300.0
-
-    job: LocalJob
-
-    def __init__(self, job: LocalJob, cells, folder: ScratchFolder):
-        super().__init__(job, cells)
-        self.folder = folder
-        self.name, self.pid, self.started = job.name, job.pid, job.started
-        self.stacks_dir = job.stacks_dir
-
-    @property
-    def launcher(self) -> tuple[int, float]:
-        return self.job.launcher
-
-    def _new_cell(self, number: int) -> None:
-        self.job.new_round()
-
-    def request_stacks(self) -> bool:
-        return False  # asked through stacks_dir
-
-    def interrupt(self, pids: dict[int, int]) -> None:
-        """SIGINT to the given ranks ({rank: pid}): a ``KeyboardInterrupt`` in the cell's code."""
-        for pid in pids.values():
-            try:
-                os.kill(pid, signal.SIGINT)
-            except OSError:
-                pass
-
-    def memory(self, pids: dict[int, int]) -> dict[int, int]:
-        resident = {}
-        for rank, pid in pids.items():
-            try:
-                resident[rank] = psutil.Process(pid).memory_info().rss
-            except psutil.Error:
-                pass
-        return resident
-
-    def facts(self) -> list[str]:
-        return []
-
-    def let_go(self, reason: str) -> None:
-        """Local ranks cannot outlive the notebook's hold on them: they are stopped."""
-        self.stop(wait=False)
-
-    def stop(self, wait: bool = True) -> None:
-        """Every rank, mpirun and what they started, stopped; the channel closed (at once: ``wait`` changes nothing)."""
-        self.cells.close()
-        if not self.job.finished:
-            self.job.cancel()
-        self.folder.remove()
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -446,12 +388,10 @@ def _die_with_parent() -> None:
     procs.die_with_parent(signal.SIGTERM)
 
 
-if TYPE_CHECKING:  # read by the type checker only: these are a SessionBackend, its BackendJob and SessionRanks
+if TYPE_CHECKING:  # read by the type checker only: these are a SessionBackend and its BackendJob
     def _is_backend(backend: LocalBackend) -> SessionBackend:
         return backend
 
     def _is_backend_job(job: LocalJob) -> BackendJob:
         return job
 
-    def _is_session_ranks(ranks: LocalSessionRanks) -> SessionRanks:
-        return ranks

@@ -15,7 +15,7 @@ from ..base import Declaration
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
-    from .batch_job import SlurmBackend
+    from .backend import SlurmBackend
 
 IDLE_DEFAULT = 1800.0  # seconds an allocation may sit without a cell, unless --max-idle says
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^UNLIMITED$|^INFINITE$", re.IGNORECASE)
@@ -70,7 +70,7 @@ def _default_gpus(settings: dict) -> int:
 
 
 def _make(config: Config, options: LaunchOptions) -> SlurmBackend:
-    from .batch_job import SlurmBackend
+    from .backend import SlurmBackend
 
     return SlurmBackend(config, options)
 

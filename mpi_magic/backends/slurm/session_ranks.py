@@ -26,7 +26,7 @@ from ..channel_ranks import ChannelRanks
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
     from ..base import SessionRanks
-    from .batch_job import SlurmBackend, SlurmJob
+    from .backend import SlurmBackend, SlurmJob
 
 START_LIMIT = 1800.0  # seconds from submitting until every rank is up: the queue wait included
 CANCEL_WAIT = 30.0  # seconds a stop waits for Slurm to end the job it cancelled

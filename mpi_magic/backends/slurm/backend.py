@@ -31,7 +31,7 @@ from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
     from ..base import BackendJob, SessionBackend
-    from .allocation import SlurmSessionRanks
+    from .session_ranks import SlurmSessionRanks
 
 # seconds between looks at the launcher's files: while output flows (or is due: a session's cell was just
 # sent), and at most while they are quiet, the wait doubling in between (each look reads two open files)
@@ -150,8 +150,8 @@ class SlurmBackend:
         return self._submit(job_dir, job_name, launchers.runtime_command(job_dir, digest), options, {})
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
-        """One allocation whose ranks wait for cells from this notebook's channel (``allocation.py``)."""
-        from .allocation import start
+        """One allocation whose ranks wait for cells from this notebook's channel (``session_ranks.py``)."""
+        from .session_ranks import start
 
         return start(self, name, options, config)
 
@@ -277,6 +277,8 @@ class SlurmJob:
         decoded = self._decoder.feed_lines(lines, stream)
         for event in decoded:
             if isinstance(event, RankStarted):
+                if not self._started and (self._state is None or self._state.state == "PENDING"):
+                    self._watcher.hurry()  # squeue's word is older than the ranks: what it says now is shown
                 self._started.add(event.rank)
                 self._hosts.add(event.host)
             elif isinstance(event, RankStacks):
