@@ -102,6 +102,12 @@ SESSION_OPTIONS = [
 
 def options(session: bool = False) -> list[Option]:
     """The options of %%mpirun_remote (``session``: of %mpirun_session start), in the order --help lists them."""
+    return list(_every_option(_generation, session))
+
+
+@functools.lru_cache(maxsize=4)
+def _every_option(generation: int, session: bool) -> tuple[Option, ...]:
+    """``options(session)`` as the list is in ``generation`` (made once for each)."""
     largest = ", ".join(f"{d.max_ranks} on {d.name}" for d in _DECLARED.values())
     shape = [dataclasses.replace(o, declaration={**o.declaration, "help": o.declaration["help"] +
                                                  f" World size is instances x gpus: at most {largest}."})
@@ -110,7 +116,7 @@ def options(session: bool = False) -> list[Option]:
                      help="Where the ranks run: " + ", ".join(f"{d.name} ({d.about})" for d in _DECLARED.values()) +
                           f"; default {DEFAULT_BACKEND}.")
     own = [o for d in _DECLARED.values() for o in d.options]
-    return shape + [backend] + COMMON_OPTIONS[2:] + own + (SESSION_OPTIONS if session else [])
+    return tuple(shape + [backend] + COMMON_OPTIONS[2:] + own + (SESSION_OPTIONS if session else []))
 
 
 def flag_of(dest: str) -> str:
