@@ -299,6 +299,7 @@ def test_ranks_out_of_phase_in_a_real_job_are_not_named(ip, capsys):
         "from tqdm import tqdm\n"
         "import time\n"
         "comm = MPI.COMM_WORLD\n"
+        "comm.Barrier()   # (however late each rank's process started)\n"
         "time.sleep(0.5 * comm.rank)   # each rank starts its loop later than the one before\n"
         "bar = tqdm(total=100 - 20 * (comm.rank % 2))   # odd ranks have 20 steps fewer\n"
         "for step in range(bar.total):\n"
