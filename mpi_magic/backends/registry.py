@@ -53,8 +53,7 @@ def declared() -> list[Declaration]:
 
 def declaration(name: str) -> Declaration:
     if name not in _DECLARED:
-        names = list(_DECLARED)
-        raise BackendNotAvailable(f"there is no {name!r} backend; use {', '.join(names[:-1])} or {names[-1]}")
+        raise BackendNotAvailable(f"there is no {name!r} backend; use one of {', '.join(_DECLARED)}")
     return _DECLARED[name]
 
 

@@ -66,7 +66,7 @@ def export(job: Job, namespace: Mapping[str, Any], folder: str, config: Config,
     shape["env"] = sorted(options.env)  # names only: the values (tokens, keys) come from where it runs
     copied = {}  # the files the backend's settings name, copied: run.sh runs from any working directory
     for setting, original in _files(options).items():
-        copied[setting] = kept_as(setting, original)
+        copied[setting] = _kept_as(setting, original)
         shape["settings"][setting] = copied[setting]
         try:
             shutil.copyfile(original, os.path.join(folder, copied[setting]))
@@ -120,7 +120,7 @@ def readme(job: Job, options: LaunchOptions) -> str:
     env = (f"\nThe cell ran with `--env` {', '.join(f'`{name}`' for name in sorted(options.env))}: the export keeps "
            "their names, not their values, which `run.sh` takes from the environment it runs in (it names any that "
            "is missing and starts nothing).\n" if options.env else "")
-    files = "".join(f"- `{kept_as(setting, original)}`: the file the cell's `{registry.flag_of(setting)}` named.\n"
+    files = "".join(f"- `{_kept_as(setting, original)}`: the file the cell's `{registry.flag_of(setting)}` named.\n"
                     for setting, original in _files(options).items())
     return f"""# {job.name}, exported
 
@@ -161,7 +161,7 @@ def _files(options: LaunchOptions) -> dict[str, str]:
             if options.settings.get(setting)}
 
 
-def kept_as(setting: str, original: str) -> str:
+def _kept_as(setting: str, original: str) -> str:
     """The name of a setting's file in the export: ``requirements.txt`` for --requirements a/reqs.txt."""
     return setting + os.path.splitext(original)[1]
 

@@ -274,18 +274,8 @@ class Job:
         if not self._request_stacks():
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
                            "from this notebook")
-        limit = CHANNEL_ANSWER_LIMIT if limit is None else limit
-        while True:  # the answers come with the job's other events, which a thread follows (--async)
-            reported = dict(self.model.reported_stacks)  # a copy: that thread adds to it meanwhile
-            fresh = {rank: frames for rank, (frames, arrived) in reported.items() if arrived >= asked_at}
-            waiting = [s.rank for s in self.ranks if s.status in ACTIVE and s.rank not in fresh]
-            if not waiting or self._clock() - asked_at > limit:
-                break
-            time.sleep(0.1)
-        found = {rank: in_cell_words(frames, self._cell_file) for rank, frames in fresh.items()}
-        missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
-        missing.update({s.rank: f"it has {s.status}" for s in self.ranks if s.status not in ACTIVE})
-        return found, missing
+        return reported_answers(self.model, asked_at, CHANNEL_ANSWER_LIMIT if limit is None else limit, self._clock,
+                                self._cell_file)
 
     def take_reported_roll_call(self) -> None:
         """Fold the roll-call made of the stacks that came through the log since the last one
@@ -382,6 +372,24 @@ def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float,
     missing.update({s.rank: "it has not reported its process yet" for s in active if not s.pid})
     missing.update({s.rank: f"it has {s.status}" for s in ranks if s.status not in ACTIVE})
     return {rank: in_cell_words(frames, cell_file) for rank, frames in found.items()}, missing
+
+
+def reported_answers(model: JobModel, asked_at: float, limit: float, clock: Callable[[], float],
+                     cell_file: str = cell.FILENAME) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+    """What ``ask_ranks`` gives, for ranks asked through their own channel: the stacks they sent as
+    events since ``asked_at`` (waiting up to ``limit`` seconds for every running rank's), and why each
+    other rank gave none. The answers come with the ranks' other events, which another thread folds."""
+    while True:
+        reported = dict(model.reported_stacks)  # a copy: that thread adds to it meanwhile
+        fresh = {rank: frames for rank, (frames, arrived) in reported.items() if arrived >= asked_at}
+        waiting = [s.rank for s in model.ranks if s.status in ACTIVE and s.rank not in fresh]
+        if not waiting or clock() - asked_at > limit:
+            break
+        time.sleep(0.05)
+    found = {rank: in_cell_words(frames, cell_file) for rank, frames in fresh.items()}
+    missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
+    missing.update({s.rank: f"it has {s.status}" for s in model.ranks if s.status not in ACTIVE})
+    return found, missing
 
 
 def in_cell_words(frames, cell_file: str) -> list[dumps.Frame]:

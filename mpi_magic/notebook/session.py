@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..shared import events, jobdir
-from ..shared.cell import FILENAME
 from ..shared.cost import budget_reached, dollars
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
@@ -29,12 +28,12 @@ from ..backends.base import LEAVE_WAIT, SessionRanks
 from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from . import tracking
 from .holdings import Holdings
-from .job import CELL, ask_ranks, in_cell_words
+from .job import CELL, ask_ranks, reported_answers
 from ..backends.registry import refused_on_session
 from ..options import ONE_OFF, LaunchOptions
 from ..shared.slurmtime import clock
 from ..view.console import ConsoleEcho
-from ..view.model import ACTIVE, JobModel
+from ..view.model import JobModel
 
 QUEUE_SIZE = 10_000
 MAX_BATCH = 2_000
@@ -473,17 +472,7 @@ class Session:
             raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks "
                            "from this notebook; they give them by themselves when a cell's ranks go quiet for "
                            "stall_after seconds")
-        while True:  # the answers come with the ranks' other events, which the pump folds
-            with self._lock:
-                fresh = {rank: in_cell_words(frames, FILENAME)
-                         for rank, (frames, at) in self.model.reported_stacks.items() if at >= asked_at}
-                waiting = [s.rank for s in self.model.ranks if s.status in ACTIVE and s.rank not in fresh]
-            if not waiting or self.clock() - asked_at > limit:
-                break
-            time.sleep(0.05)
-        missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
-        missing.update({s.rank: f"it has {s.status}" for s in self.model.ranks if s.status not in ACTIVE})
-        return dumps.Snapshot(fresh, missing, CELL, [])
+        return dumps.Snapshot(*reported_answers(self.model, asked_at, limit, self.clock), CELL, [])
 
     @property
     def latency(self) -> float:
