@@ -26,7 +26,7 @@ def test_without_chromium_the_browser_tests_are_skipped_saying_what_to_install(t
                           *browser_tests], cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True,
                          timeout=100)
     summary = run.stdout.strip().splitlines()[-1]
-    assert run.returncode == 0 and re.fullmatch(r"=+ \d+ skipped in [\d.]+s =+", summary), run.stdout + run.stderr
+    assert run.returncode == 0 and re.fullmatch(r"=+ \d+ skipped in [\d.]+s( \(\d+:\d\d:\d\d\))? =+", summary), run.stdout + run.stderr
     reasons = {line.split(": ", 1)[1] for line in run.stdout.splitlines() if line.startswith("SKIPPED")}
     assert reasons == {f"the browser tests need Chromium at {tmp_path / 'chromium'}: apt-get install chromium "
                        "(./dev.sh test installs it, as root)"}

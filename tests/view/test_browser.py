@@ -18,7 +18,11 @@ from browser import (QUICKSTART, ROWS_JS, THEME_COLOUR_JS, browser_page, open_no
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
+# rank 2 gives up once the test has picked its pane (the file GIVE_UP exists): on a loaded machine the job could
+# otherwise end, and its dashboard give way to the summary, before the browser has drawn the rows
+GIVE_UP = "give-up"
 FAILING_CELL = """%%mpirun_remote --instances 2 --gpus 2
+import os
 import time
 import mpi_magic
 from mpi4py import MPI
@@ -26,6 +30,8 @@ from mpi4py import MPI
 for step in mpi_magic.progress(range(40), desc='steps'):
     time.sleep(0.1)
     if MPI.COMM_WORLD.rank == 2 and step == 15:
+        while not os.path.exists('give-up'):
+            time.sleep(0.1)
         print('rank 2 is about to give up')
         raise ValueError('rank 2 gave up')
 MPI.COMM_WORLD.barrier()
@@ -112,6 +118,7 @@ def test_a_failing_rank_is_red_its_pane_and_the_summary_show_its_traceback(jupyt
         run_all(page)
         wait_rows(page, 5)
         page.locator(".mpi-magic-dashboard select").select_option("rank 2")  # while the kernel is busy
+        open(os.path.join(server.root, GIVE_UP), "w").close()
         page.wait_for_function("() => window.mpiMagicSeen.pane", timeout=60_000)
         shoot(page, screenshots, "failing-running")
         page.wait_for_selector(".mpi-magic-summary", timeout=60_000)
