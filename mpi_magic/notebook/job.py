@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import JobError
+from ..errors import JobError, MpiMagicError
 from ..options import Config, LaunchOptions
 from ..shared import cell, events, jobdir, procs
 from ..shared import stacks as dumps
@@ -54,6 +54,7 @@ class Job:
         self._cancel: Callable[[], None] | None = None
         self._stacks_dir: str | None = None
         self._request_stacks: Callable[[], bool] = lambda: False  # (a job not started: asked nothing)
+        self._stall_asked_for: float | None = None  # the quiet spell (``model.last_activity``) the ranks were asked in
         self._cell_lines: list[str] = []
         self._cell_file = cell.FILENAME
         self._clock = clock
@@ -242,11 +243,25 @@ class Job:
             raise self.error
 
     @property
-    def can_roll_call(self) -> bool:
-        """True where the notebook signals the ranks itself (local jobs and sessions), so it takes the
-        roll-call at a stall and on Ctrl-C; a SageMaker job's leader takes it at a stall, and
-        ``stacks()`` asks through S3."""
+    def signals_ranks(self) -> bool:
+        """True where the notebook signals the ranks itself (``stacks_dir``: they run on this machine),
+        so their answers are read at once; elsewhere they are asked through the job's own channel
+        (Slurm, S3) and answer with events."""
         return self._stacks_dir is not None
+
+    def stall_roll_call(self) -> None:
+        """The ranks went quiet (``model.stall_needs_roll_call``): the roll-call, taken now where the
+        notebook signals them; elsewhere they are asked once per quiet spell, and the roll-call is made
+        of their answers as these come (``take_reported_roll_call``). One that cannot be taken says why."""
+        model = self.model
+        if self.signals_ranks:
+            self.roll_call(stall=True)
+        elif self._stall_asked_for != model.last_activity:
+            self._stall_asked_for = model.last_activity
+            try:
+                self._request_stacks()
+            except MpiMagicError as exc:  # (the scheduler or S3 did not take the request: asked at the next stall)
+                model.fold(events.RollCall(f"not taken ({exc})", stall=True))
 
     def stacks(self, limit: float | None = None) -> dict[int, list[dumps.Frame]]:
         """Where every rank is now: {rank: [(filename, line, function), ...]}, innermost last, the
@@ -256,14 +271,18 @@ class Job:
         through a SageMaker job's log) is left out; ``roll_call()`` says why."""
         return self._ask(limit)[0]
 
-    def roll_call(self, limit: float | None = None, stall: bool = False) -> dumps.Snapshot:
+    def roll_call(self, limit: float | None = None, stall: bool = False,
+                  pump: Callable[[], None] | None = None) -> dumps.Snapshot:
         """Where every rank is now, which prints as the roll-call ("ranks 0, 1, 3 at cell line 7 in
-        allreduce; rank 2 at cell line 12 in recv") and shows in the dashboard and the summary."""
-        snapshot = dumps.Snapshot(*self._ask(limit), CELL, self._cell_lines)
+        allreduce; rank 2 at cell line 12 in recv") and shows in the dashboard and the summary.
+        ``pump`` folds the job's next events: given by the thread that follows the job, which would
+        otherwise wait for answers only it brings in."""
+        snapshot = dumps.Snapshot(*self._ask(limit, pump), CELL, self._cell_lines)
         self.model.fold(events.RollCall(str(snapshot), stall))
         return snapshot
 
-    def _ask(self, limit: float | None) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+    def _ask(self, limit: float | None, pump: Callable[[], None] | None = None
+             ) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
         if self.reopened:
             raise JobError(f"job {self.name} was reopened after it ended ({self.status}): its ranks are gone, so they "
                            "cannot be asked where they are; its summary shows the last roll-call taken")
@@ -273,9 +292,9 @@ class Job:
         asked_at = self._clock()
         if not self._request_stacks():
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "from this notebook")
+                           "now: none has started yet")
         return reported_answers(self.model, asked_at, CHANNEL_ANSWER_LIMIT if limit is None else limit, self._clock,
-                                self._cell_file)
+                                self._cell_file, pump)
 
     def take_reported_roll_call(self) -> None:
         """Fold the roll-call made of the stacks that came through the log since the last one
@@ -375,17 +394,22 @@ def ask_ranks(stacks_dir: str, ranks: list[RankState], limit: float,
 
 
 def reported_answers(model: JobModel, asked_at: float, limit: float, clock: Callable[[], float],
-                     cell_file: str = cell.FILENAME) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
+                     cell_file: str = cell.FILENAME, pump: Callable[[], None] | None = None
+                     ) -> tuple[dict[int, list[dumps.Frame]], dict[int, str]]:
     """What ``ask_ranks`` gives, for ranks asked through their own channel: the stacks they sent as
     events since ``asked_at`` (waiting up to ``limit`` seconds for every running rank's), and why each
-    other rank gave none. The answers come with the ranks' other events, which another thread folds."""
+    other rank gave none. The answers come with the ranks' other events, which ``pump`` folds, else
+    the thread that follows the job."""
     while True:
         reported = dict(model.reported_stacks)  # a copy: that thread adds to it meanwhile
         fresh = {rank: frames for rank, (frames, arrived) in reported.items() if arrived >= asked_at}
         waiting = [s.rank for s in model.ranks if s.status in ACTIVE and s.rank not in fresh]
         if not waiting or clock() - asked_at > limit:
             break
-        time.sleep(0.05)
+        if pump is None:
+            time.sleep(0.05)
+        else:
+            pump()
     found = {rank: in_cell_words(frames, cell_file) for rank, frames in fresh.items()}
     missing = {rank: f"it did not answer within {limit:g}s" for rank in waiting}
     missing.update({s.rank: f"it has {s.status}" for s in model.ranks if s.status not in ACTIVE})

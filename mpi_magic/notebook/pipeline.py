@@ -23,10 +23,9 @@ from IPython.core.error import UsageError
 
 from ..backends import registry
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
-from ..errors import JobError, JobTimeoutError, PayloadError, RemoteRankError, ResultsLost
+from ..errors import JobError, JobTimeoutError, MpiMagicError, PayloadError, RemoteRankError, ResultsLost
 from ..options import Config, LaunchOptions
 from ..shared import cell, jobdir, payload
-from ..shared import stacks
 from ..shared.cost import budget_reached, dollars
 from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
@@ -41,6 +40,7 @@ from .session import Session, SessionCell
 STOP_LIMIT = 600.0  # seconds to wait for a stopped job to end (a cloud job takes minutes)
 POLL_SECONDS = 0.1  # longest wait for the backend's next events before the view is redrawn
 INTERRUPT_ROLL_CALL = 2.0  # seconds the ranks get to give their stacks when a cell is interrupted
+INTERRUPT_ASKED_ROLL_CALL = 10.0  # the same, for ranks asked through their job's channel (Slurm, S3 and a log)
 
 
 @dataclass
@@ -497,9 +497,9 @@ class Follower:
         except BaseException as exc:
             raised = exc
             if not backend_job.finished:
-                if isinstance(exc, KeyboardInterrupt) and job.can_roll_call:
+                if isinstance(exc, KeyboardInterrupt):
                     try:
-                        where = self._roll_call(limit=INTERRUPT_ROLL_CALL)
+                        where = self._interrupt_roll_call()
                     except KeyboardInterrupt:  # a second interrupt: stop without it
                         where = ""
                     if where:
@@ -542,8 +542,8 @@ class Follower:
             for event in backend_job.poll(POLL_SECONDS):
                 self.show(event)
             job.take_reported_roll_call()
-            if job.can_roll_call and job.model.stall_needs_roll_call():
-                self._roll_call(stall=True)
+            if job.model.stall_needs_roll_call():
+                self._stall_roll_call()
             self.tick()
             now = clock()
             if deadline is not None and now > deadline and not backend_job.finished:
@@ -589,14 +589,37 @@ class Follower:
             except Exception:  # noqa: BLE001 - the cell's own error matters more than its debugging aid
                 pass
 
-    def _roll_call(self, limit: float = stacks.ANSWER_LIMIT, stall: bool = False) -> str:
-        """Where every rank is now, folded into the model for the views ("" if it could not be
-        taken, as when the job folder has gone)."""
+    def _stall_roll_call(self) -> None:
         try:
-            return str(self.job.roll_call(limit, stall=stall))
+            self.job.stall_roll_call()
+        except OSError as exc:  # (the job folder has gone)
+            self.job.model.fold(RollCall(f"not taken ({type(exc).__name__})", stall=True))
+
+    def _interrupt_roll_call(self) -> str:
+        """Where every rank was when the cell was interrupted, folded into the model for the views:
+        read at once where the notebook signals the ranks, else from their answers through the job's
+        channel, for which the job's events go on being shown ("" if it could not be taken: the folder
+        has gone, no rank has started yet, the scheduler or S3 did not take the request)."""
+        job, backend_job = self.job, self.backend_job
+        if job.signals_ranks:
+            limit, pump = INTERRUPT_ROLL_CALL, None
+        else:
+            limit, waited = INTERRUPT_ASKED_ROLL_CALL, []
+
+            def pump() -> None:  # (called once the ranks were asked, while answers are missing)
+                if not waited:
+                    waited.append(True)
+                    self._say(f"asking the ranks of job {job.name} where they are (up to {limit:g}s; interrupt "
+                              "again to stop at once)")
+                for event in backend_job.poll(0.05):
+                    self.show(event)
+        try:
+            return str(job.roll_call(limit, pump=pump))
         except OSError as exc:
-            self.job.model.fold(RollCall(f"not taken ({type(exc).__name__})", stall))
-            return ""
+            job.model.fold(RollCall(f"not taken ({type(exc).__name__})", False))
+        except MpiMagicError:
+            pass
+        return ""
 
     def _stop(self, reason: str) -> None:
         """Stop the job; an interrupt while stopping starts the stop again, and once the stop

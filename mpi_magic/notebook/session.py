@@ -461,17 +461,18 @@ class Session:
         """Ask the ranks for their stacks through their own channel (the answers come as events)."""
         return self._ranks is not None and self._ranks.request_stacks()
 
-    def roll_call(self, limit: float = dumps.ANSWER_LIMIT) -> dumps.Snapshot:
+    def roll_call(self, limit: float | None = None) -> dumps.Snapshot:
         """Where the session's ranks are now, grouped ("ranks 0, 1 waiting for a cell" while idle); a
         running cell's own roll-call names the cell's lines. Asked through ``stacks_dir`` where the
-        notebook can signal the ranks, else through the ranks' channel (Slurm)."""
+        notebook can signal the ranks, else through the ranks' channel (Slurm, S3), whose answers
+        take the channel's latency more (``limit``: seconds they get, by default)."""
         if self.stacks_dir is not None:
-            return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit), CELL, [])
+            return dumps.Snapshot(*ask_ranks(self.stacks_dir, self.model.ranks, limit or dumps.ANSWER_LIMIT), CELL, [])
         asked_at = self.clock()
         if not self.request_stacks():
-            raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "from this notebook; they give them by themselves when a cell's ranks go quiet for "
-                           "stall_after seconds")
+            raise JobError(f"the ranks of session {self.name} ({self.backend}) cannot be asked for their stacks: "
+                           "the session has ended")
+        limit = dumps.ANSWER_LIMIT + self.latency if limit is None else limit
         return dumps.Snapshot(*reported_answers(self.model, asked_at, limit, self.clock), CELL, [])
 
     @property

@@ -31,7 +31,6 @@ SSH_AGENT = "MPI_MAGIC_SSH_AGENT"  # SageMaker: the command mpirun reaches the o
 MPIRUN = "MPI_MAGIC_MPIRUN"  # the mpirun to use (also %mpirun_config mpirun=...)
 STACKS_DIR = "MPI_MAGIC_STACKS_DIR"  # where each rank dumps its stack when asked (shared/stacks.py)
 STACKS_EVENTS = "MPI_MAGIC_STACKS_EVENTS"  # SageMaker: each rank sends its stack as an event when signalled
-STALL_AFTER = "MPI_MAGIC_STALL_AFTER"  # SageMaker: seconds of quiet before the leader asks every rank for its stack
 RESOURCES_EVERY = "MPI_MAGIC_RESOURCES_EVERY"  # seconds between a rank's resource samples (at least 1; 0: none)
 
 # checkpoints

@@ -253,6 +253,10 @@ class CellEnded(LauncherExited):
     runs on (``reports`` name ranks that were stopped). Client-side."""
 
 
+# What shows that ranks are alive and working: the one rule of activity a stall is measured from (a stack
+# or a resource sample, which a stalled rank still sends, is none)
+SIGNS_OF_LIFE = frozenset({Output, Progress, Metrics, RankStarted, RankFinished})
+
 WireEvent = RankStarted | RankFinished | Progress | RankReady | SessionClosing | RankStacks | Metrics | Resources
 Event = (WireEvent | Output | LauncherOutput | Note | Billing | Phase | Allocation | Restarted | RankGone | StopRequested
          | RollCall | CellSent | LauncherExited)

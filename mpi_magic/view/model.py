@@ -148,7 +148,7 @@ class JobModel:
         self.clock = clock
         self.started_at = clock()
         self.ended_at: float | None = None
-        self.last_activity = self.started_at  # when a rank last reported or printed, by our clock
+        self.last_activity = self.started_at  # when a rank last showed a sign of life (events.SIGNS_OF_LIFE), by our clock
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
         self.launcher_tail: deque = deque(maxlen=20)
@@ -209,6 +209,8 @@ class JobModel:
             if handler is not None:
                 if handler(self, event) is not False:
                     self.version += 1
+                    if kind in events.SIGNS_OF_LIFE:
+                        self.last_activity = self.clock()
                 return
 
     def _progress(self, event: events.Progress) -> bool | None:  # the most frequent event: kept short
@@ -236,7 +238,6 @@ class JobModel:
             bar.desc = event.desc
         if state.status == "starting":
             state.status = "running"
-        self.last_activity = now
         return None
 
     def _output(self, event: events.Output) -> bool | None:
@@ -250,14 +251,12 @@ class JobModel:
         self.outputs += 1
         if text.strip():
             state.last_line = text
-        self.last_activity = self.clock()
         return None
 
     def _metrics(self, event: events.Metrics) -> bool | None:
         if not self._valid(event.rank):
             return False
         self.metrics.fold(event.rank, event.points)
-        self.last_activity = self.clock()
         return None
 
     def _launcher_output(self, event: events.LauncherOutput) -> bool:
@@ -275,7 +274,6 @@ class JobModel:
             state.status = "running"
         if self.phase in BEFORE_RANKS:
             self.phase = "running"
-        self.last_activity = self.clock()
         return None
 
     def _rank_finished(self, event: events.RankFinished) -> bool | None:
@@ -390,7 +388,6 @@ class JobModel:
             state.failure = RankFailure(event.rank, state.instance, state.host, event.error_type,
                                         event.message, event.traceback)
             state.post_mortem, state.post_mortem_lost = event.post_mortem, event.post_mortem_lost
-        self.last_activity = self.clock()
 
     def _resources(self, event: events.Resources) -> None:
         state = self.ranks[event.rank]

@@ -32,11 +32,9 @@ class SageMakerBackend:
     pins_digest = True  # the payload travels through S3
     stop_description = "StopTrainingJob"
 
-    def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True,
-                 stall_after: float = 30.0):
+    def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True):
         self.settings, self.aws, self.requirements = settings, aws, requirements
         self.live_tail = live_tail  # follow a job's log through CloudWatch Live Tail (``livetail``)
-        self.stall_after = stall_after  # seconds of quiet before the leader asks every rank for its stack
         self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
 
     def check(self, options: LaunchOptions) -> list[str]:
@@ -102,7 +100,6 @@ class SageMakerBackend:
                                        options.env, options.mpirun_args, code_digests, session)
         request["Environment"][envvars.EVENT_TOKEN] = token  # MPI_MAGIC_* reaches every rank
         request["Environment"][envvars.STACKS_EVENTS] = "1"  # a rank asked for its stack sends it as an event
-        request["Environment"][envvars.STALL_AFTER] = repr(float(self.stall_after))
         if options.max_cost is not None and not self.settings.training_plan:  # a budget outlives the notebook
             capped = pricing.budget_runtime(options.max_cost, self.settings.instance_type, self.settings.region,
                                             options.instances)

@@ -185,7 +185,7 @@ def lead(hosts, interface=None):
         failures: list = []  # a RankFailure for each rank that raised
         relay = threading.Thread(target=relay_output, args=(mpirun.stdout, failures, relayed), daemon=True)
         relay.start()
-        watch = threading.Thread(target=ask_for_stacks, args=(mpirun, relayed), daemon=True)
+        watch = threading.Thread(target=ask_for_stacks, args=(mpirun,), daemon=True)
         watch.start()
         status = mpirun.wait()
         relayed["at"] = time.monotonic()  # from here on, half a second without a line means none is left
@@ -239,30 +239,22 @@ def unreachable_in(line):
     return line[len(UNREACHABLE):].strip() if line.startswith(UNREACHABLE) else None
 
 
-def ask_for_stacks(mpirun, relayed, nap=1.0):
-    """Ask every rank for its stack once running ranks have been quiet for ``MPI_MAGIC_STALL_AFTER``
-    seconds (once per quiet spell), and whenever the notebook asks (``StackRequests``): mpirun
-    forwards the signal to the ranks on every instance, and each sends its stack as an event
-    through this log (``shared/stacks.py``)."""
+def ask_for_stacks(mpirun, nap=1.0):
+    """Ask every rank for its stack whenever the notebook asks (``StackRequests``: at a stall, which
+    the notebook's follower decides, on Ctrl-C, or %mpirun_stacks): mpirun forwards the signal to the
+    ranks on every instance, and each sends its stack as an event through this log
+    (``shared/stacks.py``); ranks that have not started yet ignore it."""
     from mpi_magic.shared import stacks  # the job's code, unpacked by now
 
-    stall_after = float(os.environ.get(envvars.STALL_AFTER) or 0)
     requests = StackRequests(os.environ.get(envvars.RESULTS_URI, ""))
-    asked_for = fallback_due = None
+    fallback_due = None
     while mpirun.poll() is None:
         time.sleep(nap)
-        if not relayed["active"]:
-            continue
-        quiet_since = relayed["activity"]
-        stalled = stall_after > 0 and time.monotonic() - quiet_since >= stall_after and asked_for != quiet_since
-        if stalled:
-            asked_for = quiet_since
-        asked = requests.new()  # (looked at whether or not the ranks stalled: a request is taken once)
         try:
             if fallback_due is not None and time.monotonic() >= fallback_due:
                 fallback_due = None  # the second way, which ranks that answered the first drop
                 mpirun.send_signal(getattr(signal, stacks.FALLBACK_NAME))
-            if stalled or asked:
+            if requests.new():
                 mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
                 fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
         except OSError:
@@ -294,11 +286,11 @@ class StackRequests:
                 self.s3 = boto3.client("s3")
             found = self.s3.get_object(Bucket=bucket, Key=key)
             written, body = found["LastModified"].timestamp(), found["Body"].read(100)
-        except Exception as exc:  # noqa: BLE001 - none yet (404), or none can be read: the stall's roll-call remains
+        except Exception as exc:  # noqa: BLE001 - none yet (404), or none can be read
             status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
             if status != 404:
-                say("the notebook's requests for the ranks' stacks cannot be read (%s: %s); only a stall "
-                    "takes the roll-call" % (type(exc).__name__, exc))
+                say("the notebook's requests for the ranks' stacks cannot be read (%s: %s); the ranks will not "
+                    "be asked where they are" % (type(exc).__name__, exc))
                 self.uri = ""
             return False
         if written < self.started or body == self.taken:
@@ -468,18 +460,16 @@ def first_failure(failures):
 def relay_state():
     """What ``relay_output`` notes of mpirun's output, before its first line."""
     now = time.monotonic()
-    return {"at": now, "whole_lines": True, "active": set(), "activity": now, "finished": set(), "closed": False}
+    return {"at": now, "whole_lines": True, "finished": set(), "closed": False}
 
 
 def relay_output(output, failures, relayed):
     """Copy mpirun's output to this instance's log; note the ranks that failed (and when, by this
-    instance's clock: ``ClockOffsets``), when the last line came (``relayed["at"]``), whether it ended in a newline, which ranks run a cell
-    (``relayed["active"]``) and when one last printed or reported (``relayed["activity"]``; a
-    stack it was asked for is no sign of life), which ranks finished a cell (``relayed["finished"]``) and
-    whether rank 0 closed the session (``relayed["closed"]``)."""
+    instance's clock: ``ClockOffsets``), when the last line came (``relayed["at"]``), whether it ended
+    in a newline, which ranks finished a cell (``relayed["finished"]``) and whether rank 0 closed the
+    session (``relayed["closed"]``)."""
     from mpi_magic.errors import RankFailure  # the job's code, unpacked by now
-    from mpi_magic.shared.events import (ClockOffsets, RankFinished, RankStacks, RankStarted, Resources, SessionClosing,
-                                         StreamDecoder)
+    from mpi_magic.shared.events import ClockOffsets, RankFinished, RankStarted, SessionClosing, StreamDecoder
 
     clocks, instance_of = ClockOffsets(), {}
 
@@ -491,17 +481,13 @@ def relay_output(output, failures, relayed):
         sys.stdout.write(line)
         sys.stdout.flush()
         for event in decoder.feed(line):
-            if not isinstance(event, (RankStacks, Resources)):  # what a stalled rank still sends
-                relayed["activity"] = relayed["at"]
             if isinstance(event, RankStarted):
-                relayed["active"].add(event.rank)
                 instance_of[event.rank] = event.instance
             instance = instance_of.get(getattr(event, "rank", -1), -1)
             clocks.heard(instance, getattr(event, "time", 0.0), relayed["at"])
             if isinstance(event, SessionClosing):
                 relayed["closed"] = True
             if isinstance(event, RankFinished):
-                relayed["active"].discard(event.rank)
                 relayed["finished"].add(event.rank)
                 if not event.ok:
                     failures.append(RankFailure(event.rank, instance, error_type=event.error_type,

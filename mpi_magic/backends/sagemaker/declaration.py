@@ -113,8 +113,7 @@ def _make(config: Config, options: LaunchOptions) -> SageMakerBackend:
     from .settings import resolve
 
     settings, aws = resolve(options.settings)
-    return SageMakerBackend(settings, aws, options.settings.get("requirements"), config.get("live_tail"),
-                            config.get("stall_after"))
+    return SageMakerBackend(settings, aws, options.settings.get("requirements"), config.get("live_tail"))
 
 
 def _jobs(config: Config) -> SageMakerJobs:

@@ -44,6 +44,7 @@ STARTING_DESCRIBE, STARTING_LOGS = 5.0, 1.0  # until every rank is up: SageMaker
 IDLE_DESCRIBE, IDLE_LOGS = 10.0, 20.0
 RUNNING_DESCRIBE, RUNNING_LOGS_MIN, RUNNING_LOGS_MAX = 30.0, 0.25, 4.0
 STOPPING_DESCRIBE = 2.0
+ASKED_LOGS, ASKED_FOR = 1.0, 20.0  # after the ranks were asked for their stacks, the log is read every second for 20 s
 END_LOOK_FAST, END_LOOK_FAST_FOR, END_LOOK_SLOW = 0.05, 3.0, 2.0  # seconds between looks for a cell's end record
 RECORD_WAIT = 20.0  # seconds the results wait for the end record that holds them, when the log told the end first
 STOP_LIMIT = 600.0  # seconds to wait for Stopped
@@ -84,8 +85,9 @@ class SageMakerSessionRanks:
     end_records = True  # a cell's end from rank 0's record in S3 (settable: a benchmark compares with the log's)
 
     def __init__(self, job: SageMakerJob, channel: s3channel.NotebookEnd, world_size: int,
-                 heartbeat_every: float, key_file: str, clock=time.monotonic):
+                 heartbeat_every: float, key_file: str, stacks_uri: str, clock=time.monotonic):
         self.job, self.channel, self.world_size = job, channel, world_size
+        self.stacks_uri = stacks_uri  # the job's results prefix, under which its leader reads requests for stacks
         self.key_file = key_file  # removed once the job has ended: the key signs nothing after that
         self.name = self.job_name = job.name
         self.heartbeat_every = heartbeat_every
@@ -105,6 +107,7 @@ class SageMakerSessionRanks:
         self._refused: str | None = None  # why the last object found there was not the cell's end record
         self._next_end_look = 0.0
         self._end_wait = END_LOOK_FAST
+        self._stacks_asked_at: float | None = None  # when the ranks were last asked for their stacks
         self.end_looks = 0  # GETs of end records (S3, cheap and not throttled like SageMaker's and CloudWatch's calls)
 
     # -- pacing -------------------------------------------------------------------------------
@@ -166,6 +169,13 @@ class SageMakerSessionRanks:
         if self._sent_at is not None and not self._starting:  # a cell runs: the log is read less often the longer it runs
             ran = self.clock() - self._sent_at
             self.job.logs_every = min(RUNNING_LOGS_MAX, max(RUNNING_LOGS_MIN, ran / 2))
+        if self._stacks_asked_at is not None:  # the answers are due: read soon, in a cell or between cells
+            if self.clock() - self._stacks_asked_at < ASKED_FOR:
+                self.job.logs_every = min(self.job.logs_every, ASKED_LOGS)
+            else:
+                self._stacks_asked_at = None
+                if self._sent_at is None:
+                    self.job.logs_every = IDLE_LOGS
         said: list[Event] = []
         if self._record_uri is not None:
             if self.clock() >= self._next_end_look:
@@ -257,7 +267,14 @@ class SageMakerSessionRanks:
             raise ResultsLost(f"the results of cell {self._cell} could not be read: {why}")
 
     def request_stacks(self) -> bool:
-        return False  # a session's leader asks its ranks when a cell goes quiet (stall_after), not when asked
+        """An object the session's leader watches, as a one-off job's does: it asks every rank through
+        mpirun, in a cell or between cells."""
+        if self.finished:
+            return False
+        asked = self.job.request_stacks(self.stacks_uri)
+        self._stacks_asked_at = self.clock()
+        self.job.look_soon(ASKED_LOGS)
+        return asked
 
     def interrupt(self, pids: dict[int, int]) -> None:
         """One signed object: rank 0 sees it within a second and interrupts every rank."""
@@ -308,7 +325,7 @@ class SageMakerSessionRanks:
 def start(backend, name: str, options, idle_timeout: float | None, heartbeat_every: float, heartbeat_limit: float,
           cache_dir: str) -> SageMakerSessionRanks:
     """Upload the code, create the job whose ranks wait for cells, and start the heartbeat."""
-    from .request import job_prefix, validate
+    from .request import job_prefix, results_uri, validate
 
     settings = backend.settings
     if heartbeat_limit <= heartbeat_every:
@@ -327,7 +344,8 @@ def start(backend, name: str, options, idle_timeout: float | None, heartbeat_eve
     job = SageMakerJob(backend.aws, name, s3channel.results_uri(uri, 0), token, live_tail=False)  # paced here
     backend.upload(job.s3, name, None)
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, name, signer),
-                                  options.world_size, heartbeat_every, key_path(cache_dir, name))
+                                  options.world_size, heartbeat_every, key_path(cache_dir, name),
+                                  results_uri(settings, name))
     save_key(cache_dir, name, signer)
     ranks.channel.beat()  # before the job exists: rank 0 finds it from its first look
     try:
@@ -378,7 +396,8 @@ def attach(job_name: str, region: str | None, cache_dir: str, heartbeat_every: f
     instances = int(environment[envvars.INSTANCES])
     per_instance = int(environment[envvars.PROCS_PER_INSTANCE])
     ranks = SageMakerSessionRanks(job, s3channel.NotebookEnd(job.s3, uri, job_name, signer),
-                                  instances * per_instance, heartbeat_every, key_path(cache_dir, job_name))
+                                  instances * per_instance, heartbeat_every, key_path(cache_dir, job_name),
+                                  environment.get(envvars.RESULTS_URI, ""))
     ranks.channel.beat()  # first: the session may be close to its heartbeat limit
     cells = ranks.channel.last_cell()
     ranks.resume(cells)

@@ -435,16 +435,18 @@ class SageMakerJob:
             pass  # it ended meanwhile
         self._next_describe = 0.0
 
-    def request_stacks(self) -> bool:
-        """An object the leader watches while ranks run; it asks every rank through mpirun."""
+    def request_stacks(self, results_uri: str | None = None) -> bool:
+        """An object the leader watches while mpirun runs, under the job's results (``results_uri``: a
+        session's, which its cells' results are not under); it asks every rank through mpirun."""
         if self._ended_status:
             return True  # nothing to ask: every rank's answer is how it ended
-        bucket, key = split_s3(stacks_request_uri(self.results_uri))
+        uri = stacks_request_uri(results_uri or self.results_uri)
+        bucket, key = split_s3(uri)
         try:
             self.s3.put_object(Bucket=bucket, Key=key, Body=repr(time.time()).encode())
         except ClientError as exc:
-            raise JobError(f"the ranks of job {self.name} could not be asked for their stacks: writing "
-                           f"{stacks_request_uri(self.results_uri)} failed ({exc})") from None
+            raise JobError(f"the ranks of job {self.name} could not be asked for their stacks: writing {uri} failed "
+                           f"({exc})") from None
         return True
 
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:

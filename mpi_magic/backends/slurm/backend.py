@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, stacks, wire
-from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, Metrics, Output, Progress, RankFinished,
-                              RankStacks, RankStarted, StreamDecoder)
+from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, RankFinished, RankStacks, RankStarted,
+                              StreamDecoder)
 from ...shared.layout import RESULTS
 from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
@@ -80,7 +80,6 @@ class SlurmBackend:
             raise SlurmSetupError(f"Slurm would refuse the job: {commands.said(tested)} (sbatch --test-only); "
                                   "nothing was submitted")
         self.expected_start = (tested.stderr or tested.stdout).strip().removeprefix("sbatch: ")
-        self.stall_after = config.get("stall_after")  # seconds of quiet before the ranks are asked for their stacks
         self.srun = bool(options.settings.get("srun"))
         if self.srun:
             offered = commands.run("srun", "--mpi=list")
@@ -156,7 +155,7 @@ class SlurmBackend:
         return start(self, name, options, config)
 
     def _submit(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
-                extra_env: dict[str, str], session: bool = False) -> SlurmJob:
+                extra_env: dict[str, str]) -> SlurmJob:
         token = wire.new_token()
         env = {**self.environment(job_name, token, options), **extra_env}
         argv = self._write(job_dir, job_name, command, options, env)
@@ -164,7 +163,7 @@ class SlurmBackend:
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
         job_id = submitted.stdout.strip().split(";")[0]
-        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), self.stall_after, session)
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
 
 
 class SlurmJob:
@@ -175,9 +174,8 @@ class SlurmJob:
     launcher = None  # the launcher runs on a node of the cluster
     stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
 
-    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, stall_after: float = 30.0,
-                 session: bool = False, watcher: QueueWatcher = WATCHER):
-        self.job_id, self.name, self.job_dir, self.stall_after = job_id, name, job_dir, stall_after
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, watcher: QueueWatcher = WATCHER):
+        self.job_id, self.name, self.job_dir = job_id, name, job_dir
         self._decoder, self._watcher = decoder, watcher
         self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
         self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
@@ -190,9 +188,6 @@ class SlurmJob:
         self._started: set[int] = set()
         self._reported: set[int] = set()
         self._failure_seen = False
-        self._in_cell = not session  # a session's ranks are in a cell only from new_cell() until all reported
-        self._active_at = time.monotonic()  # when a rank last printed or made progress
-        self._asked_at: float | None = None  # the quiet spell the ranks were last asked for their stacks in
         self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
         self._answered: set[int] = set()  # the ranks that answered since they were last asked
         self._launcher_log = launchers.LauncherLog()
@@ -245,7 +240,6 @@ class SlurmJob:
                         if not tail.more:
                             break
                 break
-            self._ask_if_stalled()
             self._ask_the_second_way_when_due()
             nap = READ_AT_ONCE if read else min(nap * 2, READ_LATER)
             if self._wake.wait(nap):
@@ -258,18 +252,6 @@ class SlurmJob:
         _release(self._watchdog)
         self._queue.put([*self._decoder.rejections(), end])
         self.over.set()
-
-    def _ask_if_stalled(self) -> None:
-        """Once running ranks have been quiet for ``stall_after`` seconds, ask each for its stack (once
-        per quiet spell): the answers come as events, and the notebook makes the roll-call of them."""
-        quiet_since = self._active_at
-        if (self._in_cell and self._asked_at != quiet_since and self._started - self._reported and self._ended is None
-                and time.monotonic() - quiet_since > self.stall_after):
-            self._asked_at = quiet_since
-            try:
-                self.request_stacks()
-            except SlurmSetupError:
-                pass  # slurmctld did not answer: the ranks are asked at their next quiet spell
 
     def _deliver(self, lines: list[str], stream: str) -> None:
         if not lines:
@@ -286,12 +268,8 @@ class SlurmJob:
             elif isinstance(event, RankFinished):
                 self._reported.add(event.rank)
                 self._failure_seen = self._failure_seen or not event.ok
-                self._in_cell = self._in_cell and not self._started <= self._reported
             elif isinstance(event, LauncherOutput):
                 self._launcher_log.add(event.text)
-                continue
-            if isinstance(event, (Output, Progress, Metrics, RankStarted, RankFinished)):
-                self._active_at = time.monotonic()
         if decoded:
             self._queue.put(decoded)
 
@@ -364,11 +342,10 @@ class SlurmJob:
             self._on_state(states.get(self.job_id))
 
     def new_cell(self) -> None:
-        """A session's next cell was sent: its ranks report anew, and are asked for their stacks if
-        they go quiet in it (not between cells); its output is due, so the files are looked at at once."""
+        """A session's next cell was sent: its ranks report anew, and its output is due, so the files
+        are looked at at once."""
         self._reported.clear()
         self._failure_seen = False
-        self._active_at, self._asked_at, self._in_cell = time.monotonic(), None, True
         self._wake.set()
 
     def _slurm_said(self) -> str | None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 from IPython.core.error import UsageError
-from helpers import SLURM_GONE_WITHIN, needs_slurm, once_running, run, slurm_listed, start_session, wait_until
+from helpers import SLURM_GONE_WITHIN, needs_slurm, once, once_running, run, slurm_listed, start_session, wait_until
 
 from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
 
@@ -136,12 +136,14 @@ def test_timeout_stops_every_rank_and_says_so(on):
     assert job.status == "stopped" and on.gone(job)
 
 
-def test_ctrl_c_stops_the_job_the_way_the_backend_says(on, capsys):
+def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on, capsys):
     with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
     assert job.status == "stopped" and on.gone(job)
-    stopping = [line for line in capsys.readouterr().err.splitlines() if "interrupted: stopping job" in line]
+    said = capsys.readouterr().err.splitlines()
+    assert "mpi_magic: where the ranks were: ranks 0, 1 at cell line 3 in sleep" in said, said
+    stopping = [line for line in said if "interrupted: stopping job" in line]
     assert stopping and on.stop_description in stopping[0], "the sentence says how it is stopped"
 
 
@@ -156,6 +158,33 @@ def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_s
         run(on.ip, "-g 2", "x = 1\n")
     on.ip.run_line_magic("mpirun_session", "stop")
     assert session.status == "stopped" and on.gone(session)
+
+
+def test_a_sessions_ranks_say_where_they_are_between_cells_at_a_stall_and_on_ctrl_c(on, capsys):
+    on.ip.run_line_magic("mpirun_config", "stall_after=2")
+    session = start_session(on.ip, "-i 2 -g 1")
+    capsys.readouterr()
+    on.ip.run_line_magic("mpirun_stacks", "")
+    assert capsys.readouterr().out.splitlines() == [f"session {session.name} ({on.name}, 2 ranks) idle",
+                                                    "  ranks 0, 1 waiting for a cell"]
+
+    at_stall = []
+
+    def stall_roll_call() -> bool:  # (taken by the follower once the cell's ranks were quiet for stall_after)
+        job = on.ip.user_ns.get("job")
+        if job and job.model.roll_call_quiet is not None and "no answer" not in job.model.roll_call:
+            at_stall.append(job.model.roll_call)
+        return bool(at_stall)
+
+    with once(stall_roll_call, _thread.interrupt_main, limit=90), pytest.raises(KeyboardInterrupt):
+        run(on.ip, "--out job", "import time\ntime.sleep(300)\n")
+    assert at_stall[:1] == ["ranks 0, 1 at cell line 3 in sleep"], "the stall's roll-call"
+    said = capsys.readouterr().err.splitlines()
+    assert "mpi_magic: where the ranks were: ranks 0, 1 at cell line 3 in sleep" in said, said
+    run(on.ip, "--gather", "import mpi_magic\nback = mpi_magic.rank()\n")
+    assert on.ip.user_ns["back"] == [0, 1] and session.status == "idle", "the session is kept"
+    on.ip.run_line_magic("mpirun_session", "stop")
+    assert on.gone(session)
 
 
 def test_an_idle_session_ends_itself_after_max_idle(on):
