@@ -256,7 +256,7 @@ class Job:
         model = self.model
         if self.signals_ranks:
             self.roll_call(stall=True)
-        elif self._stall_asked_for != model.last_activity:
+        elif self._stall_asked_for != model.last_activity and self._running():
             self._stall_asked_for = model.last_activity
             try:
                 self._request_stacks()
@@ -290,11 +290,16 @@ class Job:
             return ask_ranks(self._stacks_dir, self.ranks, dumps.ANSWER_LIMIT if limit is None else limit,
                              self._cell_file)
         asked_at = self._clock()
-        if not self._request_stacks():
+        if not (self._running() and self._request_stacks()):
             raise JobError(f"the ranks of job {self.name} ({self.backend}) cannot be asked for their stacks "
-                           "now: none has started yet")
+                           "now: none is running")
         return reported_answers(self.model, asked_at, CHANNEL_ANSWER_LIMIT if limit is None else limit, self._clock,
                                 self._cell_file, pump)
+
+    def _running(self) -> bool:
+        """Whether a rank runs the cell now: one asked through the job's channel before any has started
+        (or after every one has ended) gives no answer."""
+        return any(state.status == "running" for state in self.ranks)
 
     def take_reported_roll_call(self) -> None:
         """Fold the roll-call made of the stacks that came through the log since the last one

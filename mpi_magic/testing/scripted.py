@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Union, cast
 from ..backends.base import Declaration
 from ..options import JOB, Option, Setting, positive_float
 from ..shared import payload
-from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStarted
+from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStacks, RankStarted
 from ..shared.layout import RESULTS, result_path
 
 if TYPE_CHECKING:
@@ -54,7 +54,10 @@ class ScriptedJob:
 
     ``cancel()`` is recorded in ``cancels`` (times since start); unless ``stops_after`` is None,
     the job then ends that many seconds after the first cancel with ``LauncherExited(-2)``, dropping what the
-    script still had. ``results`` is called as ``results(job_dir, ranks)`` by ``fetch_results``.
+    script still had. ``results`` is called as ``results(job_dir, ranks)`` by ``fetch_results``. Where
+    ``stacks`` gives ranks' frames ({rank: [(filename, line, function), ...]}), ``request_stacks()`` is
+    recorded in ``asked`` and each of those ranks answers ``answer_after`` seconds later, as ranks asked
+    through their job's channel do; elsewhere it asks nothing.
     """
 
     launcher = None  # played from a script: no launcher process
@@ -64,8 +67,11 @@ class ScriptedJob:
 
     def __init__(self, clock: FakeClock, script: list[tuple[float, Step]], abort_grace: float | None = 3.0,
                  linger: float | None = 3.0, stops_after: float | None = 0.5,
-                 results: Callable[[str, object], None] | None = None):
+                 results: Callable[[str, object], None] | None = None,
+                 stacks: dict[int, list[tuple[str, int, str]]] | None = None, answer_after: float = 0.5):
         self.clock = clock
+        self.stacks, self.answer_after = stacks, answer_after
+        self.asked: list[float] = []
         self.abort_grace, self.linger = abort_grace, linger
         self.stops_after = stops_after
         self._script = sorted(((clock.start + at, i, step) for i, (at, step) in enumerate(script)),
@@ -114,7 +120,14 @@ class ScriptedJob:
             self._script.append((at, len(self.cancels) + 1_000_001, LauncherExited(-2)))
 
     def request_stacks(self) -> bool:
-        return False
+        if self.stacks is None or self._finished:
+            return False
+        self.asked.append(self.clock.elapsed)
+        at = self.clock.now + self.answer_after
+        self._script += [(at, 2_000_000 + rank, RankStacks(rank, [list(frame) for frame in frames]))
+                         for rank, frames in self.stacks.items()]
+        self._script.sort(key=lambda item: item[:2])
+        return True
 
     def fetch_results(self, job_dir: str, ranks, kind: str = RESULTS) -> None:
         if kind != RESULTS:  # a failed rank's frames: a scripted job has none

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import mpi_magic
-from mpi_magic.shared import jobdir, payload
+from mpi_magic.shared import cell, jobdir, payload
 from mpi_magic.shared.events import Billing, LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
 from mpi_magic.notebook.pipeline import FollowSettings, Follower
 from mpi_magic.notebook.job import Job
@@ -42,7 +42,7 @@ def world(tmp_path):
     def follow(script, returns=(), timeout=None, max_cost=None, **job_options):
         backend_job = ScriptedJob(clock, script, **job_options)
         job = Job("scripted-job", "scripted", 2, 2, clock)
-        job.start(job_dir, backend_job.cancel)
+        job.start(job_dir, backend_job.cancel, backend_job.stacks_dir, request_stacks=backend_job.request_stacks)
         settings = FollowSettings(list(returns), False, {}, timeout, "a scripted stop", ConsoleEcho(io.StringIO(), err),
                                   clock, max_cost=max_cost)
         return job, backend_job, Follower(job, backend_job, settings)
@@ -182,3 +182,43 @@ def test_a_launcher_that_started_no_rank_says_why(world):
     with pytest.raises(mpi_magic.RankExitError, match="the launcher refused to start the job: An unrecognized option"):
         follower.run()
     assert job.status == "failed"
+
+
+def _sleeping(line: int) -> dict[int, list[tuple[str, int, str]]]:
+    """Both ranks' frames when they are in the cell's ``time.sleep`` at ``line``."""
+    return {rank: [(cell.FILENAME, line, "<module>"), ("time", 0, "sleep")] for rank in (0, 1)}
+
+
+def test_quiet_ranks_are_asked_once_per_quiet_spell_and_their_answers_make_the_stall_roll_call(world):
+    """The follower alone decides a stall (stall_after: 30 s on the fake clock), from the events the
+    view shows; ranks asked through their job's channel answer with events, folded as they come."""
+    clock, job_dir, err, follow = world
+    job, backend_job, follower = follow([(0.1, started(0)), (0.1, started(1)), (1.0, Output(0, "stdout", "a")),
+                                         (50.0, Output(1, "stdout", "b")), (95.0, ok(0)), (95.0, ok(1)),
+                                         (95.1, LauncherExited(0))], stacks=_sleeping(3))
+    follower.run()
+    first, second = backend_job.asked
+    assert 31.0 <= first < 31.5 and 80.0 <= second < 80.5, "once per quiet spell, stall_after after its start"
+    assert job.model.roll_call == "ranks 0, 1 at cell line 3 in sleep"
+    assert job.model.roll_call_quiet is not None and job.model.roll_call_quiet >= 30, "taken for the stall"
+
+
+def test_an_interrupt_takes_the_roll_call_of_ranks_asked_through_their_job(world):
+    clock, job_dir, err, follow = world
+    job, backend_job, follower = follow([(0.1, started(0)), (0.1, started(1)), (2.0, KeyboardInterrupt())],
+                                        stacks=_sleeping(3), answer_after=1.5)
+    with pytest.raises(KeyboardInterrupt):
+        follower.run()
+    said = err.getvalue()
+    assert backend_job.asked == [2.0] and "where the ranks were: ranks 0, 1 at cell line 3 in sleep" in said, said
+    assert "asking the ranks of job scripted-job where they are (up to 10s" in said, "the wait is announced"
+    assert said.index("where the ranks were") < said.index("interrupted: stopping job"), "before the stop"
+    assert job.status == "stopped"
+
+
+def test_an_interrupt_before_any_rank_started_stops_without_a_roll_call(world):
+    clock, job_dir, err, follow = world
+    job, backend_job, follower = follow([(2.0, KeyboardInterrupt())], stacks=_sleeping(3))
+    with pytest.raises(KeyboardInterrupt):
+        follower.run()
+    assert "where the ranks" not in err.getvalue() and "interrupted: stopping job" in err.getvalue()
