@@ -350,11 +350,18 @@ def test_files_a_killed_launcher_left_do_not_stop_a_launcher_given_its_number(ip
             shutil.rmtree(line.split()[0], ignore_errors=True)
 
 
-def test_a_job_folder_removed_during_the_run_ends_with_the_ranks_outcome(ip):
+def test_a_job_folder_removed_during_the_run_ends_with_the_ranks_outcome(ip, tmp_path):
     from helpers import once_running
 
-    with once_running(ip, lambda: shutil.rmtree(ip.user_ns["job"].job_dir)):
-        run(ip, "-g 2 --out job", "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after')\nx = 1\n")
+    removed = tmp_path / "removed"  # the ranks print on once the folder is gone, however late that comes
+
+    def remove() -> None:
+        shutil.rmtree(ip.user_ns["job"].job_dir)
+        removed.touch()
+
+    with once_running(ip, remove):
+        run(ip, "-g 2 --out job", f"import os, time\nprint('before', flush=True)\nwhile not os.path.exists({str(removed)!r}):\n"
+                                  "    time.sleep(0.05)\nprint('after')\nx = 1\n")
     job = ip.user_ns["job"]
     assert job.status == "completed" and ip.user_ns["x"] == 1, "the ranks' own outcome"
     assert any("disappeared while the job ran" in note for note in job.model.notes)

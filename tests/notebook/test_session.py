@@ -402,6 +402,7 @@ def test_dry_run_in_a_session_says_what_would_be_sent(sessions, capsys):
     assert "the ranks hold small already" in out and s.cells == 1
 
 
+@pytest.mark.timeout(600)  # (a few ms a cell, but a loaded machine may take ten times that)
 def test_a_thousand_warm_cells_leave_no_descriptor_open_and_the_notebook_barely_grows(sessions):
     """What a session keeps per cell must not pile up: after a warm-up, 1,000 cells may grow the
     notebook's resident memory by 16 MiB at most, and every descriptor they opened is closed."""
