@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import shlex
 import shutil
 import signal
@@ -19,8 +18,9 @@ import psutil
 from .. import launcher as launchers
 from ...shared import envvars, jobdir, procs, wire
 from ...shared.layout import RESULTS
-from ...shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankGone, RankStarted, StreamDecoder
+from ...shared.events import Event, LauncherExited, RankGone, StreamDecoder
 from ...options import Config, LaunchOptions
+from ..follow import EventQueue, Tally
 from ..scratch import ScratchFolder
 
 if TYPE_CHECKING:
@@ -31,10 +31,8 @@ if TYPE_CHECKING:
 STOP_WAITS = (2.0, 2.0, 2.0)
 # The readers hand over the events of one read (up to READ_CHUNK bytes of lines) at a time: a
 # queue operation per event cost more than decoding it. At most QUEUE_SIZE reads wait (a flood of
-# short lines then holds about as much memory as 10,000 single events did), so a rank flooding
-# stdout is slowed down instead of filling this process's memory.
+# short lines then holds about as much memory as 10,000 single events did).
 QUEUE_SIZE = 4
-MAX_BATCH, MAX_BATCH_SECONDS = 2_000, 0.05
 STUCK_CHECK = 1.0  # seconds between looks at whether the launcher is stuck
 STUCK_REASON = "the launcher hung after its ranks ended, and was stopped"
 READ_CHUNK = 1 << 16
@@ -121,7 +119,7 @@ def _stacks_folder(parent: str) -> str:
 
 
 class LocalJob:
-    """A running mpirun: two pipe readers decode lines into one bounded queue of event batches.
+    """A running mpirun: two pipe readers decode lines, tallied and queued (``follow``).
 
     Every process of the job is found by its process tree, its process group (mpirun leads one of
     its own, by setsid) and the ``MPI_MAGIC_JOB`` variable every process of it inherits, so what a
@@ -146,21 +144,17 @@ class LocalJob:
         self.argv = argv
         self.stacks_dir: str | None = None  # where its ranks dump their stacks when asked
         self._decoder = decoder
-        self._decode_lock = threading.Lock()
-        self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
-        self._held: list[Event] = []  # taken from the queue beyond what one poll returns
+        self._decode_lock = threading.Lock()  # (two readers: one tally)
+        self._events = EventQueue(QUEUE_SIZE)
+        self._tally = Tally()
         self._finished = False
-        self._rank_pids: dict[int, int] = {}
-        self._reported: set[int] = set()
-        self._gone: set[int] = set()
-        self._failure_seen = False
+        self._gone: set[int] = set()  # ranks whose process is gone without having reported
         self._checked_at = 0.0
         self._quiet_since: float | None = None  # since when the launcher has looked stuck
         self._cpu_seen = 0.0  # the launcher's CPU seconds at the last look
         self._chunks_read = self._chunks_seen = 0  # of the launcher's output: so far, and at the last look
         self._stuck_checked_at = time.monotonic()  # the first look a STUCK_CHECK after the start: it lists processes
         self._stuck = self._cancelled = False
-        self._launcher_log = launchers.LauncherLog()
         # The launcher's temporary folder, new for this launch and removed after it (unless the user chose one)
         self._folder = None
         if folder_variable and folder_variable not in env:
@@ -208,16 +202,9 @@ class LocalJob:
         texts = b"\n".join(lines).decode("utf-8", errors="replace").split("\n")  # one decode for the read
         with self._decode_lock:
             decoded = self._decoder.feed_lines(texts, stream)
-            for event in decoded:
-                if isinstance(event, RankStarted):
-                    self._rank_pids[event.rank] = event.pid
-                elif isinstance(event, RankFinished):
-                    self._reported.add(event.rank)
-                    self._failure_seen = self._failure_seen or not event.ok
-                elif isinstance(event, LauncherOutput):
-                    self._launcher_log.add(event.text)
+            self._tally.take(decoded)
         if decoded:
-            self._queue.put(decoded)
+            self._events.put(decoded)
 
     def _wait(self) -> None:
         for reader in self._readers:
@@ -226,12 +213,10 @@ class LocalJob:
         self._stop()  # what a rank started and left behind
         self._remove_folder()
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
-            # (unless another rank's failure is why the launcher stopped it)
-            gone = set() if self._failure_seen else set(self._rank_pids) - self._reported
-        exited = self._launcher_log.ended(returncode, bool(self._rank_pids) or self._stuck, gone)
+            exited = self._tally.ended(returncode, bool(self._tally.pids) or self._stuck)
         if self._stuck:
             exited.reason = STUCK_REASON
-        self._queue.put([*self._decoder.rejections(), exited])
+        self._events.put([*self._decoder.rejections(), exited])
 
     def _remove_folder(self) -> None:
         if self._folder is not None:
@@ -248,9 +233,8 @@ class LocalJob:
     def new_round(self) -> None:
         """A session's next cell starts: which ranks reported is counted anew."""
         with self._decode_lock:
-            self._reported.clear()
+            self._tally.new_cell()
             self._gone.clear()
-            self._failure_seen = False
 
     def request_stacks(self) -> bool:
         return False  # the notebook signals the ranks itself (stacks_dir)
@@ -259,17 +243,7 @@ class LocalJob:
         """The ranks wrote their results into the job folder already."""
 
     def poll(self, timeout: float) -> list[Event]:
-        """Events that arrived (at most ``MAX_BATCH``, gathered for at most ``MAX_BATCH_SECONDS``)."""
-        batch, self._held = self._held, []
-        started = time.monotonic()
-        try:
-            if not batch:
-                batch = self._queue.get(timeout=timeout)
-            while len(batch) < MAX_BATCH and time.monotonic() - started < MAX_BATCH_SECONDS:
-                batch += self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        batch, self._held = batch[:MAX_BATCH], batch[MAX_BATCH:]
+        batch = self._events.take(timeout)
         batch.extend(self._check_ranks_and_launcher())
         self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
@@ -284,8 +258,9 @@ class LocalJob:
             return []
         self._checked_at = now
         with self._decode_lock:
-            gone = [r for r, pid in self._rank_pids.items()
-                    if r not in self._reported and r not in self._gone and not _pid_alive(pid)]
+            tally = self._tally
+            gone = [r for r, pid in tally.pids.items()
+                    if r not in tally.reported and r not in self._gone and not _pid_alive(pid)]
             self._gone.update(gone)
         stuck = self._launcher_stuck(now)
         if stuck == "hung":

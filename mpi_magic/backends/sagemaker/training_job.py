@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ...errors import JobError, SageMakerSetupError
 from ...shared import cell, jobdir
-from ...shared.events import (STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, RankFinished, RankStarted,
-                              Restarted, StreamDecoder)
-from ..launcher import LauncherLog
+from ...shared.events import STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, Restarted, StreamDecoder
+from ..follow import Tally
 from ...shared.layout import RESULTS, result_path, result_uri, split_s3, stacks_request_uri
 from ...shared.payload import PAYLOAD_FILE, read_header
 from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag_style, unreachable_in
@@ -148,11 +147,9 @@ class SageMakerJob:
         self._stream: str | None = None
         self._token: str | None = None  # the stream's read position
         self._decoder = StreamDecoder(self._event_token, tag_style)
-        self._launcher_log = LauncherLog()
+        self._tally = Tally()
         self._logs_wait = self.pace.logs_fast
         self._quiet_since: float | None = None
-        self._reported: set[int] = set()
-        self._world_size: int | None = None
         self._all_relayed = False  # the leader said every line of mpirun's output is in its log
         self._told_to_stop = False  # the leader said it was told to stop (a stop, or capacity reclaimed)
         self._unreachable = ""  # the leader's sentence naming the instances that stopped answering
@@ -163,10 +160,6 @@ class SageMakerJob:
         self._live_read = False  # the log was read since the stream started: its lines may be passed on
         self._ledger = Ledger()
         self._lines_at_read = self._lines
-
-    @property
-    def _all_reported(self) -> bool:
-        return self._world_size is not None and len(self._reported) >= self._world_size
 
     def _count(self, model, **_) -> None:
         self.calls[model.name] += 1
@@ -309,7 +302,7 @@ class SageMakerJob:
         """After the job ended, its last log lines may still be on their way to CloudWatch."""
         if self._quiet_since is None:
             self._quiet_since = now
-        return self._all_reported or self._all_relayed or now - self._quiet_since > LOG_LAG
+        return self._tally.all_reported or self._all_relayed or now - self._quiet_since > LOG_LAG
 
     def look_soon(self, logs: float) -> None:
         """Read the log within ``logs`` seconds, whatever the pace."""
@@ -351,7 +344,8 @@ class SageMakerJob:
         code = {"Completed": 0, "Failed": 1, "Stopped": -15}[status]
         self.calls_at_end = self.api_calls
         events += self._decoder.rejections()
-        ended = self._launcher_log.ended(code, self._world_size is not None)
+        ended = self._tally.log.ended(code, self._tally.world_size is not None)  # (no rank is taken for gone: the
+        # leader's end says which did not finish)
         # an instance that stopped answering ended the job, whatever its launcher said
         events.append(replace(ended, reason=self._unreachable) if self._unreachable else ended)
         self._finished = True
@@ -400,9 +394,7 @@ class SageMakerJob:
         """The events in a rank's own event lines (a session cell's end record), decoded as the log's
         are: an event the log brings again later is passed on once."""
         events = self._decoder.feed_rank(rank, lines)
-        for event in events:
-            if isinstance(event, RankFinished):
-                self._reported.add(event.rank)
+        self._tally.take(events)
         return events
 
     def _take_line(self, line: str) -> list[Event]:
@@ -416,13 +408,7 @@ class SageMakerJob:
             self._told_to_stop = self._told_to_stop or line == TOLD_TO_STOP
             self._next_describe = min(self._next_describe, time.monotonic() + ENDING_DESCRIBE)
         decoded = self._decoder.feed(line)
-        for event in decoded:
-            if isinstance(event, RankFinished):
-                self._reported.add(event.rank)
-            elif isinstance(event, RankStarted):
-                self._world_size = event.world_size
-            elif isinstance(event, LauncherOutput):
-                self._launcher_log.add(event.text)
+        self._tally.take(decoded)
         return decoded
 
     def cancel(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -19,11 +18,11 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, stacks, wire
-from ...shared.events import (Allocation, Event, LauncherExited, LauncherOutput, RankFinished, RankStacks, RankStarted,
-                              StreamDecoder)
+from ...shared.events import Allocation, Event, LauncherExited, RankStacks, StreamDecoder
 from ...shared.layout import RESULTS
 from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
+from ..follow import EventQueue, Tally
 from . import cluster, commands
 from .queue import REQUEUED_STATES, WATCHER, JobState, QueueWatcher, look
 from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch_argv, shape
@@ -177,20 +176,16 @@ class SlurmJob:
     def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, watcher: QueueWatcher = WATCHER):
         self.job_id, self.name, self.job_dir = job_id, name, job_dir
         self._decoder, self._watcher = decoder, watcher
-        self._queue: queue.Queue[list[Event]] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._events = EventQueue(QUEUE_SIZE)
+        self._tally = Tally()  # (its hosts: the nodes the ranks said they started on, by Slurm's names)
         self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
         self._allocation_lock = threading.Lock()  # set by the queue's thread, taken by poll
         self._finished = self._cancelled = False
         self._state: JobState | None = None  # squeue's latest
         self._ended: JobState | None = None  # Slurm says it ended (a state, "REQUEUED", or "gone from squeue")
         self._nodes = ""  # the job's nodes, once squeue said where it runs
-        self._hosts: set[str] = set()  # the nodes its ranks said they started on (Slurm's names)
-        self._started: set[int] = set()
-        self._reported: set[int] = set()
-        self._failure_seen = False
         self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
         self._answered: set[int] = set()  # the ranks that answered since they were last asked
-        self._launcher_log = launchers.LauncherLog()
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._wake = threading.Event()  # set when output is due (a session's cell was sent)
         self._watchdog = _watchdog(job_id)
@@ -203,7 +198,7 @@ class SlurmJob:
         if state is None:  # no longer listed: ended long ago, or purged
             self._ended = self._ended or JobState("GONE")
             return
-        had_run = bool(self._nodes or self._started)  # before this state
+        had_run = bool(self._nodes or self._tally.pids)  # before this state
         self._nodes = state.nodes or self._nodes
         if state != self._state:
             self._state = state
@@ -232,7 +227,7 @@ class SlurmJob:
                     read = True
             if self._ended is not None:  # (the exit status is waited for only where a launcher ran)
                 ended_at = ended_at or time.monotonic()
-                done = done or not self._started or time.monotonic() - ended_at > EXIT_WAIT
+                done = done or not self._tally.pids or time.monotonic() - ended_at > EXIT_WAIT
             if done:
                 for tail in tails:  # the rest of each file, its last line too
                     while True:
@@ -250,28 +245,20 @@ class SlurmJob:
         if self._requeued():
             end = self._cancel_requeued(end)
         _release(self._watchdog)
-        self._queue.put([*self._decoder.rejections(), end])
+        self._events.put([*self._decoder.rejections(), end])
         self.over.set()
 
     def _deliver(self, lines: list[str], stream: str) -> None:
         if not lines:
             return
         decoded = self._decoder.feed_lines(lines, stream)
-        for event in decoded:
-            if isinstance(event, RankStarted):
-                if not self._started and (self._state is None or self._state.state == "PENDING"):
-                    self._watcher.hurry()  # squeue's word is older than the ranks: what it says now is shown
-                self._started.add(event.rank)
-                self._hosts.add(event.host)
-            elif isinstance(event, RankStacks):
-                self._answered.add(event.rank)
-            elif isinstance(event, RankFinished):
-                self._reported.add(event.rank)
-                self._failure_seen = self._failure_seen or not event.ok
-            elif isinstance(event, LauncherOutput):
-                self._launcher_log.add(event.text)
+        first = not self._tally.pids
+        self._tally.take(decoded)
+        if first and self._tally.pids and (self._state is None or self._state.state == "PENDING"):
+            self._watcher.hurry()  # squeue's word is older than the ranks: what it says now is shown
+        self._answered.update(event.rank for event in decoded if type(event) is RankStacks)
         if decoded:
-            self._queue.put(decoded)
+            self._events.put(decoded)
 
     def _end(self, exit_path: str) -> LauncherExited:
         try:
@@ -279,24 +266,23 @@ class SlurmJob:
                 returncode: int | None = int(f.read().strip() or "0")
         except (OSError, ValueError):
             returncode = None
-        if returncode and not self._failure_seen and not self._cancelled:
+        if returncode and not self._tally.failed and not self._cancelled:
             self._ask_slurm()  # the launcher failed and no rank said why: Slurm may have ended the job (a node failed)
         said = self._slurm_said()
         if returncode is not None and said is None:
-            lost = {} if self._failure_seen else launchers.lost_hosts("\n".join(self._launcher_log.lines))
+            lost = {} if self._tally.failed else launchers.lost_hosts("\n".join(self._tally.log.lines))
             if lost:  # (Open MPI 5's mpirun then exits with status 0)
                 return LauncherExited(returncode, reason=lost_nodes(lost))
-            gone = set() if self._failure_seen else self._started - self._reported
-            return self._launcher_log.ended(returncode, bool(self._started), gone)
+            return self._tally.ended(returncode)
         state = said or (self._ended.state if self._ended else "GONE")
         if self._cancelled:
             return LauncherExited(returncode)
         if state == "NODE_FAIL":
-            nodes = ",".join(filter(None, [self._nodes, *sorted(self._hosts)]))  # (before squeue saw it run)
+            nodes = ",".join(filter(None, [self._nodes, *sorted(self._tally.hosts)]))  # (before squeue saw it run)
             reason = node_failure(cluster.down_nodes(nodes) if nodes else {})
         elif state in ENDED_BY_SLURM:
             reason = ENDED_BY_SLURM[state]
-        elif not self._started:
+        elif not self._tally.pids:
             reason = (f"the job ended ({state}) before its launcher started: is the job folder {self.job_dir} on a "
                       "filesystem every node shares? (%mpirun_config cache_dir=...)")
         else:
@@ -344,14 +330,13 @@ class SlurmJob:
     def new_cell(self) -> None:
         """A session's next cell was sent: its ranks report anew, and its output is due, so the files
         are looked at at once."""
-        self._reported.clear()
-        self._failure_seen = False
+        self._tally.new_cell()
         self._wake.set()
 
     def _slurm_said(self) -> str | None:
         """The state Slurm ended the job in, as slurmstepd wrote it into the error file (at once,
         where squeue may say it seconds later), else as squeue said it; None where Slurm did not end it."""
-        for line in reversed(self._launcher_log.lines):
+        for line in reversed(self._tally.log.lines):
             found = _STEPD_SAYS.search(line)
             if found:
                 return _DUE_TO.get(found[1] or "", "CANCELLED")
@@ -369,20 +354,14 @@ class SlurmJob:
     @property
     def started(self) -> bool:
         """Whether a rank has started (the launcher runs)."""
-        return bool(self._started)
+        return bool(self._tally.pids)
 
     @property
     def finished(self) -> bool:
         return self._finished
 
     def poll(self, timeout: float) -> list[Event]:
-        batch: list[Event] = []
-        try:
-            batch = self._queue.get(timeout=timeout if self._allocation is None else 0.0)
-            while True:
-                batch += self._queue.get_nowait()
-        except queue.Empty:
-            pass
+        batch = self._events.take(timeout if self._allocation is None else 0.0)
         with self._allocation_lock:
             allocation, self._allocation = self._allocation, None
         if allocation is not None:
@@ -396,7 +375,7 @@ class SlurmJob:
         if self._finished:
             return
         self._cancelled = True
-        pending = not self._started and (self._state is None or self._state.state == "PENDING")
+        pending = not self._tally.pids and (self._state is None or self._state.state == "PENDING")
         if pending:
             commands.run("scancel", self.job_id)
         else:
@@ -421,7 +400,7 @@ class SlurmJob:
     def request_stacks(self) -> bool:
         """The stack request's signal to every process of the job (``scancel --signal``): each rank
         sends its stack as an event; the second way follows ``FALLBACK_AFTER`` seconds later (``_follow``)."""
-        if self._finished or not self._started:
+        if self._finished or not self._tally.pids:
             return False
         self._answered = set()
         asked = self._signal_job(stacks.SIGNAL_NAME)
@@ -437,7 +416,7 @@ class SlurmJob:
         due = self._fallback_due
         if due is not None and time.monotonic() >= due:
             self._fallback_due = None
-            if not self._started - self._reported - self._answered:
+            if not self._tally.started - self._tally.reported - self._answered:
                 return  # every running rank answered: none is asked again
             try:
                 self._signal_job(stacks.FALLBACK_NAME)  # ranks that answered the first way drop it
