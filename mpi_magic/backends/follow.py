@@ -34,15 +34,14 @@ class Tally:
 
     def take(self, events: Iterable[Event]) -> None:
         for event in events:
-            kind = type(event)
-            if kind is RankStarted:
+            if isinstance(event, RankStarted):
                 self.pids[event.rank] = event.pid
                 self.hosts.add(event.host)
                 self.world_size = event.world_size
-            elif kind is RankFinished:
+            elif isinstance(event, RankFinished):
                 self.reported.add(event.rank)
                 self.failed = self.failed or not event.ok
-            elif kind is LauncherOutput:
+            elif isinstance(event, LauncherOutput):
                 self.log.add(event.text)
 
     def new_cell(self) -> None:

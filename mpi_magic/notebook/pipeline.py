@@ -604,7 +604,8 @@ class Follower:
         if job.signals_ranks:
             limit, pump = INTERRUPT_ROLL_CALL, None
         else:
-            limit, waited = INTERRUPT_ASKED_ROLL_CALL, []
+            limit = INTERRUPT_ASKED_ROLL_CALL
+            waited: list[bool] = []
 
             def pump() -> None:  # (called once the ranks were asked, while answers are missing)
                 if not waited:

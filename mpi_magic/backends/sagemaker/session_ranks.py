@@ -171,7 +171,7 @@ class SageMakerSessionRanks:
             self.job.logs_every = min(RUNNING_LOGS_MAX, max(RUNNING_LOGS_MIN, ran / 2))
         if self._stacks_asked_at is not None:  # the answers are due: read soon, in a cell or between cells
             if self.clock() - self._stacks_asked_at < ASKED_FOR:
-                self.job.logs_every = min(self.job.logs_every, ASKED_LOGS)
+                self.job.logs_every = min(self.job.logs_every or ASKED_LOGS, ASKED_LOGS)
             else:
                 self._stacks_asked_at = None
                 if self._sent_at is None:
