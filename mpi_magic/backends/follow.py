@@ -12,7 +12,7 @@ import queue
 import time
 from typing import Iterable
 
-from ..shared.events import Event, LauncherExited, LauncherOutput, RankFinished, RankStarted
+from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStarted
 from .launcher import LauncherLog
 
 # At most this many events are handed out by one poll, gathered for at most this many seconds: the
@@ -34,6 +34,8 @@ class Tally:
 
     def take(self, events: Iterable[Event]) -> None:
         for event in events:
+            if type(event) is Output:  # the most frequent, which says nothing of where the ranks are
+                continue
             if isinstance(event, RankStarted):
                 self.pids[event.rank] = event.pid
                 self.hosts.add(event.host)

@@ -59,6 +59,7 @@ class Job:
         self._cell_file = cell.FILENAME
         self._clock = clock
         self._pending: dict[str, list[str]] = {}
+        self._rank_logs: dict[int, str] = {}  # each rank's log file's name
         self._pending_bytes = 0
         self._last_flush = clock()
         self._folder_lost = False
@@ -192,6 +193,28 @@ class Job:
             self._log("launcher.log", event.text)
         elif isinstance(event, events.LauncherExited):
             self.flush_logs()
+        if self._pending_bytes > _FLUSH_BYTES or self._clock() - self._last_flush > _FLUSH_SECONDS:
+            self.flush_logs()
+
+    def record_lines(self, lines: list[events.Output]) -> None:
+        """``record`` of each of many output lines at once (a flood's): folded, then logged per rank and all
+        together, in one loop."""
+        self.model.fold_lines(lines)
+        pending, rank_logs = self._pending, self._rank_logs
+        together = pending.setdefault("all.log", [])
+        size = 0
+        for event in lines:
+            rank = event.rank
+            line = (event.text if event.stream == "stdout" else _STDERR + event.text) + "\n"
+            name = rank_logs.get(rank) or rank_logs.setdefault(rank, f"rank-{rank}.log")
+            own = pending.get(name)
+            if own is None:
+                own = pending[name] = []
+            own.append(line)
+            tagged = f"[rank {rank}] {line}"
+            together.append(tagged)
+            size += len(line) + len(tagged)
+        self._pending_bytes += size
         if self._pending_bytes > _FLUSH_BYTES or self._clock() - self._last_flush > _FLUSH_SECONDS:
             self.flush_logs()
 

@@ -27,7 +27,7 @@ from ..errors import JobError, JobTimeoutError, MpiMagicError, PayloadError, Rem
 from ..options import Config, LaunchOptions
 from ..shared import cell, jobdir, payload
 from ..shared.cost import budget_reached, dollars
-from ..shared.events import LauncherExited, Phase, RollCall, StopRequested
+from ..shared.events import LauncherExited, Output, Phase, RollCall, StopRequested
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path
 from ..shared.rebind import is_notebook_function, rebind
 from ..view import View, make_view
@@ -470,6 +470,29 @@ class Follower:
         if self.echo is not None:
             self.echo.show(event)
 
+    def show_all(self, batch: list) -> None:
+        """A poll's events, in order; each run of output lines (a flood's) is taken at once."""
+        lines: list[Output] = []
+        for event in batch:
+            if type(event) is Output:
+                lines.append(event)
+                continue
+            if lines:
+                self._show_lines(lines)
+                lines = []
+            self.show(event)
+        if lines:
+            self._show_lines(lines)
+
+    def _show_lines(self, lines: list[Output]) -> None:
+        self.job.record_lines(lines)
+        if self.record is not None:
+            for event in lines:
+                self.record.event(event)
+        if self.echo is not None:
+            for event in lines:
+                self.echo.show(event)
+
     def tick(self) -> None:
         if self.job.view is not None:
             self.job.view.update()
@@ -539,8 +562,7 @@ class Follower:
         all_done_at = None
         ended_here = False
         while not backend_job.finished:
-            for event in backend_job.poll(POLL_SECONDS):
-                self.show(event)
+            self.show_all(backend_job.poll(POLL_SECONDS))
             job.take_reported_roll_call()
             if job.model.stall_needs_roll_call():
                 self._stall_roll_call()
@@ -612,8 +634,7 @@ class Follower:
                     waited.append(True)
                     self._say(f"asking the ranks of job {job.name} where they are (up to {limit:g}s; interrupt "
                               "again to stop at once)")
-                for event in backend_job.poll(0.05):
-                    self.show(event)
+                self.show_all(backend_job.poll(0.05))
         try:
             return str(job.roll_call(limit, pump=pump))
         except OSError as exc:
@@ -634,8 +655,7 @@ class Follower:
                     backend_job.cancel()
                     requested_at = clock()
                 while not backend_job.finished and clock() - requested_at < self.settings.stop_limit:
-                    for event in backend_job.poll(POLL_SECONDS):
-                        self.show(event)
+                    self.show_all(backend_job.poll(POLL_SECONDS))
                 break
             except KeyboardInterrupt:
                 if requested_at is not None:

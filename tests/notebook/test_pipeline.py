@@ -222,3 +222,29 @@ def test_an_interrupt_before_any_rank_started_stops_without_a_roll_call(world):
     with pytest.raises(KeyboardInterrupt):
         follower.run()
     assert "where the ranks" not in err.getvalue() and "interrupted: stopping job" in err.getvalue()
+
+
+def test_a_run_of_output_lines_is_folded_and_logged_as_each_line_would_be(tmp_path):
+    """A flood's lines are taken a poll's run at a time (``Follower.show_all``): the model and the
+    logs end the same as when each line is taken alone, a line of a rank beyond the world included."""
+    lines = [Output(n % 3, "stdout" if n % 4 else "stderr", f"line {n}" if n % 5 else "  ") for n in range(40)]
+    lines.append(Output(9, "stdout", "no such rank"))
+    jobs = []
+    jobdir.prepare(str(tmp_path))
+    for name in ("one-by-one", "at-once"):
+        job = Job(name, "scripted", 3, 3, FakeClock())
+        job.job_dir = jobdir.create(str(tmp_path), name)
+        if name == "one-by-one":
+            for line in lines:
+                job.record(line)
+        else:
+            job.record_lines(lines)
+        jobs.append(job)
+    one, many = jobs
+    assert many.model.version == one.model.version == 40, "the line of no rank changes nothing"
+    assert many.model.last_activity == one.model.last_activity
+    assert list(many.model.tail) == list(one.model.tail) and many.model.outputs == one.model.outputs == 40
+    for a, b in zip(one.ranks, many.ranks):
+        assert (list(a.tail), a.outputs, a.last_line) == (list(b.tail), b.outputs, b.last_line)
+    assert [many.logs(r) for r in (0, 1, 2, None)] == [one.logs(r) for r in (0, 1, 2, None)]
+    assert "[rank 1] [stderr] line 4\n" in many.logs()

@@ -244,8 +244,9 @@ class LocalJob:
 
     def poll(self, timeout: float) -> list[Event]:
         batch = self._events.take(timeout)
+        # (the end is the last event the readers put: the last of the batch it comes in)
+        self._finished = self._finished or bool(batch) and isinstance(batch[-1], LauncherExited)
         batch.extend(self._check_ranks_and_launcher())
-        self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
     def _check_ranks_and_launcher(self) -> list[Event]:

@@ -362,11 +362,12 @@ class SlurmJob:
 
     def poll(self, timeout: float) -> list[Event]:
         batch = self._events.take(timeout if self._allocation is None else 0.0)
+        # (the end is the last event the reader puts: the last of the batch it comes in)
+        self._finished = self._finished or bool(batch) and isinstance(batch[-1], LauncherExited)
         with self._allocation_lock:
             allocation, self._allocation = self._allocation, None
         if allocation is not None:
             batch.insert(0, allocation)
-        self._finished = self._finished or any(isinstance(e, LauncherExited) for e in batch)
         return batch
 
     def cancel(self) -> None:
