@@ -193,8 +193,7 @@ class Job:
             self._log("launcher.log", event.text)
         elif isinstance(event, events.LauncherExited):
             self.flush_logs()
-        if self._pending_bytes > _FLUSH_BYTES or self._clock() - self._last_flush > _FLUSH_SECONDS:
-            self.flush_logs()
+        self._flush_when_due()
 
     def record_lines(self, lines: list[events.Output]) -> None:
         """``record`` of each of many output lines at once (a flood's): folded, then logged per rank and all
@@ -215,6 +214,9 @@ class Job:
             together.append(tagged)
             size += len(line) + len(tagged)
         self._pending_bytes += size
+        self._flush_when_due()
+
+    def _flush_when_due(self) -> None:
         if self._pending_bytes > _FLUSH_BYTES or self._clock() - self._last_flush > _FLUSH_SECONDS:
             self.flush_logs()
 

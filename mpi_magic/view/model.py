@@ -148,7 +148,7 @@ class JobModel:
         self.clock = clock
         self.started_at = clock()
         self.ended_at: float | None = None
-        self.last_activity = self.started_at  # when a rank last showed a sign of life (events.SIGNS_OF_LIFE), by our clock
+        self.last_activity = self.started_at  # when a rank last showed life (events.SIGNS_OF_LIFE), by our clock
         self.version = 0  # bumped on every change, so views redraw only when needed
         self.tail: deque = deque(maxlen=OUTPUT_TAIL)  # (rank, stream, text) of every rank, in order
         self.launcher_tail: deque = deque(maxlen=20)
