@@ -12,7 +12,7 @@ import queue
 import time
 from typing import Iterable
 
-from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStarted
+from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStacks, RankStarted
 from .launcher import LauncherLog
 
 # At most this many events are handed out by one poll, gathered for at most this many seconds: the
@@ -30,6 +30,7 @@ class Tally:
         self.world_size: int | None = None  # as the ranks said (None before the first started)
         self.reported: set[int] = set()  # the ranks that finished the cell, either way
         self.failed = False  # a rank reported a failure in this cell
+        self.answered: set[int] = set()  # the ranks that sent their stack since it was cleared (when they were asked)
         self.log = LauncherLog()  # the launcher's own last lines
 
     def take(self, events: Iterable[Event]) -> None:
@@ -45,6 +46,8 @@ class Tally:
                 self.failed = self.failed or not event.ok
             elif isinstance(event, LauncherOutput):
                 self.log.add(event.text)
+            elif isinstance(event, RankStacks):
+                self.answered.add(event.rank)
 
     def new_cell(self) -> None:
         self.reported.clear()
@@ -63,10 +66,10 @@ class Tally:
         rank's failure explains it (the launcher stopped them because of it)."""
         return set() if self.failed else set(self.pids) - self.reported
 
-    def ended(self, returncode: int | None, ranks_started: bool | None = None) -> LauncherExited:
-        """The job's end, from the launcher's exit status and its last words (``LauncherLog.ended``)."""
-        started = bool(self.pids) if ranks_started is None else ranks_started
-        return self.log.ended(returncode, started, self.unreported())
+    def ended(self, returncode: int | None, launcher_hung: bool = False) -> LauncherExited:
+        """The job's end, from the launcher's exit status and its last words (``LauncherLog.ended``); a
+        launcher that hung counts as one that started ranks, whatever they said."""
+        return self.log.ended(returncode, bool(self.pids) or launcher_hung, self.unreported())
 
 
 class EventQueue:

@@ -184,12 +184,11 @@ class Job:
     # -- events and logs --------------------------------------------------------------------
 
     def record(self, event: events.Event) -> None:
-        self.model.fold(event)
         if isinstance(event, events.Output):
-            prefix = "" if event.stream == "stdout" else _STDERR
-            self._log(f"rank-{event.rank}.log", prefix + event.text)
-            self._log("all.log", f"[rank {event.rank}] {prefix}{event.text}")
-        elif isinstance(event, events.LauncherOutput):
+            self.record_lines([event])
+            return
+        self.model.fold(event)
+        if isinstance(event, events.LauncherOutput):
             self._log("launcher.log", event.text)
         elif isinstance(event, events.LauncherExited):
             self.flush_logs()

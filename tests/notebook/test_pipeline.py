@@ -12,6 +12,7 @@ from mpi_magic.shared import cell, jobdir, payload
 from mpi_magic.shared.events import Billing, LauncherExited, LauncherOutput, Output, RankFinished, RankGone, RankStarted
 from mpi_magic.notebook.pipeline import FollowSettings, Follower
 from mpi_magic.notebook.job import Job
+from mpi_magic.view.model import JobModel
 from mpi_magic.runtime.rank import result_path
 from mpi_magic.testing.scripted import FakeClock, ScriptedJob
 from mpi_magic.view.console import ConsoleEcho
@@ -236,15 +237,18 @@ def test_a_run_of_output_lines_is_folded_and_logged_as_each_line_would_be(tmp_pa
         job.job_dir = jobdir.create(str(tmp_path), name)
         if name == "one-by-one":
             for line in lines:
-                job.record(line)
+                job.record_lines([line])
         else:
             job.record_lines(lines)
         jobs.append(job)
     one, many = jobs
-    assert many.model.version == one.model.version == 40, "the line of no rank changes nothing"
-    assert many.model.last_activity == one.model.last_activity
-    assert list(many.model.tail) == list(one.model.tail) and many.model.outputs == one.model.outputs == 40
-    for a, b in zip(one.ranks, many.ranks):
+    folded = JobModel("one-by-one", "scripted", 3, 3, FakeClock())  # each line through the model's own fold
+    for line in lines:
+        folded.fold(line)
+    assert many.model.version == folded.version == 40, "the line of no rank changes nothing"
+    assert many.model.last_activity == folded.last_activity
+    assert list(many.model.tail) == list(folded.tail) and many.model.outputs == folded.outputs == 40
+    for a, b in zip(folded.ranks, many.ranks):
         assert (list(a.tail), a.outputs, a.last_line) == (list(b.tail), b.outputs, b.last_line)
     assert [many.logs(r) for r in (0, 1, 2, None)] == [one.logs(r) for r in (0, 1, 2, None)]
     assert "[rank 1] [stderr] line 4\n" in many.logs()

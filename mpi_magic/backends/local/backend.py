@@ -213,7 +213,7 @@ class LocalJob:
         self._stop()  # what a rank started and left behind
         self._remove_folder()
         with self._decode_lock:  # the launcher is gone: a rank that did not report never will
-            exited = self._tally.ended(returncode, bool(self._tally.pids) or self._stuck)
+            exited = self._tally.ended(returncode, launcher_hung=self._stuck)
         if self._stuck:
             exited.reason = STUCK_REASON
         self._events.put([*self._decoder.rejections(), exited])

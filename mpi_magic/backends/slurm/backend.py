@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, stacks, wire
-from ...shared.events import Allocation, Event, LauncherExited, RankStacks, StreamDecoder
+from ...shared.events import Allocation, Event, LauncherExited, StreamDecoder
 from ...shared.layout import RESULTS
 from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
@@ -185,7 +185,6 @@ class SlurmJob:
         self._ended: JobState | None = None  # Slurm says it ended (a state, "REQUEUED", or "gone from squeue")
         self._nodes = ""  # the job's nodes, once squeue said where it runs
         self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
-        self._answered: set[int] = set()  # the ranks that answered since they were last asked
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._wake = threading.Event()  # set when output is due (a session's cell was sent)
         self._watchdog = _watchdog(job_id)
@@ -256,7 +255,6 @@ class SlurmJob:
         self._tally.take(decoded)
         if first and self._tally.pids and (self._state is None or self._state.state == "PENDING"):
             self._watcher.hurry()  # squeue's word is older than the ranks: what it says now is shown
-        self._answered.update(event.rank for event in decoded if type(event) is RankStacks)
         if decoded:
             self._events.put(decoded)
 
@@ -403,7 +401,7 @@ class SlurmJob:
         sends its stack as an event; the second way follows ``FALLBACK_AFTER`` seconds later (``_follow``)."""
         if self._finished or not self._tally.pids:
             return False
-        self._answered = set()
+        self._tally.answered.clear()
         asked = self._signal_job(stacks.SIGNAL_NAME)
         if asked:
             self._fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
@@ -417,7 +415,7 @@ class SlurmJob:
         due = self._fallback_due
         if due is not None and time.monotonic() >= due:
             self._fallback_due = None
-            if not self._tally.started - self._tally.reported - self._answered:
+            if not self._tally.started - self._tally.reported - self._tally.answered:
                 return  # every running rank answered: none is asked again
             try:
                 self._signal_job(stacks.FALLBACK_NAME)  # ranks that answered the first way drop it
