@@ -170,7 +170,8 @@ def browser_page(dark: bool = False):
 
 def open_notebook(page, server: Server, notebook: str, ui: str = "lab") -> None:
     """Open ``notebook`` in JupyterLab (``lab``) or Notebook 7 (``notebook``) and wait for its kernel."""
-    page.goto(server.url(f"lab/tree/{notebook}" if ui == "lab" else f"notebooks/{notebook}"))
+    page.goto(server.url(f"lab/tree/{notebook}" if ui == "lab" else f"notebooks/{notebook}"),
+              timeout=90_000)  # (JupyterLab's page loads in seconds, but a loaded machine may take ten times that)
     page.wait_for_function("""() => {
         const accept = document.querySelector('.jp-Dialog .jp-mod-accept');  // "select kernel", if asked
         if (accept) accept.click();
