@@ -1,6 +1,6 @@
 """Slurm sessions against the real Slurm cluster on this machine: one allocation whose ranks keep
-their state between cells, interrupted and stopped from the notebook, ended by its idle timeout
-and by a killed kernel, leaving nothing in ``squeue``."""
+their state between cells, interrupted and stopped from the notebook, leaving nothing in ``squeue``
+(what every backend's sessions do is in ``tests/backends/contract``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, ranks_running,
-                     run, slurm_listed, slurm_queue, wait_until)
+from helpers import (SLURM_GONE_WITHIN, needs_hosts, needs_slurm, node_down, once, ranks_running, run, slurm_queue,
+                     wait_until)
 from IPython.core.error import UsageError
 
 from mpi_magic.errors import JobError
@@ -84,12 +84,6 @@ def test_a_failed_node_ends_the_session_naming_it_and_the_allocation_never_runs_
     assert "node n2 of the job failed (NODE_FAIL; Slurm's reason: disk on fire)" in str(raised.value)
     assert session.status == "stopped" and "node n2" in session.ended_reason
     assert wait_until(lambda: slurm_queue(slurm_cluster) == [], SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
-
-
-def test_a_killed_kernel_ends_its_session(slurm_cluster, tmp_path):
-    name = killed_kernel_job(slurm_cluster, str(tmp_path),
-                             'ip.run_line_magic("mpirun_session", "start --backend slurm -i 2 -g 1 --quiet --out s")', "s")
-    assert wait_until(lambda: not slurm_listed(slurm_cluster, name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
 
 
 def test_an_interrupt_reaches_the_ranks_still_in_a_cell_rank_0_has_left(slurm, sessions):

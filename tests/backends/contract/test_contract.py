@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import _thread
 import io
+import json
+import os
 import re
 import socket
+import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
 from IPython.core.error import UsageError
-from helpers import SLURM_GONE_WITHIN, needs_slurm, once, once_running, run, slurm_listed, start_session, wait_until
+from helpers import (BUCKET, ROLE, SLURM_GONE_WITHIN, needs_slurm, once, once_running, run, slurm_listed, start_session,
+                     wait_until)
 
 from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
 
@@ -28,6 +34,7 @@ class On:
     host_of: Callable[[int], str]  # the host an error names for the ranks of an instance
     gone: Callable[[object], bool]  # nothing of an ended job (or session) is left where it ran
     stop_description: str  # how an interrupt stops its jobs, as the sentence says it
+    environ: dict[str, str]  # what another Python (a second kernel) needs to run cells there as this shell does
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +51,25 @@ def on(request, sessions, one_worker) -> On:
         request.getfixturevalue("slurm")  # (which fails the test if a job is left in the queue)
         ip.run_line_magic("mpirun_config", "backend=slurm")
         return On("slurm", ip, lambda instance: f"n{instance + 1}",
-                  lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel")
+                  lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel",
+                  {**cluster.environ, "MPI_MAGIC_BACKEND": "slurm"})
     if request.param == "sagemaker":
         aws = request.getfixturevalue("cloud")
+        settings = {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
+                    "MPI_MAGIC_IMAGE_URI": "local/emulated", "MPI_MAGIC_ROLE": ROLE,
+                    "MPI_MAGIC_S3_ROOT": f"s3://{BUCKET}/{request.getfixturevalue('prefix')}",
+                    # (a session's ranks end once its notebook stopped beating for this long)
+                    "MPI_MAGIC_HEARTBEAT": "1", "MPI_MAGIC_HEARTBEAT_LIMIT": "10"}
 
         def ended(ran) -> bool:  # (a session's handle names its training job apart)
             name = getattr(ran, "job_name", None) or ran.name
             return wait_until(lambda: aws.client("sagemaker").describe_training_job(TrainingJobName=name)[
                 "TrainingJobStatus"] in ("Completed", "Failed", "Stopped"), 30)
-        return On("sagemaker", ip, lambda instance: f"algo-{instance + 1}", ended, "StopTrainingJob")
+        return On("sagemaker", ip, lambda instance: f"algo-{instance + 1}", ended, "StopTrainingJob",
+                  {**request.getfixturevalue("local_aws_env"), **settings})
     ip.run_line_magic("mpirun_config", "view=text")
-    return On("local", ip, lambda instance: socket.gethostname(), _no_rank_process, "SIGINT, then SIGTERM, then SIGKILL")
+    return On("local", ip, lambda instance: socket.gethostname(), _no_rank_process, "SIGINT, then SIGTERM, then SIGKILL",
+              {"MPI_MAGIC_BACKEND": "local"})
 
 
 def _no_rank_process(ran) -> bool:
@@ -191,3 +206,31 @@ def test_an_idle_session_ends_itself_after_max_idle(on):
     session = start_session(on.ip, "-i 1 -g 2 --max-idle 2")
     assert wait_until(lambda: session.status == "stopped", 60)
     assert "idle for 2s (--max-idle)" in session.ended_reason and on.gone(session)
+
+
+def test_a_killed_kernel_leaves_nothing_of_its_session_running(on, tmp_path):
+    """SIGKILL: no atexit, no goodbye; what stops the ranks is the backend's own (a process beside the
+    kernel, the notebook's heartbeat)."""
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
+        import json, time
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpi_magic")
+        ip.run_line_magic("mpirun_config", "view=text")
+        ip.run_line_magic("mpirun_session", "start -i 2 -g 1 --quiet --out s")
+        ip.run_cell_magic("mpirun_remote", "--quiet", "kept = 1")
+        s = ip.user_ns["s"]
+        print(json.dumps({"name": s.name, "job_name": s.job_name, "pids": [r.pid for r in s.ranks]}), flush=True)
+        time.sleep(300)
+        """)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, **on.environ, "MPI_MAGIC_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        said = kernel.stdout.readline()
+        assert said, "the kernel started its session and ran a cell on it"
+    finally:
+        kernel.kill()
+        kernel.wait()
+        kernel.stdout.close()
+    up = json.loads(said)
+    ran = SimpleNamespace(name=up["name"], job_name=up["job_name"], ranks=[SimpleNamespace(pid=p) for p in up["pids"]])
+    assert on.gone(ran), f"nothing of session {up['name']} runs on"

@@ -1,6 +1,6 @@
 """Budgets on the rehearsal cloud (moto and the SageMaker emulator, over real HTTP): a job or a
 session whose cost at list price reaches --max-cost stops with a sentence and leaves its training
-job Stopped; a session idle for --max-idle ends itself; %mpirun_jobs warns of what still runs and
+job Stopped; %mpirun_jobs warns of what still runs and
 what it has cost. One server of each for the module; each test keeps to its own S3 prefix and jobs.
 
 ml.m5.xlarge lists at $0.23 an instance-hour in us-east-1, so two instances spend $0.0005 in
@@ -41,14 +41,6 @@ def test_a_session_that_reaches_its_budget_ends_itself(cloud_sessions, aws, caps
     assert re.fullmatch(r"its cost reached --max-cost \$0\.004 \(about \$0\.004\d* at list price\)",
                         s.ended_reason), s.ended_reason
     assert wait_until(lambda: described(aws, s.job_name)["TrainingJobStatus"] == "Stopped", 30)
-
-
-def test_a_session_idle_for_max_idle_ends_itself(cloud_sessions, aws):
-    ip = cloud_sessions
-    s = start_session(ip, "-i 1 -g 2 --max-idle 2")
-    assert wait_until(lambda: s.status == "stopped", 40)
-    assert "idle for 2s (--max-idle)" in s.ended_reason
-    assert described(aws, s.job_name)["TrainingJobStatus"] == "Completed"
 
 
 def test_mpirun_jobs_warns_of_a_job_still_running_and_what_it_has_cost(ip, cloud, capsys):
