@@ -3,14 +3,15 @@
 its end can say which ranks never reported, and it queues them for the notebook's ``poll``.
 
 A backend's job keeps only its source of lines (a pipe, files on a shared filesystem, a log in the
-cloud) and its way to start and stop.
+cloud) and its way to start and stop; every stop then waits for the end the same way
+(``stop_then_wait``).
 """
 
 from __future__ import annotations
 
 import queue
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStacks, RankStarted
 from .launcher import LauncherLog
@@ -98,3 +99,17 @@ class EventQueue:
         if len(batch) > MAX_BATCH:
             batch, self._held = batch[:MAX_BATCH], batch[MAX_BATCH:]
         return batch
+
+
+def stop_then_wait(stop: Callable[[], None], over: Callable[[], bool], limit: float,
+                   wait: Callable[[], object] = lambda: time.sleep(0.02),
+                   clock: Callable[[], float] = time.monotonic) -> bool:
+    """Ask for the end (``stop``, unless it is ``over`` already), then wait up to ``limit`` seconds for it,
+    calling ``wait`` between looks (a pause, or the follower folding the job's events meanwhile). True
+    once it is over; a limit of 0 asks without waiting."""
+    if not over():
+        stop()
+    deadline = clock() + limit
+    while not over() and clock() < deadline:
+        wait()
+    return over()

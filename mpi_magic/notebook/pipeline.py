@@ -23,6 +23,7 @@ from IPython.core.error import UsageError
 
 from ..backends import registry
 from ..backends.base import AttachableBackend, Backend, BackendJob, SessionBackend
+from ..backends.follow import stop_then_wait
 from ..errors import JobError, JobTimeoutError, MpiMagicError, PayloadError, RemoteRankError, ResultsLost
 from ..options import Config, LaunchOptions
 from ..shared import cell, jobdir, payload
@@ -646,19 +647,22 @@ class Follower:
     def _stop(self, reason: str) -> None:
         """Stop the job; an interrupt while stopping starts the stop again, and once the stop
         is requested, an interrupt only ends the waiting (a cloud job may take minutes)."""
-        job, backend_job, clock = self.job, self.backend_job, self.clock
-        job.model.fold(StopRequested(reason))
-        requested_at = None
+        backend_job = self.backend_job
+        self.job.model.fold(StopRequested(reason))
+        requested = False
+
+        def cancel() -> None:
+            nonlocal requested
+            backend_job.cancel()
+            requested = True
+
         while True:
             try:
-                if requested_at is None:
-                    backend_job.cancel()
-                    requested_at = clock()
-                while not backend_job.finished and clock() - requested_at < self.settings.stop_limit:
-                    self.show_all(backend_job.poll(POLL_SECONDS))
+                stop_then_wait(cancel, lambda: backend_job.finished, self.settings.stop_limit,
+                               lambda: self.show_all(backend_job.poll(POLL_SECONDS)), self.clock)
                 break
             except KeyboardInterrupt:
-                if requested_at is not None:
+                if requested:
                     break
 
     def in_background(self, deliver: Callable[[CellRun], None]) -> CellRun:

@@ -25,6 +25,7 @@ from ..shared.cost import budget_reached, dollars
 from ..shared.layout import RESULTS
 from ..shared import stacks as dumps
 from ..backends.base import LEAVE_WAIT, SessionRanks
+from ..backends.follow import stop_then_wait
 from ..errors import JobError, SessionStartError, counted, ranks_phrase
 from . import tracking
 from .holdings import Holdings
@@ -175,14 +176,13 @@ class Session:
         idle = self.status == "idle"
         with self._lock:  # why it ended is the notebook's reason, not what reaches it last of the ranks' end
             self.model.fold(events.StopRequested(reason))
-        if idle:
-            try:
-                ranks.close(reason)
-            except OSError:
-                pass
-            deadline = self.clock() + LEAVE_WAIT
-            while wait and not ranks.finished and self.clock() < deadline:
-                time.sleep(0.01)
+        if idle:  # the ranks are told first, and get a moment to leave by themselves
+            def close() -> None:
+                try:
+                    ranks.close(reason)
+                except OSError:
+                    pass
+            stop_then_wait(close, lambda: ranks.finished, LEAVE_WAIT if wait else 0, clock=self.clock)
         self._end(reason, wait)
 
     def facts(self) -> list[str]:

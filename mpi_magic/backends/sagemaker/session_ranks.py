@@ -23,16 +23,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from ...shared import jobdir, s3channel, wire
-from ...shared.cost import estimate
 from ...errors import ResultsLost, SageMakerSetupError
+from ...shared import envvars, jobdir, s3channel, wire
+from ...shared.cost import estimate
 from ...shared.events import Event, Note, RankReady
 from ...shared.layout import RESULTS, result_path, result_uri
 from ...shared.payload import PAYLOAD_FILE
+from ..follow import stop_then_wait
 from .cell_end import CellEnds
 from .history import record_job
 from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
-from ...shared import envvars
 
 if TYPE_CHECKING:
     from ..base import SessionRanks
@@ -292,13 +292,12 @@ class SageMakerSessionRanks:
             self._beater.join(timeout=10)
         if self.released is not None:
             return  # another notebook holds it, or may: its job is not this notebook's to stop
-        if not self.job.finished:
+
+        def cancel() -> None:
             self.job.describe_every = STOPPING_DESCRIBE
             self.job.cancel()
-        deadline = time.monotonic() + STOP_LIMIT
-        while wait and not self.job.finished and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.job.finished:
+
+        if stop_then_wait(cancel, lambda: self.job.finished, STOP_LIMIT if wait else 0, lambda: time.sleep(0.05)):
             try:
                 os.remove(self.key_file)
             except OSError:

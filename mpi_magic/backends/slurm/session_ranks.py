@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel, interrupt_message
 from .. import launcher as launchers
-from ..base import LEAVE_WAIT
 from ..channel_ranks import ChannelRanks
+from ..follow import stop_then_wait
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
@@ -113,14 +113,11 @@ class SlurmSessionRanks(ChannelRanks):
         self.stop(wait=False)
 
     def stop(self, wait: bool = True) -> None:
-        """Close the channel (rank 0 then ends the session and the job with it); cancel the job
-        if it does not end by itself (``scancel``; at once while it waits in the queue)."""
+        """Close the channel and cancel the job (``scancel``), unless it has ended; ranks told that the
+        session ends had their moment to leave by themselves before this (``Session.stop``)."""
         self.cells.close()
-        if self.job.over.wait(LEAVE_WAIT if wait and self.job.started else 0):
-            return
-        self.job.cancel()
-        if wait:
-            self.job.over.wait(CANCEL_WAIT)
+        stop_then_wait(self.job.cancel, self.job.over.is_set, CANCEL_WAIT if wait else 0,
+                       lambda: self.job.over.wait(0.05))
 
 
 if TYPE_CHECKING:  # read by the type checker only
