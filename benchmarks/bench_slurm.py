@@ -3,9 +3,11 @@ run by hand on the same code, and a session's warm cell against a local session'
 
 Baselines, measured in the same run, taking turns with the magic: ``srun --mpi=pmix`` of the code
 (the quickest way to run it on an allocation), as it comes and with the transports the magic picks on
-nodes without a fabric device (Open MPI's libfabric left out), and ``sbatch --wait`` of a script
-running ``mpirun`` (what the backend submits, waited for by Slurm's own client, which polls the job). Uses the cluster SLURM_CONF points
-at, else starts one on this machine (``mpi_magic.testing.slurm_cluster``) and stops it at the end.
+nodes without a fabric device (Open MPI's libfabric left out); ``salloc`` running ``mpirun`` here, in
+the allocation it holds (mpirun starts its daemons on the nodes through srun), and ``salloc`` running
+``srun``, both with those transports; and ``sbatch --wait`` of a script running ``mpirun`` (what the
+backend submits, waited for by Slurm's own client, which polls the job). Uses the cluster SLURM_CONF
+points at, else starts one on this machine (``mpi_magic.testing.slurm_cluster``) and stops it at the end.
 """
 
 from __future__ import annotations
@@ -54,6 +56,22 @@ def bare_srun_without_libfabric() -> None:
     bare_srun({f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()})
 
 
+def bare_salloc(launch: str):
+    """``salloc`` of the job's shape running ``launch`` (mpirun or srun) on this machine, in the allocation."""
+    if launch == "mpirun":
+        argv = [launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")).path, "-np", "4"]
+    else:
+        argv = ["srun", "--mpi=pmix"]
+    env = {**os.environ, **{f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()},
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+    def run() -> None:
+        subprocess.run(["salloc", "-Q", "-N", "2", "--ntasks-per-node=2", *argv, sys.executable, "-c", CODE],
+                       check=True, stdout=subprocess.DEVNULL, env=env)
+
+    return run
+
+
 def bare_sbatch(folder: str):
     mpirun = launcher.find_launcher(os.environ.get("MPI_MAGIC_MPIRUN")).path
     script = os.path.join(folder, "bare.sh")
@@ -92,17 +110,20 @@ def main() -> None:
         magic = lambda: ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 2 --quiet", CELL)  # noqa: E731
         magic_srun = lambda: ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 -g 2 --srun --quiet", CELL)  # noqa: E731
         magic()  # warm the page cache
-        cell, cell_srun, srun, srun_lean, sbatch = interleaved(
-            [magic, magic_srun, bare_srun, bare_srun_without_libfabric, bare_sbatch(folder)], args.repeats)
-        print(f"one-off cell, 2 nodes x 2 ranks, median of {args.repeats} rounds, each taking the five in turn:")
+        cell, cell_srun, srun, srun_lean, salloc_mpirun, salloc_srun, sbatch = interleaved(
+            [magic, magic_srun, bare_srun, bare_srun_without_libfabric, bare_salloc("mpirun"), bare_salloc("srun"),
+             bare_sbatch(folder)], args.repeats)
+        print(f"one-off cell, 2 nodes x 2 ranks, median of {args.repeats} rounds, each taking the seven in turn:")
         print(f"  %%mpirun_remote --backend slurm -i 2 -g 2          {median(cell):6.3f} s  (mpirun in the allocation)")
         print(f"  %%mpirun_remote --backend slurm -i 2 -g 2 --srun   {median(cell_srun):6.3f} s")
         print(f"  bare srun --mpi=pmix                                {median(srun):6.3f} s")
         print(f"  bare srun --mpi=pmix, btl and mtl ^ofi              {median(srun_lean):6.3f} s  (the magic's transports)")
+        print(f"  bare salloc running mpirun here                     {median(salloc_mpirun):6.3f} s  (same transports)")
+        print(f"  bare salloc running srun --mpi=pmix                 {median(salloc_srun):6.3f} s  (same transports)")
         print(f"  bare sbatch --wait of mpirun                        {median(sbatch):6.3f} s  (sbatch polls the job)")
-        print(f"  ratio magic --srun / bare srun = {median(cell_srun) / median(srun):.2f}, "
-              f"/ bare srun with the same transports = {median(cell_srun) / median(srun_lean):.2f}; "
-              f"magic (mpirun) / bare sbatch --wait = {median(cell) / median(sbatch):.2f}")
+        print(f"  ratio magic / bare srun with the same transports = {median(cell) / median(srun_lean):.2f}, "
+              f"magic --srun / the same = {median(cell_srun) / median(srun_lean):.2f}; "
+              f"magic / bare salloc running mpirun = {median(cell) / median(salloc_mpirun):.2f}")
         one_node = warm_cells(ip, "--backend slurm -i 1 -g 2", args.cells)
         local = warm_cells(ip, "-i 1 -g 2", args.cells)
         two_nodes = warm_cells(ip, "--backend slurm -i 2 -g 2", args.cells)
