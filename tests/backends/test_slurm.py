@@ -81,7 +81,7 @@ def test_what_slurm_and_the_batch_script_write_is_private_whatever_the_umask(slu
     finally:
         os.umask(before)
     job_dir = slurm.user_ns["job"].job_dir
-    assert {"batch.sh", "launcher.out", "launcher.err", "launcher.exit"} <= set(os.listdir(job_dir))
+    assert {"job.sh", "launcher.out", "launcher.err", "launcher.exit"} <= set(os.listdir(job_dir))
     modes = {}
     for folder, _, files in os.walk(cache_dir):
         modes[folder] = stat.S_IMODE(os.stat(folder).st_mode)
@@ -130,10 +130,10 @@ def test_a_waiting_job_shows_slurms_reason_and_a_cancel_removes_it_at_once(slurm
 
 @pytest.mark.parametrize("line", ["", "--slurm-args --requeue"])
 def test_a_failed_node_is_named_with_slurms_reason_and_the_job_never_runs_again(slurm, slurm_cluster, line):
-    """Slurm ends the job (NODE_FAIL) as its node goes down; left to itself it would requeue the job
-    and run the cell again minutes later, with nobody watching (a job that asks to be requeued is
-    cancelled once its cell has ended). Its other node, drained for maintenance just before, failed
-    nothing, and is not named."""
+    """Slurm ends the job (NODE_FAIL) as its node goes down; a cell's job is an allocation salloc holds,
+    which Slurm never requeues, so the cell never runs again minutes later with nobody watching, even where
+    ``--slurm-args`` asks for it (a batch job's word, left out). Its other node, drained for maintenance
+    just before, failed nothing, and is not named."""
     def drain():
         slurm_cluster.run("scontrol", "update", "nodename=n1", "state=drain", "reason=maintenance")
 
@@ -298,14 +298,14 @@ def test_without_slurms_commands_the_cell_says_where_to_run(slurm, tmp_path):
     assert str(raised.value).startswith("no Slurm client on PATH (sbatch not found): run the notebook where")
 
 
-def test_dry_run_prints_the_batch_script_and_the_sbatch_line_and_submits_nothing(slurm, slurm_cluster, capsys):
+def test_dry_run_prints_the_script_and_the_salloc_line_and_submits_nothing(slurm, slurm_cluster, capsys):
     run(slurm, "--backend slurm -i 2 -g 2 --time 5 --account physics --slurm-args '--exclusive' --dry-run", "x = 1")
     printed = capsys.readouterr().out
     assert "#!/bin/bash" in printed and "mpirun -np 4 --tag-output" in printed and "-m mpi_magic.runtime" in printed
-    sbatch_path = slurm_cluster.run("which", "sbatch").stdout.strip()
-    sbatch = next(line for line in printed.splitlines() if line.startswith(sbatch_path))
-    for word in ("--parsable", "--nodes=2", "--ntasks-per-node=2", "--time=5", "--account=physics", "--exclusive"):
-        assert f" {word} " in sbatch, sbatch
+    salloc_path = slurm_cluster.run("which", "salloc").stdout.strip()
+    salloc = next(line for line in printed.splitlines() if line.startswith(salloc_path))
+    for word in ("--nodes=2", "--ntasks-per-node=2", "--time=5", "--account=physics", "--exclusive", "/bin/bash"):
+        assert f" {word} " in salloc, salloc
     assert "sbatch --test-only: Job " in printed and "to start at" in printed
     assert slurm_queue(slurm_cluster) == []
 
@@ -461,9 +461,11 @@ def test_a_slurm_job_reopens_in_a_new_python_from_its_folder_in_the_shared_cache
     with pytest.raises(RemoteRankError):
         run(slurm, "--backend slurm -i 2 -g 1 --out job", textwrap.dedent("""\
             import mpi_magic
+            from mpi4py import MPI
             for step in mpi_magic.progress(range(4)):
                 mpi_magic.log(loss=1.0 / (step + 1))
             print("on", mpi_magic.instance())
+            MPI.COMM_WORLD.barrier()  # (rank 1 fails once rank 0 has logged: the job then stops the rest)
             if mpi_magic.rank() == 1:
                 raise ValueError("bad shard")
             """))
@@ -492,7 +494,8 @@ def test_an_exported_slurm_job_runs_from_bash_as_a_batch_job_of_the_same_shape(s
     folder = tmp_path / "exported"
     slurm.run_line_magic("mpirun_export", f"--to {folder}")
     launch = (folder / "launch.txt").read_text()
-    assert launch.startswith(f"batch script {folder}/batch.sh:\n#!") and "--nodes=2" in launch
+    assert launch.startswith(f"script {folder}/job.sh, run here by salloc in the allocation:\n#!") and \
+        "--nodes=2" in launch
     done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
     assert done.returncode == 0, done.stderr

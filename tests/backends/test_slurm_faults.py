@@ -5,6 +5,7 @@ slurmd started again where it was lost (as a node that rebooted)."""
 
 from __future__ import annotations
 
+import socket
 import textwrap
 import time
 
@@ -17,8 +18,10 @@ from mpi_magic.errors import MpiMagicError, RankExitError
 pytestmark = [needs_slurm(), needs_hosts()]
 
 # every process of a node killed, the node still on the network: mpirun's connection to its daemon there
-# ends at once, and its words name the node
-LOST = "node n2 stopped answering mpirun on n1 (lost, or cut off)"
+# ends at once, and its words name the node; a cell's mpirun runs here, in the allocation salloc holds, and
+# a session's on the first node of its batch job
+LOST = f"node n2 stopped answering mpirun on {socket.gethostname()} (lost, or cut off)"
+SESSION_LOST = "node n2 stopped answering mpirun on n1 (lost, or cut off)"
 # a node that goes silent (its link down, or the machine gone) is noticed by Slurm once it has not
 # answered for SlurmdTimeout: mpirun's daemon and the ranks wait on
 SILENT = "node n2 of the job failed (NODE_FAIL; Slurm's reason: Not responding)"
@@ -133,8 +136,8 @@ def test_a_session_that_loses_a_node_under_a_cell_ends_with_a_sentence_naming_it
     with once(lambda: s.status == "running", lambda: slurm_cluster.bed.kill_all("n2"), pause=1), \
             pytest.raises(MpiMagicError) as raised:
         run(faults, "--quiet", BUSY_CELL)
-    assert s.status == "stopped" and s.ended_reason == LOST
-    assert f"session {s.name} ended: {LOST}; every rank was stopped" in str(raised.value)
+    assert s.status == "stopped" and s.ended_reason == SESSION_LOST
+    assert f"session {s.name} ended: {SESSION_LOST}; every rank was stopped" in str(raised.value)
     assert wait_until(lambda: _left_in(slurm_cluster, "n1") == [], 10), _left_in(slurm_cluster, "n1")
 
 
@@ -146,6 +149,6 @@ def test_a_session_that_loses_a_node_between_cells_says_so_at_the_next_cell(faul
     capsys.readouterr()
     run(faults, "--backend slurm -i 1 -g 2 --quiet", "kept = 2")  # (as a one-off job)
     said = capsys.readouterr()
-    assert f"session {s.name} ended ({LOST}); this cell runs as a one-off job" in said.out + said.err
+    assert f"session {s.name} ended ({SESSION_LOST}); this cell runs as a one-off job" in said.out + said.err
     assert faults.user_ns["kept"] == 2
     assert wait_until(lambda: _left_in(slurm_cluster, "n1") == [], 10), _left_in(slurm_cluster, "n1")

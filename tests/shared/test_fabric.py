@@ -1,9 +1,7 @@
 """Open MPI's libfabric transports left out where a node has no fabric device, as mpirun's
-arguments (SageMaker's bootstrap) and as a batch script's lines (Slurm), run by bash."""
+arguments (SageMaker's bootstrap) and by each rank on its own node as it starts."""
 
 from __future__ import annotations
-
-import subprocess
 
 from mpi_magic.shared import fabric
 
@@ -31,13 +29,15 @@ def test_a_device_in_either_class_keeps_libfabric(tmp_path):
         assert fabric.has_device(classes) and fabric.mca_args([], {}, classes) == []
 
 
-def _exported(tmp_path, classes: list[str], **environ: str) -> str:
-    script = fabric.shell_lines(classes) + '\necho "btl=${OMPI_MCA_btl-} mtl=${OMPI_MCA_mtl-}"\n'
-    return subprocess.run(["bash", "-c", script], env=environ, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def test_a_batch_script_decides_on_its_node_and_keeps_what_the_job_set(tmp_path):
-    assert _exported(tmp_path, _classes(tmp_path / "bare")) == "btl=^ofi mtl=^ofi"
-    assert _exported(tmp_path, _classes(tmp_path / "bare"), OMPI_MCA_btl="self,sm,tcp") == "btl=self,sm,tcp mtl=^ofi"
+def test_a_rank_decides_on_its_own_node_and_keeps_what_the_job_set(tmp_path):
+    bare = _classes(tmp_path / "bare")
+    environ: dict[str, str] = {}
+    fabric.leave_out(environ, bare)
+    assert environ == {"OMPI_MCA_btl": "^ofi", "OMPI_MCA_mtl": "^ofi"}
+    environ = {"OMPI_MCA_btl": "self,sm,tcp"}  # (mpirun's --mca btl self,sm,tcp arrives in a rank as this)
+    fabric.leave_out(environ, bare)
+    assert environ == {"OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_mtl": "^ofi"}
     # one class with a device and the other without is a node with a fabric
-    assert _exported(tmp_path, _classes(tmp_path / "ib", "infiniband/mlx5_0")) == "btl= mtl="
+    environ = {}
+    fabric.leave_out(environ, _classes(tmp_path / "ib", "infiniband/mlx5_0"))
+    assert environ == {}

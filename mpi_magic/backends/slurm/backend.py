@@ -1,8 +1,10 @@
-"""Ranks as one Slurm batch job (``sbatch --parsable``) of ``--instances`` nodes with ``--gpus``
-tasks each. The launcher runs inside the allocation (``mpirun``, which reads it, or ``srun
---mpi=pmix``); its output goes to files in the job folder, on a filesystem the nodes share, which
-the notebook reads as they grow; one batched ``squeue`` says where the job is in the queue and
-how much of its time is left. A process beside the notebook cancels the job if the kernel dies.
+"""Ranks as one Slurm job of ``--instances`` nodes with ``--gpus`` tasks each: a cell's job is an
+allocation (``salloc``) whose launcher runs on this machine, in it (``mpirun``, which reads the
+allocation and starts its daemons on the nodes through srun, or ``srun --mpi=pmix``); a session's is a
+batch job (``sbatch``), whose launcher runs on its first node. The launcher's output goes to files in
+the job folder, on a filesystem the nodes share, which the notebook reads as they grow; one batched
+``squeue`` says where the job is in the queue and how much of its time is left. A process beside the
+notebook cancels the job if the kernel dies.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .. import launcher as launchers
 from ..follow import EventQueue, Tally
 from . import cluster, commands
 from .queue import REQUEUED_STATES, WATCHER, JobState, QueueWatcher, look
-from .script import ERRORS, EXIT_FILE, OUTPUT, SCRIPT_FILE, batch_script, sbatch_argv, shape
+from .script import ERRORS, EXIT_FILE, OUTPUT, PID_FILE, SCRIPT_FILE, batch_script, salloc_argv, sbatch_argv, shape
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
@@ -58,6 +60,20 @@ REQUEUED_NOT_CANCELLED = ("Slurm put the job back in its queue to run it again l
                           "{why}; cancel it with scancel {job_id}")
 _STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:, [^*]*)? \*\*\*")
 _DUE_TO = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
+# ... and as salloc says it, holding a cell's allocation here: "salloc: error: Node failure on n2", "salloc: Job
+# 40 has exceeded its time limit and its allocation has been revoked.", then for any end "salloc: Job allocation 40
+# has been revoked." (squeue may then say why: a cancel, a preemption)
+_SALLOC_SAYS = {"NODE_FAIL": re.compile(r"salloc: error: Node failure on "),
+                "TIMEOUT": re.compile(r"salloc: Job \d+ has exceeded its time limit")}
+_REVOKED = re.compile(r"salloc: Job allocation \d+ has been revoked")
+_RELINQUISHED = re.compile(r"salloc: Relinquishing job allocation \d+")  # (its own giving back: then revoked)
+# salloc's word on its allocation, on its errors: the job's id at once (pending or granted), then news
+# the notebook shows otherwise (the queue, the end) or has no use for, which is not shown as the launcher's
+_ALLOCATION = re.compile(rb"salloc: (?:Granted|Pending) job allocation (\d+)")
+_SALLOC_NEWS = re.compile(r"\s*salloc: (?:(?:Granted|Pending|Relinquishing) job allocation \d+|job \d+ (?:queued and "
+                          r"waiting for resources|has been allocated resources)|Waiting for resource configuration|"
+                          r"Nodes \S+ are ready for job)$")
+SALLOC_LIMIT = 30.0  # seconds salloc may take to say the job's id (it says it as soon as slurmctld answers)
 
 
 class SlurmBackend:
@@ -69,7 +85,7 @@ class SlurmBackend:
     stop_description = "scancel: SIGINT to every rank, then the job"
 
     def __init__(self, config: Config, options: LaunchOptions):
-        self.sbatch = commands.client("sbatch")
+        self.sbatch, self.salloc = commands.client("sbatch"), commands.client("salloc")
         for name in ("squeue", "scancel", "sinfo"):
             commands.client(name)
         self.partition = cluster.chosen(options, cluster.partitions())
@@ -124,28 +140,34 @@ class SlurmBackend:
         }
 
     def _write(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
-               env: dict[str, str]) -> list[str]:
-        """The batch script, written into the job folder, and the launcher's output and errors made there
+               env: dict[str, str], batch: bool) -> list[str]:
+        """The job's script, written into the job folder, and the launcher's output and errors made there
         empty, 0600: Slurm writes into them as they are, where it would make them by the job's umask;
-        returns the sbatch line that submits it."""
+        returns the line that runs it: ``sbatch`` for a ``batch`` job, else ``salloc``."""
         script = batch_script(job_name, job_dir, self.launch(command, options), env)
         with jobdir.open_private(os.path.join(job_dir, SCRIPT_FILE), "w") as f:
             f.write(script)
         for name in (OUTPUT, ERRORS):
             jobdir.open_private(os.path.join(job_dir, name), "w").close()
-        return sbatch_argv(self.sbatch, job_dir, job_name, options, self.partition.gpus_per_node)
+        line = sbatch_argv if batch else salloc_argv
+        return line(self.sbatch if batch else self.salloc, job_dir, job_name, options, self.partition.gpus_per_node)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
-        """What --dry-run prints: the batch script, the sbatch line, and what ``sbatch --test-only`` said."""
+        """What --dry-run prints: the job's script, the salloc line, and what ``sbatch --test-only`` said."""
         argv = self._write(job_dir, job_name, launchers.runtime_command(job_dir, digest), options,
-                           self.environment(job_name, "<event token>", options))
+                           self.environment(job_name, "<event token>", options), batch=False)
         with open(os.path.join(job_dir, SCRIPT_FILE)) as f:
             script = f.read()
-        return (f"batch script {os.path.join(job_dir, SCRIPT_FILE)}:\n{script}\nsbatch line:\n"
-                + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
+        return (f"script {os.path.join(job_dir, SCRIPT_FILE)}, run here by salloc in the allocation:\n{script}\n"
+                "salloc line:\n" + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
-        return self._submit(job_dir, job_name, launchers.runtime_command(job_dir, digest), options, {})
+        """``salloc``, which runs the job's script here once Slurm grants the allocation."""
+        token = wire.new_token()
+        argv = self._write(job_dir, job_name, launchers.runtime_command(job_dir, digest), options,
+                           self.environment(job_name, token, options), batch=False)
+        job_id, salloc = _allocate(argv, job_dir)
+        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), salloc=salloc)
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
         """One allocation whose ranks wait for cells from this notebook's channel (``session_ranks.py``)."""
@@ -153,11 +175,12 @@ class SlurmBackend:
 
         return start(self, name, options, config)
 
-    def _submit(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
-                extra_env: dict[str, str]) -> SlurmJob:
+    def submit_batch(self, job_dir: str, job_name: str, command: list[str], options: LaunchOptions,
+                     extra_env: dict[str, str]) -> SlurmJob:
+        """``sbatch`` of ``command`` as the job's launched command: a batch job, which lives on by itself."""
         token = wire.new_token()
         env = {**self.environment(job_name, token, options), **extra_env}
-        argv = self._write(job_dir, job_name, command, options, env)
+        argv = self._write(job_dir, job_name, command, options, env, batch=True)
         submitted = commands.run("sbatch", *argv[1:])
         if submitted.returncode != 0:
             raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
@@ -165,17 +188,45 @@ class SlurmBackend:
         return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
 
 
+def _allocate(argv: list[str], job_dir: str) -> tuple[str, subprocess.Popen]:
+    """Start ``salloc`` (in a session of its own: an interrupt is the notebook's to pass on), its output
+    and errors into the job folder's files; the job's id, as salloc says it at once, pending or granted."""
+    errors = os.path.join(job_dir, ERRORS)
+    with open(os.path.join(job_dir, OUTPUT), "ab") as out, open(errors, "ab") as err:
+        salloc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + SALLOC_LIMIT
+    nap = 0.001
+    while True:
+        with open(errors, "rb") as f:
+            said = f.read(1 << 16)
+        found = _ALLOCATION.search(said)
+        if found:
+            return found[1].decode(), salloc
+        if salloc.poll() is not None:
+            refused = subprocess.CompletedProcess(argv, salloc.returncode, "", said.decode(errors="replace"))
+            raise SlurmSetupError(f"Slurm refused the job: {commands.said(refused)}; nothing was submitted")
+        if time.monotonic() > deadline:
+            salloc.kill()
+            salloc.wait()
+            raise SlurmSetupError(f"salloc did not say the job's id within {SALLOC_LIMIT:g}s: is slurmctld up? "
+                                  "(scontrol ping says); nothing was submitted")
+        time.sleep(nap)
+        nap = min(nap * 2, 0.05)
+
+
 class SlurmJob:
-    """A submitted batch job, followed through its files in the job folder and ``squeue``."""
+    """A Slurm job, followed through its files in the job folder and ``squeue``; ``salloc``: the
+    process that holds its allocation here (for a batch job, None)."""
 
     abort_grace = 3.0  # after a rank's failure the launcher ends the job; if it has not, it is cancelled
-    linger = 10.0  # after every rank succeeded the batch script ends within this, else it is cancelled
-    launcher = None  # the launcher runs on a node of the cluster
+    linger = 10.0  # after every rank succeeded the job's script ends within this, else it is cancelled
+    launcher = None  # (the job folder is kept while its record says the job runs)
     stacks_dir = None  # the ranks are asked through Slurm (``request_stacks``)
 
-    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, watcher: QueueWatcher = WATCHER):
+    def __init__(self, job_id: str, name: str, job_dir: str, decoder: StreamDecoder, watcher: QueueWatcher = WATCHER,
+                 salloc: subprocess.Popen | None = None):
         self.job_id, self.name, self.job_dir = job_id, name, job_dir
-        self._decoder, self._watcher = decoder, watcher
+        self._decoder, self._watcher, self._salloc = decoder, watcher, salloc
         self._events = EventQueue(QUEUE_SIZE)
         self._tally = Tally()  # (its hosts: the nodes the ranks said they started on, by Slurm's names)
         self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
@@ -246,8 +297,12 @@ class SlurmJob:
         _release(self._watchdog)
         self._events.put([*self._decoder.rejections(), end])
         self.over.set()
+        if self._salloc is not None:  # it gives the allocation back as the script ends: reaped, not waited for
+            _reap(self._salloc)
 
     def _deliver(self, lines: list[str], stream: str) -> None:
+        if self._salloc is not None and stream == "stderr":
+            lines = [line for line in lines if not _SALLOC_NEWS.match(line)]
         if not lines:
             return
         decoded = self._decoder.feed_lines(lines, stream)
@@ -332,15 +387,26 @@ class SlurmJob:
         self._wake.set()
 
     def _slurm_said(self) -> str | None:
-        """The state Slurm ended the job in, as slurmstepd wrote it into the error file (at once,
-        where squeue may say it seconds later), else as squeue said it; None where Slurm did not end it."""
+        """The state Slurm ended the job in, as slurmstepd wrote it into the error file or salloc said it
+        there (at once, where squeue may say it seconds later), else as squeue said it; None where Slurm
+        did not end it."""
+        revoked = False
         for line in reversed(self._tally.log.lines):
             found = _STEPD_SAYS.search(line)
             if found:
                 return _DUE_TO.get(found[1] or "", "CANCELLED")
+            for state, says in _SALLOC_SAYS.items():
+                if says.search(line):
+                    return state
+            if _RELINQUISHED.search(line):  # salloc gave the allocation back as the launcher ended: what
+                revoked = False  # it said after that is about its own giving back
+                break
+            revoked = revoked or bool(_REVOKED.search(line))
+        if revoked and (self._ended is None or self._ended.state not in ENDED_BY_SLURM):
+            self._ask_slurm()  # salloc says only that the allocation ended: squeue may say why
         if self._ended is not None and self._ended.state in ENDED_BY_SLURM:
             return self._ended.state
-        return None
+        return "CANCELLED" if revoked else None
 
     # -- BackendJob ------------------------------------------------------------------------
 
@@ -378,6 +444,7 @@ class SlurmJob:
         if pending:
             commands.run("scancel", self.job_id)
         else:
+            self._signal_launcher_here(signal.SIGINT)
             commands.run("scancel", "--full", "--signal=INT", self.job_id)
             self._cancel_after_grace()
         self._watcher.hurry()
@@ -409,7 +476,21 @@ class SlurmJob:
 
     def _signal_job(self, name: str) -> bool:
         signum = int(getattr(signal, name))  # (by number: scancel knows only some signals by name)
+        self._signal_launcher_here(signum)
         return commands.run("scancel", "--full", f"--signal={signum}", self.job_id).returncode == 0
+
+    def _signal_launcher_here(self, signum: int) -> None:
+        """The signal to the launcher, where it runs here under salloc: scancel's reaches the job's steps
+        on the nodes (mpirun's daemons), not mpirun, which passes it on to every rank (as a batch job's
+        mpirun, in the batch step scancel signals, does)."""
+        if self._salloc is None or self._salloc.poll() is not None or os.path.exists(os.path.join(self.job_dir,
+                                                                                                   EXIT_FILE)):
+            return  # (a launcher that ended is not signalled: its number may be another process's by now)
+        try:
+            with open(os.path.join(self.job_dir, PID_FILE)) as f:
+                os.kill(int(f.read().strip()), signum)
+        except (OSError, ValueError):
+            pass  # not started yet, or ended: Slurm's signal is the one that counts
 
     def _ask_the_second_way_when_due(self) -> None:
         due = self._fallback_due
@@ -501,6 +582,16 @@ def _release(watchdog: subprocess.Popen) -> None:
     except OSError:
         pass
     watchdog.wait()
+
+
+def _reap(salloc: subprocess.Popen) -> None:
+    """salloc, once the job's script has ended: it exits as it gives the allocation back (ended, if it
+    has not within EXIT_WAIT; the job was cancelled, or ended, in Slurm by then)."""
+    try:
+        salloc.wait(EXIT_WAIT)
+    except subprocess.TimeoutExpired:
+        salloc.kill()
+        salloc.wait()
 
 
 def _quoted(argv: list[str]) -> list[str]:

@@ -36,7 +36,8 @@ def run(name: str, *args: str) -> subprocess.CompletedProcess:
 def said(completed: subprocess.CompletedProcess) -> str:
     """Slurm's reason, without its prefix: "sbatch: error: Batch job submission failed: Invalid
     account" -> "Batch job submission failed: Invalid account"."""
-    lines = [line.strip() for line in (completed.stderr or completed.stdout or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in (completed.stderr or completed.stdout or "").splitlines()
+             if line.strip() and not line.startswith('Try "')]  # (getopt's "Try "salloc --help" ...")
     errors = [line for line in lines if ": error: " in line] or lines
     if not errors:
         return f"exit status {completed.returncode}"

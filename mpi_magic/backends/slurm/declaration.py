@@ -79,7 +79,7 @@ SLURM = Declaration(
     name="slurm", about="a Slurm batch job", make=_make, default_gpus=_default_gpus,
     max_ranks=65536, why_max="the notebook keeps live state for every rank",
     options=OPTIONS, settings=SETTINGS, values=values, idle_default=IDLE_DEFAULT,
-    export_needs="Slurm's commands (`sbatch`, `squeue`, `scancel`) reaching the cluster the job ran on, and the "
+    export_needs="Slurm's commands (`salloc`, `squeue`, `scancel`) reaching the cluster the job ran on, and the "
                  "cache folder (`MPI_MAGIC_CACHE_DIR`) on a file system its nodes share",
-    export_launch="the batch script (also `batch.sh`) and the sbatch line",
+    export_launch="the job's script (also `job.sh`) and the salloc line that runs it",
 )

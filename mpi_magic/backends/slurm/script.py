@@ -1,7 +1,11 @@
-"""The batch script and the ``sbatch`` line of a job: what ``--dry-run`` prints, and what runs.
+"""The script of a job and the line that runs it: ``salloc`` for a cell's one-off job, which runs the
+script on this machine once the allocation is granted (mpirun there starts its daemons on the nodes
+through srun, as it would inside a batch job, without Slurm starting a batch job first), and
+``sbatch`` for a session's ranks, which live on between the notebook's calls. What ``--dry-run``
+prints, and what runs.
 
 The script starts the launcher in the background and waits for it, so that a signal Slurm sends
-the batch shell (``scancel --signal``, the time limit's SIGTERM) reaches the launcher and the ranks
+the script's shell (``scancel --signal``, the time limit's SIGTERM) reaches the launcher and the ranks
 instead of ending the shell alone; it then writes the launcher's exit status into the job
 folder, which is how the notebook learns at once that the job is over.
 """
@@ -12,11 +16,12 @@ import os
 import shlex
 
 from ...options import LaunchOptions
-from ...shared import envvars, fabric
+from ...shared import envvars
 
 OUTPUT, ERRORS = "launcher.out", "launcher.err"  # in the job folder: the launcher's stdout and stderr
 EXIT_FILE = "launcher.exit"  # in the job folder: the launcher's exit status, once it has ended
-SCRIPT_FILE = "batch.sh"
+PID_FILE = "launcher.pid"  # in the job folder: the launcher's process id, where it runs
+SCRIPT_FILE = "job.sh"
 
 
 def sbatch_argv(sbatch: str, job_dir: str, job_name: str, options: LaunchOptions, gpus_per_node: int) -> list[str]:
@@ -26,6 +31,15 @@ def sbatch_argv(sbatch: str, job_dir: str, job_name: str, options: LaunchOptions
     return [sbatch, "--parsable", "--no-requeue", f"--job-name={job_name}", f"--chdir={os.getcwd()}",
             f"--output={os.path.join(job_dir, OUTPUT)}", f"--error={os.path.join(job_dir, ERRORS)}",
             *shape(options, gpus_per_node), os.path.join(job_dir, SCRIPT_FILE)]
+
+
+def salloc_argv(salloc: str, job_dir: str, job_name: str, options: LaunchOptions, gpus_per_node: int) -> list[str]:
+    """``salloc`` of the job's shape running the job's script here (its output and errors go into the job
+    folder, as a batch job's do: the caller opens them). Slurm never requeues such a job, so salloc takes
+    no word on it (``--requeue`` in ``--slurm-args``, meant for a batch job, is left out)."""
+    asked = [word for word in shape(options, gpus_per_node) if word not in ("--requeue", "--no-requeue")]
+    return [salloc, f"--job-name={job_name}", f"--chdir={os.getcwd()}", *asked, "/bin/bash",
+            os.path.join(job_dir, SCRIPT_FILE)]
 
 
 def shape(options: LaunchOptions, gpus_per_node: int) -> list[str]:
@@ -46,15 +60,17 @@ def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, 
     exports = "\n".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
     exit_file = shlex.quote(os.path.join(job_dir, EXIT_FILE))
     return f"""#!/bin/bash
-# mpi_magic job {job_name}: the ranks of one cell (written by mpi_magic, run by sbatch)
+# mpi_magic job {job_name}: the ranks of one cell, or a session's (written by mpi_magic, run by salloc or sbatch)
 {exports}
-export {envvars.MASTER_ADDR}="$(hostname)"  # the first node of the allocation, where rank 0 runs
+# rank 0 runs on the allocation's first node, as Slurm names it (the script itself may run here, under salloc)
+first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)"
+export {envvars.MASTER_ADDR}="${{first_node:-$(hostname)}}"
 export {envvars.MASTER_PORT}=$((20000 + SLURM_JOB_ID % 40000))  # one job's own, on that node
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-{fabric.shell_lines()}
 trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs from Slurm
 {" ".join(shlex.quote(word) for word in launch)} &
 launcher=$!
+(umask 077; echo "$launcher" > {shlex.quote(os.path.join(job_dir, PID_FILE))})  # private, as the exit status
 while :; do
   wait "$launcher"; status=$?
   kill -0 "$launcher" 2>/dev/null || break  # wait returned for a signal: the launcher runs on

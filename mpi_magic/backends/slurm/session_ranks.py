@@ -40,7 +40,7 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     cells = SocketChannel(None, secret, tcp_host=config.get("notebook_host") or this_host())
     command = launchers.session_command(cells.address, options.max_idle)
     try:
-        job = backend._submit(folder, name, command, options, {envvars.SESSION_SECRET: secret})
+        job = backend.submit_batch(folder, name, command, options, {envvars.SESSION_SECRET: secret})
     except BaseException:
         cells.close()
         raise

@@ -233,4 +233,4 @@ def test_a_killed_kernel_leaves_nothing_of_its_session_running(on, tmp_path):
         kernel.stdout.close()
     up = json.loads(said)
     ran = SimpleNamespace(name=up["name"], job_name=up["job_name"], ranks=[SimpleNamespace(pid=p) for p in up["pids"]])
-    assert on.gone(ran), f"nothing of session {up['name']} runs on"
+    assert wait_until(lambda: on.gone(ran), 10), f"nothing of session {up['name']} runs on"
