@@ -290,10 +290,13 @@ class Trial:
 
     def said(self, line: str, cell: str = "x = 1\n") -> str:
         """What a cell with ``line`` shows: what it printed, and what it raised as IPython shows it."""
+        return self._shown(lambda: self.ip.run_cell_magic("mpirun_remote", line, cell))
+
+    def _shown(self, run) -> str:
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             try:
-                self.ip.run_cell_magic("mpirun_remote", line, cell)
+                run()
             except Exception as exc:  # noqa: BLE001 (what the user sees, whatever it is)
                 shown = getattr(exc, "_render_traceback_", lambda: [f"{type(exc).__name__}: {exc}"])()
                 return plain(printed.getvalue() + "\n".join(shown))
@@ -320,6 +323,15 @@ class Trial:
         self.request.getfixturevalue("slurm")
         return self.said(f"--backend slurm {line}")
 
+    def on_slurm_session(self, line: str) -> str:
+        """What starting a Slurm session with ``line`` shows."""
+        missing = slurm_missing()
+        if missing:
+            pytest.skip(missing)
+        self.request.getfixturevalue("slurm")
+        self.request.getfixturevalue("sessions")
+        return self._shown(lambda: self.ip.run_line_magic("mpirun_session", f"start --backend slurm {line}"))
+
     def without_sdk(self) -> Trial:
         """As where the SageMaker SDK is not installed (boto3 alone)."""
         for module in ("sagemaker", "sagemaker.core"):
@@ -333,6 +345,13 @@ class Trial:
         self.request.getfixturevalue("aws")
         self.monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{free_port()}")
         return self
+
+
+def _unshared_job_folder(trial: Trial) -> str:
+    folder = tempfile.mkdtemp(prefix="mpi_magic_unshared_", dir="/dev/shm")
+    trial.request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    trial.ip.run_line_magic("mpirun_config", f"cache_dir={folder}")
+    return trial.on_slurm("")
 
 
 def _another_python(trial: Trial) -> str:
@@ -429,8 +448,10 @@ PRODUCED = {
     "--time 1:00:00": lambda t: t.on_slurm("--partition short --time 1:00:00"),
     "--gpus 64": lambda t: t.on_slurm("--gpus 64"),
     "Slurm would refuse the job": lambda t: t.on_slurm("--reservation nosuch"),
-    # the launcher's output where the nodes cannot write, as a job folder they cannot see
-    "the job ended (FAILED) before its launcher started": lambda t: t.on_slurm(
+    # a job folder in this machine's own /dev/shm, which each test host has apart
+    "the job folder ... is not on node": _unshared_job_folder,
+    # a session's batch script, its output where the nodes cannot write, as a job folder they cannot see
+    "the job ended (FAILED) before its launcher started": lambda t: t.on_slurm_session(
         "--slurm-args=--output=/nonexistent/launcher.out"),
     "ranks [0, 1] stopped before the cell finished": _slurm_time_limit,
 }

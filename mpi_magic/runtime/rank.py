@@ -80,6 +80,9 @@ def main(argv: list[str]) -> int:
     results_uri = _option(argv, "--results")
     place, emitter, reporter = start_up()
     try:
+        if not os.path.isdir(job_dir):  # (a launcher that runs elsewhere than the ranks, with the folder there)
+            raise FileNotFoundError(f"the job folder {job_dir} is not on node {this_host()}: is it on a filesystem "
+                                    "every node shares? (%mpirun_config cache_dir=...)")
         bundle = payload.read(os.path.join(job_dir, payload.PAYLOAD_FILE), digest)
         namespace = build_namespace(bundle)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the job stops
@@ -137,10 +140,13 @@ def start_up() -> tuple[Placement, wire.Emitter, reporting.Reporter]:
 
 
 def announce(emitter: wire.Emitter, place: Placement) -> None:
-    # under Slurm, the node's name in the cluster (what squeue and scontrol show), else the host's
-    host = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     emitter.emit(wire.STARTED, instance=place.instance, local_rank=place.local_rank,
-                 world_size=place.world_size, host=host, pid=os.getpid())
+                 world_size=place.world_size, host=this_host(), pid=os.getpid())
+
+
+def this_host() -> str:
+    """Under Slurm, the node's name in the cluster (what squeue and scontrol show), else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
 
 def event_writer(fd: int, stream_name: str = "stdout"):

@@ -28,13 +28,13 @@ def _option(*flags: str, attached: bool = False, **declaration) -> Option:
 OPTIONS = (
     _option("--partition", default=None, help="slurm: partition (queue) to run in."),
     _option("--time", default=None, metavar="LIMIT",
-            help="slurm: the job's time limit, as sbatch takes it: minutes, or [days-]hours:minutes:seconds."),
+            help="slurm: the job's time limit, as Slurm takes it: minutes, or [days-]hours:minutes:seconds."),
     _option("--account", default=None, help="slurm: account the job is charged to."),
     _option("--qos", default=None, help="slurm: quality of service."),
     _option("--constraint", default=None, metavar="FEATURES", help="slurm: node features the job needs."),
     _option("--reservation", default=None, metavar="NAME", help="slurm: reservation to run in."),
     _option("--slurm-args", default=None, metavar="ARGS", attached=True,
-            help='slurm: extra sbatch arguments, quoted: --slurm-args "--exclusive --mem=0".'),
+            help='slurm: extra salloc/sbatch arguments, quoted: --slurm-args "--exclusive --mem=0".'),
     _option("--srun", action="store_true",
             help="slurm: start the ranks with srun --mpi=pmix instead of mpirun inside the allocation."),
 )
@@ -43,15 +43,15 @@ SETTINGS = (
     Setting("partition", None, text, "slurm: partition (default: the cluster's default partition)"),
     Setting("account", None, text, "slurm: account the jobs are charged to"),
     Setting("qos", None, text, "slurm: quality of service"),
-    Setting("time", None, text, "slurm: time limit of each job, as sbatch --time takes it (e.g. 30, 1:00:00)"),
-    Setting("slurm_args", "", split_args, "slurm: extra sbatch arguments for every job"),
+    Setting("time", None, text, "slurm: time limit of each job, as Slurm's --time takes it (e.g. 30, 1:00:00)"),
+    Setting("slurm_args", "", split_args, "slurm: extra salloc/sbatch arguments for every job"),
     Setting("notebook_host", None, text,
             "slurm sessions: the name or address the ranks reach this notebook at (default: this machine's name)"),
 )
 
 
 def values(args: argparse.Namespace, config: Config) -> dict:
-    """The batch job's settings from the cell (and %mpirun_config), checked for form only."""
+    """The job's settings from the cell (and %mpirun_config), checked for form only."""
     time_limit = config.pick("time", args.time)
     if time_limit is not None and not _TIME.match(time_limit):
         raise UsageError(f"--time {time_limit!r} is not a Slurm time limit; write minutes (30), hours:minutes:seconds "
@@ -76,7 +76,7 @@ def _make(config: Config, options: LaunchOptions) -> SlurmBackend:
 
 
 SLURM = Declaration(
-    name="slurm", about="a Slurm batch job", make=_make, default_gpus=_default_gpus,
+    name="slurm", about="a Slurm job", make=_make, default_gpus=_default_gpus,
     max_ranks=65536, why_max="the notebook keeps live state for every rank",
     options=OPTIONS, settings=SETTINGS, values=values, idle_default=IDLE_DEFAULT,
     export_needs="Slurm's commands (`salloc`, `squeue`, `scancel`) reaching the cluster the job ran on, and the "
