@@ -168,7 +168,7 @@ def test_diagnosing_finds_the_deadlock_inspects_the_failed_rank_follows_the_loss
 
 @pytest.mark.timeout(300)
 @needs_slurm()
-def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_failing_ranks_node(
+def test_slurm_runs_the_quickstart_on_the_nodes_of_an_allocation_and_names_the_failing_ranks_node(
         tmp_path, slurm_cluster):
     nb = executed("slurm.ipynb", tmp_path, cloud=slurm_cluster.environ)  # SLURM_CONF set: the notebook starts none
     shown = text_of(code_cell(nb, "print(total, nodes)").outputs).splitlines()
@@ -177,7 +177,7 @@ def test_slurm_runs_the_quickstart_on_the_nodes_of_a_batch_job_and_names_the_fai
     assert shown[2] == "[(0, 0, 'n1'), (1, 0, 'n1'), (2, 1, 'n2'), (3, 1, 'n2')]", "each rank's host is its node"
     assert text_of(code_cell(nb, "where").outputs) == "[(0, 0, 'n1'), (1, 0, 'n1'), (2, 1, 'n2'), (3, 1, 'n2')]"
     planned = text_of(code_cell(nb, "%%mpirun_remote --backend slurm --instances 2 --gpus 2 --dry-run").outputs)
-    assert re.search(r"^\S*sbatch --parsable .* --nodes=2 --ntasks-per-node=2 \S+/batch\.sh$", planned,
+    assert re.search(r"^\S*salloc .* --nodes=2 --ntasks-per-node=2 /bin/bash \S+/job\.sh$", planned,
                      re.MULTILINE), planned
     assert re.search(r"^\S*mpirun -np 4 .* -m mpi_magic\.runtime ", planned, re.MULTILINE), planned
     assert re.search(r"^sbatch --test-only: Job \d+ to start at .* on nodes n\S+ in partition debug$", planned,

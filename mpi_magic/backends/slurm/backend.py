@@ -196,22 +196,30 @@ def _allocate(argv: list[str], job_dir: str) -> tuple[str, subprocess.Popen]:
         salloc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
     deadline = time.monotonic() + SALLOC_LIMIT
     nap = 0.001
-    while True:
-        with open(errors, "rb") as f:
-            said = f.read(1 << 16)
-        found = _ALLOCATION.search(said)
-        if found:
-            return found[1].decode(), salloc
-        if salloc.poll() is not None:
-            refused = subprocess.CompletedProcess(argv, salloc.returncode, "", said.decode(errors="replace"))
-            raise SlurmSetupError(f"Slurm refused the job: {commands.said(refused)}; nothing was submitted")
-        if time.monotonic() > deadline:
-            salloc.kill()
-            salloc.wait()
-            raise SlurmSetupError(f"salloc did not say the job's id within {SALLOC_LIMIT:g}s: is slurmctld up? "
-                                  "(scontrol ping says); nothing was submitted")
-        time.sleep(nap)
-        nap = min(nap * 2, 0.05)
+    try:
+        while True:
+            with open(errors, "rb") as f:
+                said = f.read(1 << 16)
+            found = _ALLOCATION.search(said)
+            if found:
+                return found[1].decode(), salloc
+            if salloc.poll() is not None:
+                refused = subprocess.CompletedProcess(argv, salloc.returncode, "", said.decode(errors="replace"))
+                raise SlurmSetupError(f"Slurm refused the job: {commands.said(refused)}; nothing was submitted")
+            if time.monotonic() > deadline:
+                raise SlurmSetupError(f"salloc did not say the job's id within {SALLOC_LIMIT:g}s: is slurmctld "
+                                      "up? (scontrol ping says); nothing was submitted")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.05)
+    except BaseException:  # (an interrupt too): salloc gives back what it asked for as it ends
+        if salloc.poll() is None:
+            salloc.terminate()
+            try:
+                salloc.wait(EXIT_WAIT)
+            except subprocess.TimeoutExpired:
+                salloc.kill()
+                salloc.wait()
+        raise
 
 
 class SlurmJob:
