@@ -410,8 +410,8 @@ def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | No
                 back = True
                 cells.all_back()
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                message = channel.stop_message(f"idle for {idle_timeout:g}s (--max-idle)")
+            if deadline is not None and idle_timeout is not None and now >= deadline:
+                message = channel.stop_message(idle_reason(idle_timeout))
                 break
             wait = None if deadline is None else deadline - now
             if not back:
@@ -428,6 +428,11 @@ def _next_message(comm, source: channel.SocketRankEnd | s3channel.S3RankEnd | No
         cells.all_back()
     comm.Ibarrier().Wait()
     return comm.bcast(message, root=0)
+
+
+def idle_reason(idle_timeout: float) -> str:
+    """Why rank 0 ends a session that waited ``idle_timeout`` seconds for a cell."""
+    return f"idle for {idle_timeout:g}s (--max-idle)"
 
 
 def _wait_without_spinning(request) -> None:

@@ -8,7 +8,8 @@ and without sleeping; the local backend's real-mpirun tests check the contract i
     job = ScriptedJob(clock, [(0.0, RankStarted(...)), (1.0, RankFinished(...)), (1.5, LauncherExited(0))])
 
 ``declaration()`` makes it a backend like the others, which the tests register: ``--backend scripted``
-runs each rank of a cell here, in this process, one after another, and plays what they did as a job.
+runs each rank of a cell here, in this process, one after another, and plays what they did as a job;
+its sessions' ranks (``PlayedSessionRanks``) keep a namespace each from cell to cell.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import queue
+import time
 import traceback
-from typing import TYPE_CHECKING, Callable, Union, cast
+from typing import TYPE_CHECKING, Callable, Iterable, Union, cast
 
 from ..backends.base import Declaration
 from ..options import JOB, Option, Setting, positive_float
-from ..shared import payload
-from ..shared.events import Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStacks, RankStarted
+from ..runtime import cell_loop
+from ..runtime import rank as rank_runtime
+from ..shared import channel, payload, reporting, wire
+from ..shared.events import (Event, LauncherExited, LauncherOutput, Output, RankFinished, RankStacks, RankStarted,
+                             StreamDecoder)
 from ..shared.layout import RESULTS, result_path
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend, BackendJob
+    from ..backends.base import Backend, BackendJob, SessionBackend, SessionRanks
     from ..options import Config, LaunchOptions
 
 # At its time, a step is delivered (an event), raised in the watching thread (an exception,
@@ -193,6 +199,147 @@ class PlayedBackend:
         return ScriptedJob(FakeClock(), script, linger=None)
 
 
+    def start_session(self, name: str, options: LaunchOptions, config: Config) -> PlayedSessionRanks:
+        return PlayedSessionRanks(name, options)
+
+
+class PlayedCells(cell_loop.LocalCells):
+    """A played rank's cells: payloads and results in the notebook's job folders, as a local session's
+    ranks have them; nothing to listen on (the notebook hands the cell over in this process)."""
+
+    def __init__(self) -> None:
+        self.source = None
+
+
+class PlayedSessionRanks:
+    """A session's ranks as the scripted backend plays them: each rank a namespace of its own in the
+    notebook's process, kept from cell to cell. A cell sent runs on each rank in turn through the
+    session runtime's own ``run_cell`` (the rank's placement in the environment meanwhile), and what
+    each printed and reported comes back as its events, decoded as a launcher's lines are. Rank 0's
+    wait for the next cell ends the session after ``--max-idle``, in the runtime's words. Nothing runs
+    beside the notebook: no MPI between the ranks, and a cell that blocks, blocks the notebook."""
+
+    stop_description = "a scripted stop"
+    job_name = None
+    latency = 0.0
+    start_limit = 10.0
+    launcher = None
+    stacks_dir = None
+    released = None
+
+    def __init__(self, name: str, options: LaunchOptions):
+        self.name = name
+        self._world, self._per = options.world_size, options.procs_per_instance
+        self._idle_timeout = options.max_idle
+        self._token = wire.new_token()
+        self._decoder = StreamDecoder(self._token)
+        self._namespaces = [rank_runtime.new_namespace() for _ in range(self._world)]
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._finished = self._closed = False
+        self._idle_since = time.monotonic()
+        self._cells = PlayedCells()
+        self._written: list[str] = []  # the lines the rank being played emits (each rank numbers its own)
+        self._emitters = [wire.Emitter(rank, self._written.append, self._token) for rank in range(self._world)]
+        for rank in range(self._world):
+            self._as_rank(rank, _started)
+
+    def _as_rank(self, rank: int, play: Callable[[wire.Emitter, rank_runtime.Placement], None]) -> None:
+        """``play`` as ``rank``: its placement in the environment, what it prints and emits captured."""
+        place = rank_runtime.Placement(rank, self._world, rank // self._per, rank % self._per, self._per,
+                                       self._world // self._per)
+        self._written.clear()
+        emitter = self._emitters[rank]
+        kept = dict(os.environ)
+        printed = io.StringIO()
+        try:
+            rank_runtime.export_placement(place, os.environ)
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                play(emitter, place)
+        finally:
+            os.environ.clear()
+            os.environ.update(kept)
+        for line in printed.getvalue().splitlines():
+            self._events.put(Output(rank, "stdout", line))
+        for event in self._decoder.feed_rank(rank, [line.rstrip("\n") for line in self._written]):
+            self._events.put(event)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished and self._events.empty()
+
+    def poll(self, timeout: float) -> list[Event]:
+        if self._idle_timeout and not self._closed and time.monotonic() - self._idle_since >= self._idle_timeout:
+            self.close(cell_loop.idle_reason(self._idle_timeout))
+        try:
+            batch = [self._events.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while not self._events.empty():
+            batch.append(self._events.get_nowait())
+        return batch
+
+    def connect(self) -> bool:
+        return True
+
+    def send_cell(self, number: int, job_dir: str, digest: str | None) -> None:
+        message = channel.cell_message(number, job_dir, digest)
+
+        def run(emitter: wire.Emitter, place: rank_runtime.Placement) -> None:
+            cell_loop.run_cell(message, place, emitter, reporting.Reporter(emitter), self._namespaces[place.rank],
+                               _NO_INTERRUPTS, self._cells)
+            emitter.emit(wire.READY, cell=number)
+
+        for rank in range(self._world):
+            self._as_rank(rank, run)
+        self._idle_since = time.monotonic()
+
+    def close(self, reason: str) -> None:
+        """Every rank leaves, rank 0 saying why, as the runtime's do."""
+        if self._closed:
+            return
+        self._closed = True
+        self._as_rank(0, lambda emitter, place: emitter.emit(wire.CLOSING, reason=reason))
+        self._events.put(LauncherExited(0))
+        self._finished = True
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """The ranks wrote them into the cell's folder already."""
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """A played cell has run to its end by the time an interrupt could come."""
+
+    def request_stacks(self) -> bool:
+        return False  # (a played rank has no thread of its own to be asked on)
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        return {}
+
+    def facts(self) -> list[str]:
+        return []
+
+    def stop(self, wait: bool = True) -> None:
+        self.close("stopped")
+
+    def let_go(self, reason: str) -> None:
+        self.stop(wait=False)
+
+
+def _started(emitter: wire.Emitter, place: rank_runtime.Placement) -> None:
+    """A played rank's start, as the runtime's: where it runs, then waiting for the first cell."""
+    rank_runtime.announce(emitter, place)
+    emitter.emit(wire.READY, cell=0)
+
+
+class _NoInterrupts(cell_loop.CellInterrupts):
+    """A played cell runs to its end (the notebook's own SIGINT handler stays as it is)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+
+_NO_INTERRUPTS = _NoInterrupts()
+
+
 def _run_rank(bundle: payload.Bundle, job_dir: str, rank: int) -> tuple[list[str], RankFinished]:
     """Run the cell as ``rank`` would: the lines it printed, and its end (rank 0 writes its results file)."""
     namespace = {"__name__": "__main__", **bundle.load_all()[0]}
@@ -239,3 +386,9 @@ if TYPE_CHECKING:  # read by the type checker only: these are a Backend and its 
 
     def _is_backend_job(job: ScriptedJob) -> BackendJob:
         return job
+
+    def _is_session_backend(backend: PlayedBackend) -> SessionBackend:
+        return backend
+
+    def _is_session_ranks(ranks: PlayedSessionRanks) -> SessionRanks:
+        return ranks

@@ -1,6 +1,9 @@
 """What every backend must do, run over each (this machine, the tests' Slurm cluster on its test
-hosts, the SageMaker rehearsal) by one fixture: a backend passes these, and keeps in its own tests
-only what is its own. Each test runs a 2 x 2 cell through the magic, as a user would."""
+hosts, the SageMaker rehearsal, and the scripted backend of ``mpi_magic.testing.scripted``, registered
+here) by one fixture: a backend passes these, and keeps in its own tests only what is its own. Each
+test runs a 2 x 2 cell through the magic, as a user would. The scripted backend plays its ranks one
+after another in the notebook's process: it takes the tests that need no MPI between ranks and no
+process of their own (``on.needs_processes()`` skips the others there, saying so)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from IPython.core.error import UsageError
 from helpers import (BUCKET, ROLE, SLURM_GONE_WITHIN, needs_slurm, once, once_running, run, slurm_listed, start_session,
                      wait_until)
 
+from mpi_magic.backends import registry
 from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
+from mpi_magic.testing import scripted
 
 
 @dataclass
@@ -35,6 +40,13 @@ class On:
     gone: Callable[[object], bool]  # nothing of an ended job (or session) is left where it ran
     stop_description: str  # how an interrupt stops its jobs, as the sentence says it
     environ: dict[str, str]  # what another Python (a second kernel) needs to run cells there as this shell does
+    played: bool = False  # the ranks are played in the notebook's process (the scripted backend)
+
+    def needs_processes(self) -> None:
+        """Skip the test where the ranks are played: it needs MPI between them, or processes of their own."""
+        if self.played:
+            pytest.skip("the scripted backend plays each rank in turn in the notebook's process: no MPI between "
+                        "its ranks, no process to interrupt, stall or outlive the kernel")
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +54,17 @@ def one_worker():
     """(A module's fixture: the suite's servers, started once for the module, serve every test of it.)"""
 
 
-@pytest.fixture(params=["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker"])
+@pytest.fixture(params=["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker", "scripted"])
 def on(request, sessions, one_worker) -> On:
     """(``sessions``: a session a test leaves up is stopped at its end.)"""
     ip = sessions
+    if request.param == "scripted":
+        registry.register(scripted.declaration())
+        request.addfinalizer(lambda: registry.unregister("scripted"))
+        ip.run_line_magic("mpirun_config", "backend=scripted view=text")
+        return On("scripted", ip, lambda instance: socket.gethostname(),
+                  lambda ran: wait_until(lambda: ran.status == "stopped", 10), "a scripted stop",
+                  {"MPI_MAGIC_BACKEND": "scripted"}, played=True)
     if request.param == "slurm":
         cluster = request.getfixturevalue("slurm_cluster")
         request.getfixturevalue("slurm")  # (which fails the test if a job is left in the queue)
@@ -86,6 +105,7 @@ def _no_rank_process(ran) -> bool:
 
 
 def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
+    on.needs_processes()
     on.ip.user_ns["data"] = [1, 10, 100, 1000]  # a notebook value the cell reads
     run(on.ip, "-i 2 -g 2 --out job", (
         "import mpi_magic\n"
@@ -101,6 +121,7 @@ def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
 
 
 def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on, capsys, monkeypatch):
+    on.needs_processes()
     with pytest.raises(RemoteRankError) as raised:
         run(on.ip, "-i 2 -g 2 --out job", (
             "import time, mpi_magic\n"
@@ -122,6 +143,7 @@ def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_t
 
 
 def test_a_stall_names_where_each_rank_waits(on):
+    on.needs_processes()
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     run(on.ip, "-i 2 -g 2 --async --quiet --out job", (
         "import time, mpi_magic\n"
@@ -145,6 +167,7 @@ def test_a_stall_names_where_each_rank_waits(on):
 
 
 def test_timeout_stops_every_rank_and_says_so(on):
+    on.needs_processes()
     with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
         run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
@@ -152,6 +175,7 @@ def test_timeout_stops_every_rank_and_says_so(on):
 
 
 def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on, capsys):
+    on.needs_processes()
     with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
@@ -176,6 +200,7 @@ def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_s
 
 
 def test_a_sessions_ranks_say_where_they_are_between_cells_at_a_stall_and_on_ctrl_c(on, capsys):
+    on.needs_processes()
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     session = start_session(on.ip, "-i 2 -g 1")
     capsys.readouterr()
@@ -211,6 +236,7 @@ def test_an_idle_session_ends_itself_after_max_idle(on):
 def test_a_killed_kernel_leaves_nothing_of_its_session_running(on, tmp_path):
     """SIGKILL: no atexit, no goodbye; what stops the ranks is the backend's own (a process beside the
     kernel, the notebook's heartbeat)."""
+    on.needs_processes()
     kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
         import json, time
         from IPython.core.interactiveshell import InteractiveShell
