@@ -8,9 +8,10 @@ __version__ = "0.1.0"
 
 # Each public name and the module that defines it.
 _HOMES = {
-    **dict.fromkeys(["CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound", "MpiMagicError", "PayloadError",
-                     "RankExitError", "RemoteRankError", "SageMakerSetupError", "SessionStartError",
-                     "SlurmSetupError"], "errors"),
+    **dict.fromkeys(["BackendSetupError", "CaptureError", "JobError", "JobTimeoutError", "LauncherNotFound",
+                     "MpiMagicError", "PayloadError", "RankExitError", "RemoteRankError", "SessionStartError"], "errors"),
+    "SageMakerSetupError": "backends.sagemaker.settings",  # (each backend's own kind of BackendSetupError)
+    "SlurmSetupError": "backends.slurm.commands",
     **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
     "progress": "shared.reporting",
     "log": "shared.metrics",
@@ -20,9 +21,10 @@ __all__ = sorted([*_HOMES, "load_ipython_extension"])
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .errors import (CaptureError, JobError, JobTimeoutError, LauncherNotFound, MpiMagicError, PayloadError,
-                         RankExitError, RemoteRankError, SageMakerSetupError, SessionStartError,
-                         SlurmSetupError)
+    from .errors import (BackendSetupError, CaptureError, JobError, JobTimeoutError, LauncherNotFound,
+                         MpiMagicError, PayloadError, RankExitError, RemoteRankError, SessionStartError)
+    from .backends.sagemaker.settings import SageMakerSetupError
+    from .backends.slurm.commands import SlurmSetupError
     from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .shared.reporting import progress
     from .shared.metrics import log

@@ -4,8 +4,8 @@
     ├── CaptureError (+TypeError)      a name the cell reads cannot travel to the ranks
     ├── LauncherNotFound (+FileNotFoundError)   no usable mpirun
     ├── PayloadError (+ValueError)     a payload or result file is damaged or incompatible
-    ├── SageMakerSetupError            a cloud setting is missing or wrong; nothing was uploaded
-    ├── SlurmSetupError                Slurm cannot take the job as asked; nothing was submitted
+    ├── BackendSetupError              a backend cannot take the job as asked; nothing was submitted
+    │   (each backend's own kind, in its folder: SlurmSetupError, SageMakerSetupError)
     └── JobError                       the job ran and did not succeed
         ├── RemoteRankError            one or more ranks raised; shows their tracebacks
         ├── RankExitError              ranks died without reporting (signal, os._exit)
@@ -40,12 +40,10 @@ class PayloadError(MpiMagicError, ValueError):
     """A payload or result file is damaged, tampered with, or from an incompatible Python."""
 
 
-class SageMakerSetupError(MpiMagicError):
-    """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
-
-
-class SlurmSetupError(MpiMagicError):
-    """Slurm cannot take the job as asked (no client, an unknown partition, a limit); nothing was submitted."""
+class BackendSetupError(MpiMagicError):
+    """A backend cannot take the job as asked (a client or setting missing, a refusal from its scheduler
+    or cloud); nothing was submitted or paid for. Each backend raises a kind of its own, defined in its
+    folder (``mpi_magic.SlurmSetupError``, ``mpi_magic.SageMakerSetupError``)."""
 
 
 class JobError(MpiMagicError):

@@ -61,9 +61,9 @@ def test_rank_runtime_imports_neither_ipython_nor_cloud_sdks(ip):
 # unpickling, a notebook function, get_ipython(), a failure's traceback, tqdm) is imported when used.
 RANK_MODULES = {"mpi_magic", "mpi_magic.runtime", "mpi_magic.runtime.on_import", "mpi_magic.runtime.rank",
                 "mpi_magic.runtime.resources", "mpi_magic.runtime.tqdm_hook", "mpi_magic.shared", "mpi_magic.shared.cell",
-                "mpi_magic.shared.envvars", "mpi_magic.shared.layout", "mpi_magic.shared.payload",
-                "mpi_magic.shared.procs", "mpi_magic.shared.reporting", "mpi_magic.shared.stacks",
-                "mpi_magic.shared.wire"}
+                "mpi_magic.shared.envvars", "mpi_magic.shared.fabric", "mpi_magic.shared.layout",
+                "mpi_magic.shared.payload", "mpi_magic.shared.procs", "mpi_magic.shared.reporting",
+                "mpi_magic.shared.stacks", "mpi_magic.shared.wire"}
 # The standard modules those need, with what these import in turn: ``python -m`` (runpy), the payload's
 # framing (struct), the events and the payload's header (json's C part: the json package costs milliseconds),
 # dying with the launcher (ctypes: prctl), stacks on demand (faulthandler), the resource sampler's stop (atexit),

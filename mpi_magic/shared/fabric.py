@@ -12,7 +12,10 @@ launcher may run on a login node unlike the compute nodes, so there the ranks al
 from __future__ import annotations
 
 import os
-from typing import Iterable, Mapping, MutableMapping
+
+TYPE_CHECKING = False  # (every rank imports this module: typing costs it milliseconds)
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping, MutableMapping
 
 # where Linux lists fabric devices: EFA, InfiniBand and Omni-Path (infiniband), Slingshot (cxi)
 DEVICE_CLASSES = ("/sys/class/infiniband", "/sys/class/cxi")

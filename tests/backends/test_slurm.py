@@ -17,7 +17,8 @@ from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_sl
                      ranks_running, resume, run, slurm_listed, slurm_queue, wait_until)
 
 from mpi_magic.backends.slurm import commands
-from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError, SlurmSetupError
+from mpi_magic import SlurmSetupError
+from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError
 
 pytestmark = needs_slurm()
 

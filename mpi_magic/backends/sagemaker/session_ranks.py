@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from ...errors import ResultsLost, SageMakerSetupError
+from ...errors import ResultsLost
 from ...shared import envvars, jobdir, s3channel, wire
 from ...shared.cost import estimate
 from ...shared.events import Event, Note, RankReady
@@ -32,6 +32,7 @@ from ...shared.payload import PAYLOAD_FILE
 from ..follow import stop_then_wait
 from .cell_end import CellEnds
 from .history import record_job
+from .settings import SageMakerSetupError
 from .training_job import ClientError, SageMakerJob, billing_of, described_job, fetch_each
 
 if TYPE_CHECKING:

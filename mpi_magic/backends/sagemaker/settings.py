@@ -11,11 +11,15 @@ import difflib
 import re
 import sys
 
-from ...errors import SageMakerSetupError
+from ...errors import BackendSetupError
 from . import sdk
 from ...shared.layout import split_s3
 from .aws import aws_clients, service_model
 from .request import CloudSettings
+
+
+class SageMakerSetupError(BackendSetupError):
+    """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ...errors import JobError, SageMakerSetupError
+from ...errors import JobError
 from ...shared import cell, jobdir
 from ...shared.events import STARTING_PHASES, Billing, Event, LauncherOutput, Note, Phase, Restarted, StreamDecoder
 from ..follow import Tally
@@ -21,6 +21,7 @@ from .bootstrap import ALL_RELAYED, PAYLOAD_CHANNEL, TOLD_TO_STOP, announced_tag
 from .livetail import Ledger, LiveTail, live_tail_client
 from .pricing import hourly_price
 from .aws import aws_clients
+from .settings import SageMakerSetupError
 from ...shared import envvars
 
 if TYPE_CHECKING:

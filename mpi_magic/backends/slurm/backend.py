@@ -18,7 +18,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
-from ...errors import SlurmSetupError
 from ...shared import envvars, jobdir, stacks, wire
 from ...shared.events import Allocation, Event, LauncherExited, StreamDecoder
 from ...shared.layout import RESULTS
@@ -26,6 +25,7 @@ from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
 from ..follow import EventQueue, Tally
 from . import cluster, commands
+from .commands import SlurmSetupError
 from .queue import REQUEUED_STATES, WATCHER, JobState, QueueWatcher, look
 from .script import ERRORS, EXIT_FILE, OUTPUT, PID_FILE, SCRIPT_FILE, batch_script, salloc_argv, sbatch_argv, shape
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import SlurmSetupError
 from ...options import LaunchOptions
 from ...shared.slurmtime import clock, seconds
 from . import commands
+from .commands import SlurmSetupError
 
 
 @dataclass(frozen=True)

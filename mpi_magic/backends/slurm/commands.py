@@ -7,7 +7,13 @@ import re
 import shutil
 import subprocess
 
-from ...errors import SlurmSetupError
+from ...errors import BackendSetupError
+
+
+
+class SlurmSetupError(BackendSetupError):
+    """Slurm cannot take the job as asked (no client, an unknown partition, a limit); nothing was submitted."""
+
 
 CALL_LIMIT = 30.0  # seconds one client call may take: a busy slurmctld answers within seconds
 NO_CLIENT = ("no Slurm client on PATH ({name} not found): run the notebook where Slurm's commands work "
