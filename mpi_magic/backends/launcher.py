@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..errors import LauncherNotFound
+from ..shared import envvars
 from ..shared.events import LauncherExited
 
 
@@ -150,6 +151,14 @@ def session_command(address: str, max_idle: float | None) -> list[str]:
     itself after ``max_idle`` seconds without a cell (None: never)."""
     command = [sys.executable, "-m", "mpi_magic.runtime", "--session", address]
     return command + (["--idle-timeout", repr(max_idle)] if max_idle else [])
+
+
+def job_environment(job_name: str, token: str, instances: int, procs_per_instance: int) -> dict[str, str]:
+    """What every rank of a job is told of it, however it is launched: its shape (``mpi_magic.instance()``
+    and the others count from it), the job's name (which marks each of its processes) and the token
+    that its events carry."""
+    return {envvars.INSTANCES: str(instances), envvars.PROCS_PER_INSTANCE: str(procs_per_instance),
+            envvars.JOB: job_name, envvars.EVENT_TOKEN: token}
 
 
 def launcher_environ(launcher: Launcher, base: dict[str, str], is_root: bool,

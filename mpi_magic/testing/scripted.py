@@ -18,6 +18,7 @@ import contextlib
 import io
 import os
 import queue
+import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Callable, Iterable, Union, cast
@@ -198,7 +199,6 @@ class PlayedBackend:
         script.append((options.world_size * self.pace, LauncherExited(0)))
         return ScriptedJob(FakeClock(), script, linger=None)
 
-
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> PlayedSessionRanks:
         return PlayedSessionRanks(name, options)
 
@@ -239,6 +239,7 @@ class PlayedSessionRanks:
         self._idle_since = time.monotonic()
         self._cells = PlayedCells()
         self._written: list[str] = []  # the lines the rank being played emits (each rank numbers its own)
+        self._playing = threading.Lock()  # one rank played at a time (a cell sent, or the pump's idle end)
         self._emitters = [wire.Emitter(rank, self._written.append, self._token) for rank in range(self._world)]
         for rank in range(self._world):
             self._as_rank(rank, _started)
@@ -247,21 +248,21 @@ class PlayedSessionRanks:
         """``play`` as ``rank``: its placement in the environment, what it prints and emits captured."""
         place = rank_runtime.Placement(rank, self._world, rank // self._per, rank % self._per, self._per,
                                        self._world // self._per)
-        self._written.clear()
-        emitter = self._emitters[rank]
-        kept = dict(os.environ)
-        printed = io.StringIO()
-        try:
-            rank_runtime.export_placement(place, os.environ)
-            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-                play(emitter, place)
-        finally:
-            os.environ.clear()
-            os.environ.update(kept)
-        for line in printed.getvalue().splitlines():
-            self._events.put(Output(rank, "stdout", line))
-        for event in self._decoder.feed_rank(rank, [line.rstrip("\n") for line in self._written]):
-            self._events.put(event)
+        with self._playing:
+            self._written.clear()
+            kept = dict(os.environ)
+            printed = io.StringIO()
+            try:
+                rank_runtime.export_placement(place, os.environ)
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                    play(self._emitters[rank], place)
+            finally:
+                os.environ.clear()
+                os.environ.update(kept)
+            for line in printed.getvalue().splitlines():
+                self._events.put(Output(rank, "stdout", line))
+            for event in self._decoder.feed_rank(rank, [line.rstrip("\n") for line in self._written]):
+                self._events.put(event)
 
     @property
     def finished(self) -> bool:

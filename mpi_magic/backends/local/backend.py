@@ -94,13 +94,10 @@ class LocalBackend:
         argv = launchers.mpirun_argv(self.launcher, options.world_size, command, options.mpirun_args, cores)
         env = launchers.launcher_environ(self.launcher, dict(os.environ), os.geteuid() == 0,
                                          launchers.oversubscribed(options.world_size, cores))
+        env.update(launchers.job_environment(job_name, token, options.instances, options.procs_per_instance))
         env.update({
-            envvars.INSTANCES: str(options.instances),
-            envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
             envvars.MASTER_ADDR: "127.0.0.1",
             envvars.MASTER_PORT: str(procs.free_port()),
-            envvars.JOB: job_name,  # also marks every process of the job, whatever process group it starts
-            envvars.EVENT_TOKEN: token,
             envvars.STACKS_DIR: stacks_dir,
         })
         env.update(options.env)

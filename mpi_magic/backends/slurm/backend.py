@@ -131,10 +131,7 @@ class SlurmBackend:
 
     def environment(self, job_name: str, token: str, options: LaunchOptions) -> dict[str, str]:
         return {
-            envvars.INSTANCES: str(options.instances),
-            envvars.PROCS_PER_INSTANCE: str(options.procs_per_instance),
-            envvars.JOB: job_name,
-            envvars.EVENT_TOKEN: token,
+            **launchers.job_environment(job_name, token, options.instances, options.procs_per_instance),
             envvars.STACKS_EVENTS: "1",  # a rank asked for its stack sends it as an event: its pid is on another node
             **options.env,
         }
@@ -212,13 +209,7 @@ def _allocate(argv: list[str], job_dir: str) -> tuple[str, subprocess.Popen]:
             time.sleep(nap)
             nap = min(nap * 2, 0.05)
     except BaseException:  # (an interrupt too): salloc gives back what it asked for as it ends
-        if salloc.poll() is None:
-            salloc.terminate()
-            try:
-                salloc.wait(EXIT_WAIT)
-            except subprocess.TimeoutExpired:
-                salloc.kill()
-                salloc.wait()
+        _reap(salloc, stop=True)
         raise
 
 
@@ -408,7 +399,7 @@ class SlurmJob:
                     return state
             if _RELINQUISHED.search(line):  # salloc gave the allocation back as the launcher ended: what
                 revoked = False  # it said after that is about its own giving back
-                break
+                continue
             revoked = revoked or bool(_REVOKED.search(line))
         if revoked and (self._ended is None or self._ended.state not in ENDED_BY_SLURM):
             self._ask_slurm()  # salloc says only that the allocation ended: squeue may say why
@@ -491,8 +482,8 @@ class SlurmJob:
         """The signal to the launcher, where it runs here under salloc: scancel's reaches the job's steps
         on the nodes (mpirun's daemons), not mpirun, which passes it on to every rank (as a batch job's
         mpirun, in the batch step scancel signals, does)."""
-        if self._salloc is None or self._salloc.poll() is not None or os.path.exists(os.path.join(self.job_dir,
-                                                                                                   EXIT_FILE)):
+        ended = os.path.exists(os.path.join(self.job_dir, EXIT_FILE))
+        if self._salloc is None or self._salloc.poll() is not None or ended:
             return  # (a launcher that ended is not signalled: its number may be another process's by now)
         try:
             with open(os.path.join(self.job_dir, PID_FILE)) as f:
@@ -592,9 +583,11 @@ def _release(watchdog: subprocess.Popen) -> None:
     watchdog.wait()
 
 
-def _reap(salloc: subprocess.Popen) -> None:
-    """salloc, once the job's script has ended: it exits as it gives the allocation back (ended, if it
-    has not within EXIT_WAIT; the job was cancelled, or ended, in Slurm by then)."""
+def _reap(salloc: subprocess.Popen, stop: bool = False) -> None:
+    """salloc, once the job's script has ended (or told to ``stop``: SIGTERM): it exits as it gives the
+    allocation back (ended, if it has not within EXIT_WAIT; the job was cancelled, or ended, in Slurm by then)."""
+    if stop and salloc.poll() is None:
+        salloc.terminate()
     try:
         salloc.wait(EXIT_WAIT)
     except subprocess.TimeoutExpired:
