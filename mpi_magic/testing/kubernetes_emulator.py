@@ -1,0 +1,428 @@
+"""A Kubernetes API server for the subset the Kubernetes backend uses, over real HTTP, for the
+unchanged ``kubernetes`` client: discovery, namespaces, Kubeflow's ``MPIJob`` resource
+(``kubeflow.org/v2beta1``), pods listed and watched by label selector, their logs (followed while
+they run), events, and deletion that takes an object's dependents with it (owner references, as the
+garbage collector does for ``propagationPolicy: Foreground``). A bearer token guards it, as a real
+cluster's service account does.
+
+    python -m mpi_magic.testing.kubernetes_emulator start    # prints export KUBECONFIG=...
+    python -m mpi_magic.testing.kubernetes_emulator stop
+
+From Python, ``KubernetesEmulator(root).start()`` and its ``environ``. What the MPI Operator and a
+kubelet do (the launcher and worker pods of an MPIJob, run on test hosts) is not here yet: pods are
+what clients create.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+import uuid
+import socket
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+from . import servers
+
+MODULE = "mpi_magic.testing.kubernetes_emulator"  # (run as ``python -m``, its __name__ is __main__)
+MPIJOBS = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
+CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace"}
+VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
+WATCH_LIMIT = 300.0  # seconds a watch lasts unless the client asks for less (timeoutSeconds)
+_PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+                   r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+
+
+class ApiError(Exception):
+    """Answered as Kubernetes answers a refusal: a ``Status`` object with its HTTP code and reason."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason = code, reason
+
+    def status(self) -> dict:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": str(self),
+                "reason": self.reason, "code": self.code}
+
+
+class Store:
+    """Every object, by (plural, namespace, name), with one resource version counter and the change
+    log that watches read from."""
+
+    def __init__(self, namespaces: tuple[str, ...] = ("default",), mpi_operator: bool = True):
+        self.mpi_operator = mpi_operator
+        self._objects: dict[tuple[str, str, str], dict] = {}
+        self._changes: list[tuple[int, str, str, dict]] = []  # (resource version, type, plural, object)
+        self._version = 0
+        self._changed = threading.Condition()
+        self.logs: dict[tuple[str, str], list[str]] = {}  # (namespace, pod): its lines, for the log endpoint
+        for name in namespaces:
+            self.create("namespaces", "", {"metadata": {"name": name}})
+
+    def _next(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def create(self, plural: str, namespace: str, body: dict) -> dict:
+        metadata = body.setdefault("metadata", {})
+        name = metadata.get("name") or (metadata.get("generateName", "") + secrets.token_hex(3))
+        with self._changed:
+            if plural != "namespaces" and ("namespaces", "", namespace) not in self._objects:
+                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+            if (plural, namespace, name) in self._objects:
+                raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            metadata.update(name=name, uid=str(uuid.uuid4()), resourceVersion=self._next(),
+                            creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            if namespace:
+                metadata["namespace"] = namespace
+            self._objects[(plural, namespace, name)] = body
+            self._record("ADDED", plural, body)
+        return body
+
+    def get(self, plural: str, namespace: str, name: str) -> dict:
+        with self._changed:
+            found = self._objects.get((plural, namespace, name))
+        if found is None:
+            raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+        return found
+
+    def update(self, plural: str, namespace: str, name: str, change) -> dict:
+        """``change(object)`` applied in place, as a new resource version."""
+        with self._changed:
+            found = self.get(plural, namespace, name)
+            change(found)
+            found["metadata"]["resourceVersion"] = self._next()
+            self._record("MODIFIED", plural, found)
+        return found
+
+    def listed(self, plural: str, namespace: str | None, selector: str = "") -> tuple[list[dict], str]:
+        matches = _selector(selector)
+        with self._changed:
+            items = [obj for (kind, ns, _), obj in self._objects.items()
+                     if kind == plural and (namespace is None or ns == namespace)
+                     and matches(obj["metadata"].get("labels") or {})]
+            return items, str(self._version)
+
+    def delete(self, plural: str, namespace: str, name: str) -> dict:
+        """The object and, first, every object it owns (the garbage collector's foreground deletion)."""
+        with self._changed:
+            found = self.get(plural, namespace, name)
+            uid = found["metadata"]["uid"]
+            owned = [(kind, ns, other) for (kind, ns, other), obj in self._objects.items()
+                     if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))]
+            for key in owned:
+                self.delete(*key)
+            del self._objects[(plural, namespace, name)]
+            found["metadata"]["resourceVersion"] = self._next()
+            self._record("DELETED", plural, found)
+        return found
+
+    def _record(self, kind: str, plural: str, obj: dict) -> None:
+        self._changes.append((self._version, kind, plural, json.loads(json.dumps(obj))))
+        self._changed.notify_all()
+
+    def changes(self, plural: str, namespace: str | None, selector: str, since: int, until: float) -> Iterator[dict]:
+        """The watch: each change to a matching object after resource version ``since``, as it comes,
+        until the monotonic time ``until``."""
+        matches = _selector(selector)
+        seen = since
+        while True:
+            with self._changed:
+                fresh = [change for change in self._changes if change[0] > seen]
+                if not fresh:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._changed.wait(min(left, 1.0))
+                    continue
+            for version, kind, which, obj in fresh:
+                seen = version
+                if which == plural and (namespace is None or obj["metadata"].get("namespace") == namespace) \
+                        and matches(obj["metadata"].get("labels") or {}):
+                    yield {"type": kind, "object": obj}
+
+
+def _selector(selector: str):
+    """A label selector's test (equality-based: ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, comma-joined)."""
+    terms: list[tuple[str, str, str]] = []  # (key, how, value)
+    for term in filter(None, (part.strip() for part in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            terms.append((key.strip(), "=", value.strip()))
+        elif term.startswith("!"):
+            terms.append((term[1:].strip(), "absent", ""))
+        else:
+            terms.append((term, "present", ""))
+
+    def matches(labels: dict) -> bool:
+        for key, how, value in terms:
+            if (how == "=" and labels.get(key) != value) or (how == "!=" and labels.get(key) == value) or \
+                    (how == "absent" and key in labels) or (how == "present" and key not in labels):
+                return False
+        return True
+
+    return matches
+
+
+def _discovery(store: Store, path: str) -> dict | None:
+    """What ``/version``, ``/api``, ``/apis`` and each group version say (None: not one of those)."""
+    verbs = ["create", "delete", "get", "list", "watch"]
+    if path == "/version":
+        return VERSION
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/api/v1":
+        return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": plural, "singularName": kind.lower(), "namespaced": plural != "namespaces", "kind": kind,
+             "verbs": verbs} for plural, kind in CORE.items()] + [
+            {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}]}
+    group, version, plural, kind = MPIJOBS
+    groups = [{"name": group, "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+               "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version}}] \
+        if store.mpi_operator else []
+    if path == "/apis":
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    if path == f"/apis/{group}/{version}" and store.mpi_operator:
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": [
+            {"name": plural, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": verbs}]}
+    return None
+
+
+class Server(ThreadingHTTPServer):
+    """Its connections kept (clients hold them open between requests), so that closing it ends every
+    thread that serves one."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self.connections: set = set()
+        super().__init__(*args, **kwargs)
+
+    def server_close(self) -> None:
+        super().server_close()
+        for connection in list(self.connections):
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0) -> Server:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            self.server.connections.add(self.connection)  # type: ignore[attr-defined]
+
+        def finish(self) -> None:
+            self.server.connections.discard(self.connection)  # type: ignore[attr-defined]
+            super().finish()
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _answer(self, method: str) -> None:
+            try:
+                if self.headers.get("Authorization") != f"Bearer {token}":
+                    raise ApiError(401, "Unauthorized", "Unauthorized")
+                url = urlsplit(self.path)
+                path = url.path.rstrip("/") or "/"  # (the client asks for /apis/)
+                query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+                found = _discovery(store, path) if method == "GET" else None
+                if found is not None:
+                    return self._send(200, found)
+                self._resource(method, path, query)
+            except ApiError as exc:
+                self._send(exc.code, exc.status())
+
+        def _resource(self, method: str, path: str, query: dict) -> None:
+            match = _PATH.match(path)
+            if match is None or not (match["plural"] in CORE if not match["group"] else store.mpi_operator and (
+                    match["group"], match["version"], match["plural"]) == MPIJOBS[:3]):
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+            plural = match["plural"]
+            namespace, name, sub = match["namespace"] or "", match["name"], match["sub"]
+            if method == "POST" and name is None:
+                length = int(self.headers.get("Content-Length") or 0)
+                return self._send(201, store.create(plural, namespace, json.loads(self.rfile.read(length) or b"{}")))
+            if method == "GET" and name and sub == "log":
+                return self._log(namespace, name, query.get("follow") in ("true", "1"))
+            if method == "GET" and name:
+                return self._send(200, store.get(plural, namespace, name))
+            if method == "DELETE" and name:
+                return self._send(200, store.delete(plural, namespace, name))
+            if method == "GET":
+                scope = namespace if match["namespace"] else None
+                if query.get("watch") in ("true", "1"):
+                    return self._watch(plural, scope, query)
+                items, version = store.listed(plural, scope, query.get("labelSelector", ""))
+                kind = CORE.get(plural) or MPIJOBS[3]
+                return self._send(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata":
+                                        {"resourceVersion": version}, "items": items})
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+        def _stream(self, chunks: Iterator[bytes], content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for chunk in chunks:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+        def _watch(self, plural: str, namespace: str | None, query: dict) -> None:
+            limit = min(float(query.get("timeoutSeconds") or WATCH_LIMIT), WATCH_LIMIT)
+            since = int(query.get("resourceVersion") or 0)
+            changes = store.changes(plural, namespace, query.get("labelSelector", ""), since, time.monotonic() + limit)
+            self._stream((json.dumps(change).encode() + b"\n" for change in changes), "application/json")
+
+        def _log(self, namespace: str, name: str, follow: bool) -> None:
+            store.get("pods", namespace, name)
+
+            def lines() -> Iterator[bytes]:
+                sent = 0
+                while True:
+                    kept = store.logs.get((namespace, name), [])
+                    for line in kept[sent:]:
+                        yield line.encode() + b"\n"
+                    sent = len(kept)
+                    try:
+                        phase = store.get("pods", namespace, name).get("status", {}).get("phase")
+                    except ApiError:
+                        return
+                    if not follow or phase in ("Succeeded", "Failed"):
+                        return
+                    time.sleep(0.05)
+
+            self._stream(lines(), "text/plain")
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
+
+        def do_DELETE(self) -> None:
+            self._answer("DELETE")
+
+    return Server((host, port), Handler)
+
+
+def kubeconfig(server: str, token: str, namespace: str = "default") -> dict:
+    """A kubeconfig for ``server``, its user holding ``token``, as a cluster's admin hands out."""
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "emulated",
+            "clusters": [{"name": "emulated", "cluster": {"server": server}}],
+            "users": [{"name": "emulated", "user": {"token": token}}],
+            "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "emulated",
+                                                          "namespace": namespace}}]}
+
+
+class KubernetesEmulator:
+    """The API server in a process of its own (``start``/``stop``), its kubeconfig in ``root``."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.kubeconfig = os.path.join(root, "kubeconfig")
+        self._server = None
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """What a notebook needs to reach it."""
+        return {"KUBECONFIG": self.kubeconfig}
+
+    def start(self) -> KubernetesEmulator:
+        self._server = _started(self.root, ends_with_parent=True)
+        if self._server is None:
+            raise RuntimeError(f"the Kubernetes emulator did not start (see {self.root}/server.log)")
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            servers.stop(self._server)
+            if self._server.stdout is not None:
+                self._server.stdout.close()
+            self._server = None
+
+
+def _started(root: str, ends_with_parent: bool):
+    """The server's process, once it said it serves (None where it did not); what it says after that
+    goes to ``server.log`` in ``root``, so that whoever started it need not read on."""
+    import subprocess
+
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "server.log"), "ab") as log:
+        server = servers.start([sys.executable, "-m", MODULE, "serve", "--root", root],
+                               ends_with_parent=ends_with_parent, stdout=subprocess.PIPE, stderr=log, text=True)
+    assert server.stdout is not None
+    if server.stdout.readline().strip() == "ready":
+        return server
+    servers.stop(server)
+    server.stdout.close()
+    return None
+
+
+def _serve(root: str) -> int:
+    token = secrets.token_hex(16)
+    server = make_server(Store(), token)
+    host, port = server.server_address[:2]
+    config = os.path.join(root, "kubeconfig")
+    with open(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(kubeconfig(f"http://{host!s}:{port}", token), f)  # (JSON is YAML)
+    with open(os.path.join(root, "server.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    print("ready", flush=True)
+    server.serve_forever()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("start", "stop", "serve"))
+    parser.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mpi_magic_kubernetes"),
+                        help="its folder: the kubeconfig and the server's pid (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.action == "serve":
+        return _serve(args.root)
+    if args.action == "stop":
+        import signal
+
+        try:
+            with open(os.path.join(args.root, "server.pid")) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+        except (OSError, ValueError):
+            print(f"kubernetes_emulator: none runs from {args.root}", file=sys.stderr)
+            return 1
+        return 0
+    if _started(args.root, ends_with_parent=False) is None:
+        print(f"kubernetes_emulator: it did not start (see {args.root}/server.log)", file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={os.path.join(args.root, 'kubeconfig')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

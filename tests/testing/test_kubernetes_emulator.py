@@ -1,0 +1,174 @@
+"""The Kubernetes API emulator, through the unchanged ``kubernetes`` client over real HTTP: what the
+Kubernetes backend will ask of a cluster (discovery, the MPIJob resource, pods by label, their logs,
+watches, deletion that takes the job's pods with it), and its refusals, as a cluster makes them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed: pip install kubernetes")
+from kubernetes import client, config, watch  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from mpi_magic.testing import kubernetes_emulator as emulator  # noqa: E402
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A store served on loopback in this process (the test writes what a kubelet would: logs, phases),
+    and an API client configured from the kubeconfig it hands out."""
+    store = emulator.Store(namespaces=("default", "ml"))
+    server = emulator.make_server(store, "secret-token")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host, port = server.server_address[:2]
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(emulator.kubeconfig(f"http://{host}:{port}", "secret-token")))
+    api = config.new_client_from_config(config_file=str(path))
+    yield store, api
+    api.close()
+    server.shutdown()
+    server.server_close()  # (which ends the threads still serving a client's open connection)
+    for thread in [t for t in threading.enumerate() if t.name.endswith("(process_request_thread)")]:
+        thread.join(5)
+
+
+def _mpijob(name: str) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MPIJob", "metadata": {"name": name, "labels": {"app": "x"}},
+            "spec": {"slotsPerWorker": 2, "mpiReplicaSpecs": {}}}
+
+
+def _pod(name: str, job: dict, labels: dict) -> dict:
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MPIJob", "name": job["metadata"]["name"],
+             "uid": job["metadata"]["uid"], "controller": True}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+            "spec": {"containers": [{"name": "c", "image": "img"}]}}
+
+
+def test_the_mpijob_resource_is_discovered_created_listed_and_read(cluster):
+    store, api = cluster
+    groups = client.ApisApi(api).get_api_versions().groups
+    assert [g.name for g in groups] == [GROUP]
+    resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION).resources
+    assert [(r.name, r.kind, r.namespaced) for r in resources] == [(PLURAL, "MPIJob", True)]
+    objects = client.CustomObjectsApi(api)
+    made = objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _mpijob("cell-1"))
+    assert made["metadata"]["uid"] and made["metadata"]["namespace"] == "ml"
+    assert objects.get_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "cell-1")["spec"]["slotsPerWorker"] == 2
+    listed = objects.list_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, label_selector="app=x")["items"]
+    assert [item["metadata"]["name"] for item in listed] == ["cell-1"]
+    assert objects.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"] == []
+    with pytest.raises(ApiException) as taken:
+        objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _mpijob("cell-1"))
+    assert (taken.value.status, json.loads(taken.value.body)["reason"]) == (409, "AlreadyExists")
+
+
+def test_pods_are_listed_by_label_watched_and_go_with_the_job_they_belong_to(cluster):
+    store, api = cluster
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    job = objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _mpijob("cell-2"))
+    version = core.list_namespaced_pod("ml").metadata.resource_version
+    for name, role in (("cell-2-launcher", "launcher"), ("cell-2-worker-0", "worker"), ("cell-2-worker-1", "worker")):
+        core.create_namespaced_pod("ml", _pod(name, job, {"mpi-magic/job": "cell-2", "role": role}))
+    core.create_namespaced_pod("ml", {"metadata": {"name": "other", "labels": {"mpi-magic/job": "cell-9"}},
+                                      "spec": {"containers": [{"name": "c", "image": "img"}]}})
+    workers = core.list_namespaced_pod("ml", label_selector="mpi-magic/job=cell-2,role!=launcher").items
+    assert sorted(p.metadata.name for p in workers) == ["cell-2-worker-0", "cell-2-worker-1"]
+    seen = []
+
+    def follow() -> None:
+        for change in watch.Watch().stream(core.list_namespaced_pod, "ml", label_selector="mpi-magic/job=cell-2",
+                                           resource_version=version, timeout_seconds=5):
+            seen.append((change["type"], change["object"].metadata.name))
+            if len(seen) == 6:
+                return
+
+    watcher = threading.Thread(target=follow)
+    watcher.start()
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "cell-2",
+                                                                 propagation_policy="Foreground")
+    watcher.join(10)
+    assert sorted(seen) == sorted([("ADDED", "cell-2-launcher"), ("ADDED", "cell-2-worker-0"),
+                                   ("ADDED", "cell-2-worker-1"), ("DELETED", "cell-2-launcher"),
+                                   ("DELETED", "cell-2-worker-0"), ("DELETED", "cell-2-worker-1")]), seen
+    assert [p.metadata.name for p in core.list_namespaced_pod("ml").items] == ["other"], "only the job's pods went"
+
+
+def test_a_pods_log_is_read_whole_or_followed_until_the_pod_ends(cluster):
+    store, api = cluster
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod("default", {"metadata": {"name": "launcher"},
+                                           "spec": {"containers": [{"name": "c", "image": "img"}]}})
+    store.logs[("default", "launcher")] = ["rank 0 up"]
+    assert core.read_namespaced_pod_log("launcher", "default") == "rank 0 up\n"
+    stream = core.read_namespaced_pod_log("launcher", "default", follow=True, _preload_content=False)
+
+    def finish() -> None:
+        store.logs[("default", "launcher")].append("rank 0 done")
+        store.update("pods", "default", "launcher", lambda pod: pod.setdefault("status", {}).update(phase="Succeeded"))
+
+    threading.Timer(0.3, finish).start()
+    assert b"".join(stream.stream()).decode().splitlines() == ["rank 0 up", "rank 0 done"]
+
+
+def test_a_cluster_refuses_as_kubernetes_does(cluster, tmp_path):
+    store, api = cluster
+    core = client.CoreV1Api(api)
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_pod("nope", "ml")
+    assert (missing.value.status, json.loads(missing.value.body)["reason"]) == (404, "NotFound")
+    with pytest.raises(ApiException) as no_namespace:
+        core.create_namespaced_pod("nowhere", {"metadata": {"name": "p"}, "spec": {"containers": []}})
+    assert json.loads(no_namespace.value.body)["message"] == 'namespaces "nowhere" not found'
+    bad = tmp_path / "bad"
+    bad.write_text(json.dumps(emulator.kubeconfig(api.configuration.host, "wrong-token")))
+    with pytest.raises(ApiException) as unauthorised:
+        client.CoreV1Api(config.new_client_from_config(config_file=str(bad))).list_namespaced_pod("ml")
+    assert unauthorised.value.status == 401
+    store.mpi_operator = False  # a cluster without Kubeflow's MPI Operator
+    assert client.ApisApi(api).get_api_versions().groups == []
+    with pytest.raises(ApiException) as no_crd:
+        client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL)
+    assert no_crd.value.status == 404
+
+
+def test_started_alone_it_says_what_a_notebook_needs_and_stop_ends_it(tmp_path):
+    root = str(tmp_path / "k8s")
+    started = subprocess.run([sys.executable, "-m", "mpi_magic.testing.kubernetes_emulator", "start", "--root", root],
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.splitlines() == [f"export KUBECONFIG={root}/kubeconfig"]
+    try:
+        api = config.new_client_from_config(config_file=f"{root}/kubeconfig")
+        assert [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items] == ["default"]
+        api.close()
+    finally:
+        stopped = subprocess.run([sys.executable, "-m", "mpi_magic.testing.kubernetes_emulator", "stop", "--root",
+                                  root], capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    with open(f"{root}/server.pid") as f:
+        pid = int(f.read())
+    import psutil
+
+    assert psutil.wait_procs([psutil.Process(pid)] if psutil.pid_exists(pid) else [], timeout=10)[1] == [], \
+        "the server ended"
+
+
+def test_the_tests_start_it_from_python_and_stopping_it_leaves_nothing(tmp_path):
+    import psutil
+
+    started = emulator.KubernetesEmulator(str(tmp_path / "k8s")).start()
+    pid = started._server.pid
+    try:
+        api = config.new_client_from_config(config_file=started.environ["KUBECONFIG"])
+        assert [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items] == ["default"]
+        api.close()
+    finally:
+        started.stop()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
