@@ -8,9 +8,11 @@ cluster's service account does.
     python -m mpi_magic.testing.kubernetes_emulator start    # prints export KUBECONFIG=...
     python -m mpi_magic.testing.kubernetes_emulator stop
 
-From Python, ``KubernetesEmulator(root).start()`` and its ``environ``. What the MPI Operator and a
-kubelet do (the launcher and worker pods of an MPIJob, run on test hosts) is not here yet: pods are
-what clients create.
+From Python, ``KubernetesEmulator(root).start()`` and its ``environ``. As the MPI Operator does, an
+MPIJob that is not suspended gets its ssh Secret, its hostfile ConfigMap, a pod per worker and the
+launcher's pod, each owned by the job; one suspended (waiting for Kueue) gets them once it is resumed
+(a merge patch of ``spec.runPolicy.suspend``). What a kubelet does (running the pods' commands on test
+hosts) is not here yet: the pods stay Pending.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from . import servers
 
 MODULE = "mpi_magic.testing.kubernetes_emulator"  # (run as ``python -m``, its __name__ is __main__)
 MPIJOBS = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
-CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace"}
+CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": "Secret", "configmaps": "ConfigMap"}
+# the MPI Operator's labels on an MPIJob's pods (``training.kubeflow.org/...``)
+JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training.kubeflow.org/job-role",
+                                     "training.kubeflow.org/replica-index")
 VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
 WATCH_LIMIT = 300.0  # seconds a watch lasts unless the client asks for less (timeoutSeconds)
 _PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -84,7 +89,46 @@ class Store:
                 metadata["namespace"] = namespace
             self._objects[(plural, namespace, name)] = body
             self._record("ADDED", plural, body)
+            if plural == MPIJOBS[2]:
+                self._operate(body)
         return body
+
+    def patch(self, plural: str, namespace: str, name: str, patch: dict) -> dict:
+        """A JSON merge patch (RFC 7386), as ``kubectl patch --type merge`` sends."""
+        with self._changed:
+            found = self.update(plural, namespace, name, lambda obj: _merge(obj, patch))
+            if plural == MPIJOBS[2]:
+                self._operate(found)
+        return found
+
+    def _operate(self, job: dict) -> None:
+        """What the MPI Operator does for an MPIJob: nothing while it is suspended (Kueue has not admitted
+        it); then, once, its ssh Secret, its hostfile (``slotsPerWorker`` slots on each worker) and its
+        pods, each owned by the job, labelled as the operator labels them and as the job's templates say."""
+        metadata, spec = job["metadata"], job.get("spec", {})
+        namespace, name = metadata["namespace"], metadata["name"]
+        if spec.get("runPolicy", {}).get("suspend") or (("secrets", namespace, f"{name}-ssh") in self._objects):
+            return
+        owner = [{"apiVersion": "/".join(MPIJOBS[:2]), "kind": MPIJOBS[3], "name": name, "uid": metadata["uid"],
+                  "controller": True, "blockOwnerDeletion": True}]
+        replicas = spec.get("mpiReplicaSpecs", {})
+        workers = int(replicas.get("Worker", {}).get("replicas", 0))
+        slots = int(spec.get("slotsPerWorker", 1))
+        self.create("secrets", namespace, {"metadata": {"name": f"{name}-ssh", "ownerReferences": owner},
+                                           "type": "kubernetes.io/ssh-auth"})
+        hostfile = "".join(f"{name}-worker-{i}.{name}.{namespace}.svc slots={slots}\n" for i in range(workers))
+        self.create("configmaps", namespace, {"metadata": {"name": f"{name}-config", "ownerReferences": owner},
+                                              "data": {"hostfile": hostfile}})
+        for role, count in (("worker", workers), ("launcher", 1)):
+            template = replicas.get(role.capitalize(), {}).get("template", {})
+            for index in range(count):
+                labels = {**template.get("metadata", {}).get("labels", {}), JOB_NAME: name, JOB_ROLE: role,
+                          **({REPLICA_INDEX: str(index)} if role == "worker" else {})}
+                pod_name = f"{name}-worker-{index}" if role == "worker" else f"{name}-launcher"
+                self.create("pods", namespace, {"metadata": {"name": pod_name, "labels": labels,
+                                                             "ownerReferences": owner},
+                                                "spec": json.loads(json.dumps(template.get("spec", {}))),
+                                                "status": {"phase": "Pending"}})
 
     def get(self, plural: str, namespace: str, name: str) -> dict:
         with self._changed:
@@ -149,6 +193,17 @@ class Store:
                     yield {"type": kind, "object": obj}
 
 
+def _merge(target: dict, patch: dict) -> None:
+    """``patch`` merged into ``target`` as RFC 7386 says: objects merged, None removes, the rest replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
 def _selector(selector: str):
     """A label selector's test (equality-based: ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``, comma-joined)."""
     terms: list[tuple[str, str, str]] = []  # (key, how, value)
@@ -176,7 +231,7 @@ def _selector(selector: str):
 
 def _discovery(store: Store, path: str) -> dict | None:
     """What ``/version``, ``/api``, ``/apis`` and each group version say (None: not one of those)."""
-    verbs = ["create", "delete", "get", "list", "watch"]
+    verbs = ["create", "delete", "get", "list", "patch", "watch"]
     if path == "/version":
         return VERSION
     if path == "/api":
@@ -270,6 +325,11 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
                 return self._send(200, store.get(plural, namespace, name))
             if method == "DELETE" and name:
                 return self._send(200, store.delete(plural, namespace, name))
+            if method == "PATCH" and name:
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    raise ApiError(415, "UnsupportedMediaType", "only merge patches are taken here")
+                length = int(self.headers.get("Content-Length") or 0)
+                return self._send(200, store.patch(plural, namespace, name, json.loads(self.rfile.read(length))))
             if method == "GET":
                 scope = namespace if match["namespace"] else None
                 if query.get("watch") in ("true", "1"):
@@ -327,6 +387,9 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
 
         def do_DELETE(self) -> None:
             self._answer("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._answer("PATCH")
 
     return Server((host, port), Handler)
 

@@ -44,13 +44,6 @@ def _mpijob(name: str) -> dict:
             "spec": {"slotsPerWorker": 2, "mpiReplicaSpecs": {}}}
 
 
-def _pod(name: str, job: dict, labels: dict) -> dict:
-    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MPIJob", "name": job["metadata"]["name"],
-             "uid": job["metadata"]["uid"], "controller": True}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
-            "spec": {"containers": [{"name": "c", "image": "img"}]}}
-
-
 def test_the_mpijob_resource_is_discovered_created_listed_and_read(cluster):
     store, api = cluster
     groups = client.ApisApi(api).get_api_versions().groups
@@ -69,17 +62,18 @@ def test_the_mpijob_resource_is_discovered_created_listed_and_read(cluster):
     assert (taken.value.status, json.loads(taken.value.body)["reason"]) == (409, "AlreadyExists")
 
 
-def test_pods_are_listed_by_label_watched_and_go_with_the_job_they_belong_to(cluster):
+def _cell_job(name: str, suspended: bool = False) -> dict:
+    """A cell's MPIJob as the backend makes it: 2 workers of 2 slots."""
+    from mpi_magic.backends.kubernetes import manifest
+
+    placement = manifest.PodPlacement(namespace="ml", queue="team-a" if suspended else None)
+    return manifest.mpijob(name, "img", ["mpirun", "-np", "4", "true"], {}, 2, 2, 0, placement)
+
+
+def test_the_operator_makes_a_jobs_pods_which_are_listed_by_label_watched_and_go_with_the_job(cluster):
     store, api = cluster
     objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    job = objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _mpijob("cell-2"))
     version = core.list_namespaced_pod("ml").metadata.resource_version
-    for name, role in (("cell-2-launcher", "launcher"), ("cell-2-worker-0", "worker"), ("cell-2-worker-1", "worker")):
-        core.create_namespaced_pod("ml", _pod(name, job, {"mpi-magic/job": "cell-2", "role": role}))
-    core.create_namespaced_pod("ml", {"metadata": {"name": "other", "labels": {"mpi-magic/job": "cell-9"}},
-                                      "spec": {"containers": [{"name": "c", "image": "img"}]}})
-    workers = core.list_namespaced_pod("ml", label_selector="mpi-magic/job=cell-2,role!=launcher").items
-    assert sorted(p.metadata.name for p in workers) == ["cell-2-worker-0", "cell-2-worker-1"]
     seen = []
 
     def follow() -> None:
@@ -91,13 +85,32 @@ def test_pods_are_listed_by_label_watched_and_go_with_the_job_they_belong_to(clu
 
     watcher = threading.Thread(target=follow)
     watcher.start()
-    client.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "cell-2",
-                                                                 propagation_policy="Foreground")
+    objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _cell_job("cell-2"))
+    core.create_namespaced_pod("ml", {"metadata": {"name": "other", "labels": {"mpi-magic/job": "cell-9"}},
+                                      "spec": {"containers": [{"name": "c", "image": "img"}]}})
+    workers = core.list_namespaced_pod("ml", label_selector="mpi-magic/job=cell-2,training.kubeflow.org/job-role"
+                                                            "!=launcher").items
+    assert sorted(p.metadata.name for p in workers) == ["cell-2-worker-0", "cell-2-worker-1"]
+    assert workers[0].spec.containers[0].command == ["/usr/sbin/sshd", "-De"], "the template's container"
+    hostfile = core.read_namespaced_config_map("cell-2-config", "ml").data["hostfile"]
+    assert hostfile == "cell-2-worker-0.cell-2.ml.svc slots=2\ncell-2-worker-1.cell-2.ml.svc slots=2\n"
+    objects.delete_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "cell-2", propagation_policy="Foreground")
     watcher.join(10)
     assert sorted(seen) == sorted([("ADDED", "cell-2-launcher"), ("ADDED", "cell-2-worker-0"),
                                    ("ADDED", "cell-2-worker-1"), ("DELETED", "cell-2-launcher"),
                                    ("DELETED", "cell-2-worker-0"), ("DELETED", "cell-2-worker-1")]), seen
     assert [p.metadata.name for p in core.list_namespaced_pod("ml").items] == ["other"], "only the job's pods went"
+    assert core.list_namespaced_config_map("ml").items == [] and core.list_namespaced_secret("ml").items == []
+
+
+def test_a_suspended_job_gets_its_pods_once_resumed_as_kueue_admits_it(cluster):
+    store, api = cluster
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    objects.create_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, _cell_job("cell-3", suspended=True))
+    assert core.list_namespaced_pod("ml").items == [], "waiting for admission"
+    objects.patch_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL, "cell-3",
+                                           {"spec": {"runPolicy": {"suspend": False}}})
+    assert len(core.list_namespaced_pod("ml", label_selector="mpi-magic/job=cell-3").items) == 3
 
 
 def test_a_pods_log_is_read_whole_or_followed_until_the_pod_ends(cluster):
