@@ -382,7 +382,7 @@ class MpiMagics(Magics):
         """Write a folder that runs a job's cell again without a notebook: `bash DIR/run.sh`.
 
         The folder holds the cell (cell.py), the values it reads (payload.bin), the launch for its
-        backend and shape (launch.txt: the mpirun line, the Slurm batch script, the SageMaker
+        backend and shape (launch.txt: the mpirun line, the Slurm job's script, the SageMaker
         request), run.sh and a README.md of what it needs. run.sh prints every rank's output, exits
         with status 1 when a rank fails, and writes what the cell assigns to DIR/results.pickle.
         """

@@ -229,25 +229,26 @@ class PlayedSessionRanks:
 
     def __init__(self, name: str, options: LaunchOptions):
         self.name = name
-        self._world, self._per = options.world_size, options.procs_per_instance
+        self._world_size, self._per_instance = options.world_size, options.procs_per_instance
         self._idle_timeout = options.max_idle
         self._token = wire.new_token()
         self._decoder = StreamDecoder(self._token)
-        self._namespaces = [rank_runtime.new_namespace() for _ in range(self._world)]
+        self._namespaces = [rank_runtime.new_namespace() for _ in range(self._world_size)]
         self._events: queue.Queue[Event] = queue.Queue()
         self._finished = self._closed = False
         self._idle_since = time.monotonic()
         self._cells = PlayedCells()
         self._written: list[str] = []  # the lines the rank being played emits (each rank numbers its own)
         self._playing = threading.Lock()  # one rank played at a time (a cell sent, or the pump's idle end)
-        self._emitters = [wire.Emitter(rank, self._written.append, self._token) for rank in range(self._world)]
-        for rank in range(self._world):
+        self._emitters = [wire.Emitter(rank, self._written.append, self._token) for rank in range(self._world_size)]
+        for rank in range(self._world_size):
             self._as_rank(rank, _started)
 
     def _as_rank(self, rank: int, play: Callable[[wire.Emitter, rank_runtime.Placement], None]) -> None:
         """``play`` as ``rank``: its placement in the environment, what it prints and emits captured."""
-        place = rank_runtime.Placement(rank, self._world, rank // self._per, rank % self._per, self._per,
-                                       self._world // self._per)
+        per_instance = self._per_instance
+        place = rank_runtime.Placement(rank, self._world_size, rank // per_instance, rank % per_instance, per_instance,
+                                       self._world_size // per_instance)
         with self._playing:
             self._written.clear()
             kept = dict(os.environ)
@@ -256,9 +257,13 @@ class PlayedSessionRanks:
                 rank_runtime.export_placement(place, os.environ)
                 with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
                     play(self._emitters[rank], place)
-            finally:
-                os.environ.clear()
-                os.environ.update(kept)
+            finally:  # what the rank changed in the environment is undone, and nothing else touched
+                for name in {*kept, *os.environ}:
+                    if os.environ.get(name) != kept.get(name):
+                        if name in kept:
+                            os.environ[name] = kept[name]
+                        else:
+                            del os.environ[name]
             for line in printed.getvalue().splitlines():
                 self._events.put(Output(rank, "stdout", line))
             for event in self._decoder.feed_rank(rank, [line.rstrip("\n") for line in self._written]):
@@ -290,7 +295,7 @@ class PlayedSessionRanks:
                                _NO_INTERRUPTS, self._cells)
             emitter.emit(wire.READY, cell=number)
 
-        for rank in range(self._world):
+        for rank in range(self._world_size):
             self._as_rank(rank, run)
         self._idle_since = time.monotonic()
 

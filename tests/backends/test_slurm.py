@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import stat
 import textwrap
@@ -261,10 +262,21 @@ def test_the_time_left_of_the_limit_is_shown_while_it_runs(slurm, slurm_cluster,
     assert shown and said in shown[0], shown
 
 
-def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm_cluster, tmp_path):
+def test_a_killed_kernel_leaves_no_job_in_the_queue_and_nothing_of_it_running(slurm_cluster, tmp_path):
+    import psutil
+
+    def running() -> list[str]:  # salloc (its --job-name), the job's script, mpirun and the ranks (its folder)
+        found = []
+        for process in psutil.process_iter(["cmdline", "status"]):
+            command = " ".join(process.info["cmdline"] or [])
+            if name in command and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(command)
+        return found
+
     name = killed_kernel_job(slurm_cluster, str(tmp_path), 'ip.run_cell_magic("mpirun_remote", "--backend slurm -i 2 '
                              '-g 1 --async --out job", "import time\\ntime.sleep(300)")', "job")
     assert wait_until(lambda: not slurm_listed(slurm_cluster, name), SLURM_GONE_WITHIN), slurm_queue(slurm_cluster)
+    assert wait_until(lambda: not running(), 10), running()
 
 
 @pytest.mark.parametrize("line, sentence", [
@@ -309,6 +321,24 @@ def test_dry_run_prints_the_script_and_the_salloc_line_and_submits_nothing(slurm
         assert f" {word} " in salloc, salloc
     assert "sbatch --test-only: Job " in printed and "to start at" in printed
     assert slurm_queue(slurm_cluster) == []
+
+
+def test_rank_0s_address_is_the_first_nodes_and_batch_runs_the_cell_as_a_batch_job_on_the_nodes(slurm, slurm_cluster,
+                                                                                                 capsys):
+    """By default mpirun runs here, under salloc, and the ranks are told the address Slurm reaches the first node
+    at; with --batch (where the nodes cannot reach this machine) the cell is a batch job, mpirun on that node."""
+    said = slurm_cluster.run("scontrol", "show", "node", "-o", "n1").stdout
+    address = re.search(r"NodeAddr=(\S+)", said)[1]
+    cell = "import os\nwhere = (os.environ['SLURMD_NODENAME'], os.environ['MASTER_ADDR'])\n"
+    run(slurm, "--backend slurm -i 2 -g 1 --gather --quiet", cell)
+    assert slurm.user_ns["where"] == [("n1", address), ("n2", address)]
+    run(slurm, "--backend slurm -i 2 -g 1 --batch --gather --quiet", cell)
+    assert slurm.user_ns["where"] == [("n1", "n1"), ("n2", "n1")], "the first node's own name, from there"
+    capsys.readouterr()
+    run(slurm, "--backend slurm -i 2 -g 1 --batch --dry-run", "x = 1")
+    printed = capsys.readouterr().out
+    assert ", run by sbatch on the allocation's first node:" in printed and "\nsbatch line:\n" in printed
+    assert re.search(r"^\S*sbatch --parsable --no-requeue .* --nodes=2 ", printed, re.MULTILINE), printed
 
 
 def test_one_squeue_a_poll_for_every_job_paced_from_2_to_30_seconds(slurm_cluster, monkeypatch):
@@ -477,7 +507,7 @@ def test_a_slurm_job_reopens_in_a_new_python_from_its_folder_in_the_shared_cache
     assert reopened_facts(cache_dir, job.name) == seen
 
 
-def test_an_exported_slurm_job_runs_from_bash_as_a_batch_job_of_the_same_shape(slurm, slurm_cluster, cache_dir,
+def test_an_exported_slurm_job_runs_from_bash_as_a_job_of_the_same_shape(slurm, slurm_cluster, cache_dir,
                                                                                tmp_path):
     import pickle
     import subprocess

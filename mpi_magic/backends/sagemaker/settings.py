@@ -21,6 +21,7 @@ from .request import CloudSettings
 class SageMakerSetupError(BackendSetupError):
     """Something the SageMaker backend needs is missing or wrong; nothing was uploaded or started."""
 
+
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 
 # NVIDIA GPUs per instance, the default processes per instance. The SageMaker SDK's

@@ -1,2 +1,3 @@
-"""Ranks as one Slurm batch job: ``sbatch`` of a script that starts ``mpirun`` (or ``srun``) inside
-the allocation, followed through the job folder, which must be on a filesystem the nodes share."""
+"""Ranks as one Slurm job: an allocation that ``salloc`` holds while its script starts ``mpirun`` (or
+``srun``) on the notebook's machine, in it, or a batch job (``sbatch``: a session, a ``--batch`` cell);
+followed through the job folder, which must be on a filesystem the nodes share."""

@@ -61,16 +61,17 @@ REQUEUED_NOT_CANCELLED = ("Slurm put the job back in its queue to run it again l
 _STEPD_SAYS = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:, [^*]*)? \*\*\*")
 _DUE_TO = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 # ... and as salloc says it, holding a cell's allocation here: "salloc: error: Node failure on n2", "salloc: Job
-# 40 has exceeded its time limit and its allocation has been revoked.", then for any end "salloc: Job allocation 40
-# has been revoked." (squeue may then say why: a cancel, a preemption)
+# 40 has exceeded its time limit and its allocation has been revoked.", or for any other end Slurm made "salloc:
+# Job allocation 40 has been revoked." (squeue may then say why: a cancel, a preemption). After salloc's own
+# "Relinquishing job allocation 40", as the script ended, a "revoked" is about that giving back, and is dropped.
 _SALLOC_SAYS = {"NODE_FAIL": re.compile(r"salloc: error: Node failure on "),
                 "TIMEOUT": re.compile(r"salloc: Job \d+ has exceeded its time limit")}
-_REVOKED = re.compile(r"salloc: Job allocation \d+ has been revoked")
-_RELINQUISHED = re.compile(r"salloc: Relinquishing job allocation \d+")  # (its own giving back: then revoked)
+_REVOKED = re.compile(r"\s*salloc: Job allocation \d+ has been revoked")
+_RELINQUISHED = re.compile(r"\s*salloc: Relinquishing job allocation \d+")
 # salloc's word on its allocation, on its errors: the job's id at once (pending or granted), then news
 # the notebook shows otherwise (the queue, the end) or has no use for, which is not shown as the launcher's
 _ALLOCATION = re.compile(rb"salloc: (?:Granted|Pending) job allocation (\d+)")
-_SALLOC_NEWS = re.compile(r"\s*salloc: (?:(?:Granted|Pending|Relinquishing) job allocation \d+|job \d+ (?:queued and "
+_SALLOC_NEWS = re.compile(r"\s*salloc: (?:(?:Granted|Pending) job allocation \d+|job \d+ (?:queued and "
                           r"waiting for resources|has been allocated resources)|Waiting for resource configuration|"
                           r"Nodes \S+ are ready for job)$")
 SALLOC_LIMIT = 30.0  # seconds salloc may take to say the job's id (it says it as soon as slurmctld answers)
@@ -141,7 +142,7 @@ class SlurmBackend:
         """The job's script, written into the job folder, and the launcher's output and errors made there
         empty, 0600: Slurm writes into them as they are, where it would make them by the job's umask;
         returns the line that runs it: ``sbatch`` for a ``batch`` job, else ``salloc``."""
-        script = batch_script(job_name, job_dir, self.launch(command, options), env)
+        script = batch_script(job_name, job_dir, self.launch(command, options), env, here=not batch)
         with jobdir.open_private(os.path.join(job_dir, SCRIPT_FILE), "w") as f:
             f.write(script)
         for name in (OUTPUT, ERRORS):
@@ -150,21 +151,31 @@ class SlurmBackend:
         return line(self.sbatch if batch else self.salloc, job_dir, job_name, options, self.partition.gpus_per_node)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
-        """What --dry-run prints: the job's script, the salloc line, and what ``sbatch --test-only`` said."""
+        """What --dry-run prints: the job's script, the salloc (or, with ``--batch``, sbatch) line, and what
+        ``sbatch --test-only`` said."""
+        batch = bool(options.settings.get("batch"))
         argv = self._write(job_dir, job_name, launchers.runtime_command(job_dir, digest), options,
-                           self.environment(job_name, "<event token>", options), batch=False)
+                           self.environment(job_name, "<event token>", options), batch=batch)
         with open(os.path.join(job_dir, SCRIPT_FILE)) as f:
             script = f.read()
-        return (f"script {os.path.join(job_dir, SCRIPT_FILE)}, run here by salloc in the allocation:\n{script}\n"
-                "salloc line:\n" + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
+        runs = "run by sbatch on the allocation's first node" if batch else "run here by salloc in the allocation"
+        return (f"script {os.path.join(job_dir, SCRIPT_FILE)}, {runs}:\n{script}\n{'sbatch' if batch else 'salloc'} "
+                "line:\n" + " ".join(_quoted(argv)) + f"\nsbatch --test-only: {self.expected_start}")
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> SlurmJob:
-        """``salloc``, which runs the job's script here once Slurm grants the allocation."""
+        """``salloc``, which runs the job's script here once Slurm grants the allocation (with ``--batch``,
+        a batch job's, on its first node)."""
+        if options.settings.get("batch"):
+            return self.submit_batch(job_dir, job_name, launchers.runtime_command(job_dir, digest), options, {})
         token = wire.new_token()
         argv = self._write(job_dir, job_name, launchers.runtime_command(job_dir, digest), options,
                            self.environment(job_name, token, options), batch=False)
         job_id, salloc = _allocate(argv, job_dir)
-        return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), salloc=salloc)
+        try:
+            return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style), salloc=salloc)
+        except BaseException:  # (an interrupt too): nobody would follow the job
+            _reap(salloc, stop=True)
+            raise
 
     def start_session(self, name: str, options: LaunchOptions, config: Config) -> SlurmSessionRanks:
         """One allocation whose ranks wait for cells from this notebook's channel (``session_ranks.py``)."""
@@ -180,9 +191,13 @@ class SlurmBackend:
         argv = self._write(job_dir, job_name, command, options, env, batch=True)
         submitted = commands.run("sbatch", *argv[1:])
         if submitted.returncode != 0:
-            raise SlurmSetupError(f"Slurm refused the job: {commands.said(submitted)}; nothing was submitted")
+            raise _refused(submitted)
         job_id = submitted.stdout.strip().split(";")[0]
         return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
+
+
+def _refused(command: subprocess.CompletedProcess) -> SlurmSetupError:
+    return SlurmSetupError(f"Slurm refused the job: {commands.said(command)}; nothing was submitted")
 
 
 def _allocate(argv: list[str], job_dir: str) -> tuple[str, subprocess.Popen]:
@@ -201,8 +216,7 @@ def _allocate(argv: list[str], job_dir: str) -> tuple[str, subprocess.Popen]:
             if found:
                 return found[1].decode(), salloc
             if salloc.poll() is not None:
-                refused = subprocess.CompletedProcess(argv, salloc.returncode, "", said.decode(errors="replace"))
-                raise SlurmSetupError(f"Slurm refused the job: {commands.said(refused)}; nothing was submitted")
+                raise _refused(subprocess.CompletedProcess(argv, salloc.returncode, "", said.decode(errors="replace")))
             if time.monotonic() > deadline:
                 raise SlurmSetupError(f"salloc did not say the job's id within {SALLOC_LIMIT:g}s: is slurmctld "
                                       "up? (scontrol ping says); nothing was submitted")
@@ -226,6 +240,7 @@ class SlurmJob:
                  salloc: subprocess.Popen | None = None):
         self.job_id, self.name, self.job_dir = job_id, name, job_dir
         self._decoder, self._watcher, self._salloc = decoder, watcher, salloc
+        self._relinquished = False  # salloc said it gives the allocation back (the script has ended)
         self._events = EventQueue(QUEUE_SIZE)
         self._tally = Tally()  # (its hosts: the nodes the ranks said they started on, by Slurm's names)
         self._allocation: Allocation | None = None  # squeue's news, not yet polled (never waits for room)
@@ -278,6 +293,8 @@ class SlurmJob:
                 ended_at = ended_at or time.monotonic()
                 done = done or not self._tally.pids or time.monotonic() - ended_at > EXIT_WAIT
             if done:
+                if self._salloc is not None:  # salloc says its last (the allocation given back, or revoked) first
+                    self._salloc_ended()
                 for tail in tails:  # the rest of each file, its last line too
                     while True:
                         self._deliver(tail.read(final=True), tail.stream)
@@ -296,12 +313,17 @@ class SlurmJob:
         _release(self._watchdog)
         self._events.put([*self._decoder.rejections(), end])
         self.over.set()
-        if self._salloc is not None:  # it gives the allocation back as the script ends: reaped, not waited for
-            _reap(self._salloc)
 
+    def _salloc_ended(self) -> None:
+        """salloc, once the job's script has ended (or Slurm ended the job): it gives the allocation back
+        and exits. One that does not within EXIT_WAIT (a slurmctld too busy to answer) is killed, and the
+        job cancelled, so that no allocation stays held and nothing it started runs on."""
+        assert self._salloc is not None
+        if not _reap(self._salloc):
+            self._cancel_from_thread()
     def _deliver(self, lines: list[str], stream: str) -> None:
         if self._salloc is not None and stream == "stderr":
-            lines = [line for line in lines if not _SALLOC_NEWS.match(line)]
+            lines = [line for line in lines if not self._salloc_news(line)]
         if not lines:
             return
         decoded = self._decoder.feed_lines(lines, stream)
@@ -311,6 +333,14 @@ class SlurmJob:
             self._watcher.hurry()  # squeue's word is older than the ranks: what it says now is shown
         if decoded:
             self._events.put(decoded)
+
+    def _salloc_news(self, line: str) -> bool:
+        """Whether ``line`` is salloc's news, not shown as the launcher's (its giving the allocation back,
+        and what it says of the allocation after that)."""
+        if _RELINQUISHED.match(line):
+            self._relinquished = True
+            return True
+        return bool(_SALLOC_NEWS.match(line) or (self._relinquished and _REVOKED.match(line)))
 
     def _end(self, exit_path: str) -> LauncherExited:
         try:
@@ -345,6 +375,8 @@ class SlurmJob:
         """Whether Slurm put the job back in its queue: as squeue said, or, where slurmstepd's words
         ended it first for what Slurm requeues a job for (a failed node, a preemption), as squeue
         says now (a job still listed, not ended: back in the queue, or on its way there)."""
+        if self._salloc is not None:
+            return False  # (Slurm never requeues an allocation salloc holds)
         if self._ended is not None and self._ended.state == "REQUEUED":
             return True
         if self._cancelled or self._slurm_said() not in ("NODE_FAIL", "PREEMPTED"):
@@ -397,11 +429,8 @@ class SlurmJob:
             for state, says in _SALLOC_SAYS.items():
                 if says.search(line):
                     return state
-            if _RELINQUISHED.search(line):  # salloc gave the allocation back as the launcher ended: what
-                revoked = False  # it said after that is about its own giving back
-                continue
-            revoked = revoked or bool(_REVOKED.search(line))
-        if revoked and (self._ended is None or self._ended.state not in ENDED_BY_SLURM):
+            revoked = revoked or bool(_REVOKED.match(line))
+        if revoked and not self._cancelled and (self._ended is None or self._ended.state not in ENDED_BY_SLURM):
             self._ask_slurm()  # salloc says only that the allocation ended: squeue may say why
         if self._ended is not None and self._ended.state in ENDED_BY_SLURM:
             return self._ended.state
@@ -583,16 +612,18 @@ def _release(watchdog: subprocess.Popen) -> None:
     watchdog.wait()
 
 
-def _reap(salloc: subprocess.Popen, stop: bool = False) -> None:
-    """salloc, once the job's script has ended (or told to ``stop``: SIGTERM): it exits as it gives the
-    allocation back (ended, if it has not within EXIT_WAIT; the job was cancelled, or ended, in Slurm by then)."""
+def _reap(salloc: subprocess.Popen, stop: bool = False) -> bool:
+    """salloc waited for (told to ``stop`` first: SIGTERM, on which it gives back what it asked for) up to
+    EXIT_WAIT, and killed if it has not exited by then; whether it exited by itself."""
     if stop and salloc.poll() is None:
         salloc.terminate()
     try:
         salloc.wait(EXIT_WAIT)
+        return True
     except subprocess.TimeoutExpired:
         salloc.kill()
         salloc.wait()
+        return False
 
 
 def _quoted(argv: list[str]) -> list[str]:

@@ -1,5 +1,5 @@
-"""Slurm's own client commands (``sbatch``, ``squeue``, ``scancel``, ``sinfo``, ``scontrol``), run
-unchanged from PATH, and what they say when they refuse."""
+"""Slurm's own client commands (``salloc``, ``sbatch``, ``squeue``, ``scancel``, ``sinfo``, ``scontrol``),
+run unchanged from PATH, and what they say when they refuse."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 from ...errors import BackendSetupError
-
 
 
 class SlurmSetupError(BackendSetupError):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 
-from ...options import JOB, Option, Setting, joined_args, split_args, text
+from ...options import JOB, Option, Setting, joined_args, split_args, text, yes_no
 from ..base import Declaration
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ OPTIONS = (
             help='slurm: extra salloc/sbatch arguments, quoted: --slurm-args "--exclusive --mem=0".'),
     _option("--srun", action="store_true",
             help="slurm: start the ranks with srun --mpi=pmix instead of mpirun inside the allocation."),
+    _option("--batch", action="store_const", const="yes", default=None,
+            help="slurm: run the cell as a batch job (sbatch), mpirun on its first node, where the nodes cannot "
+                 "reach this machine (by default salloc holds the allocation and mpirun runs here)."),
 )
 
 SETTINGS = (
@@ -45,6 +48,7 @@ SETTINGS = (
     Setting("qos", None, text, "slurm: quality of service"),
     Setting("time", None, text, "slurm: time limit of each job, as Slurm's --time takes it (e.g. 30, 1:00:00)"),
     Setting("slurm_args", "", split_args, "slurm: extra salloc/sbatch arguments for every job"),
+    Setting("slurm_batch", False, yes_no, "slurm: run each cell as a batch job (sbatch), as --batch does"),
     Setting("notebook_host", None, text,
             "slurm sessions: the name or address the ranks reach this notebook at (default: this machine's name)"),
 )
@@ -59,7 +63,8 @@ def values(args: argparse.Namespace, config: Config) -> dict:
     extra = joined_args(config.get("slurm_args"), args.slurm_args and config.pick("slurm_args", args.slurm_args))
     return {"partition": config.pick("partition", args.partition), "account": config.pick("account", args.account),
             "qos": config.pick("qos", args.qos), "time": time_limit, "constraint": args.constraint,
-            "reservation": args.reservation, "slurm_args": shlex.split(extra), "srun": args.srun}
+            "reservation": args.reservation, "slurm_args": shlex.split(extra), "srun": args.srun,
+            "batch": config.pick("slurm_batch", args.batch)}
 
 
 def _default_gpus(settings: dict) -> int:

@@ -55,19 +55,29 @@ def shape(options: LaunchOptions, gpus_per_node: int) -> list[str]:
     return [*argv, *settings.get("slurm_args", [])]
 
 
-def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, str]) -> str:
-    """The script: the job's variables, then ``launch`` (mpirun or srun and the rank runtime)."""
+# where rank 0 runs, told to the ranks (torch.distributed's env://): the allocation's first node; from a batch
+# job's script, which runs there, its own name; from salloc's, which runs here, the address Slurm reaches it at
+# (a node's name in Slurm need not resolve where the cluster gives it an address of its own)
+_FIRST_NODE_HERE = ('first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+                    'first_address="$(scontrol show node -o "$first_node" '
+                    '| sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')"\n'
+                    'first_address="${first_address:-$first_node}"')
+_FIRST_NODE_THERE = 'first_address="$(hostname)"'
+
+
+def batch_script(job_name: str, job_dir: str, launch: list[str], env: dict[str, str], here: bool) -> str:
+    """The script: the job's variables, then ``launch`` (mpirun or srun and the rank runtime); ``here``:
+    run by salloc on this machine, else by sbatch on the allocation's first node."""
     exports = "\n".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
     exit_file = shlex.quote(os.path.join(job_dir, EXIT_FILE))
     return f"""#!/bin/bash
 # mpi_magic job {job_name}: the ranks of one cell, or a session's (written by mpi_magic, run by salloc or sbatch)
 {exports}
-# rank 0 runs on the allocation's first node, as Slurm names it (the script itself may run here, under salloc)
-first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)"
-export {envvars.MASTER_ADDR}="${{first_node:-$(hostname)}}"
+{_FIRST_NODE_HERE if here else _FIRST_NODE_THERE}
+export {envvars.MASTER_ADDR}="$first_address"  # the allocation's first node, where rank 0 runs
 export {envvars.MASTER_PORT}=$((20000 + SLURM_JOB_ID % 40000))  # one job's own, on that node
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs from Slurm
+trap : INT TERM  # the shell outlives the signal; the launcher and the ranks get theirs (from Slurm, or from here)
 {" ".join(shlex.quote(word) for word in launch)} &
 launcher=$!
 (umask 077; echo "$launcher" > {shlex.quote(os.path.join(job_dir, PID_FILE))})  # private, as the exit status

@@ -34,6 +34,7 @@ with open(os.path.join(os.path.dirname(__file__), "mpijob_crd_v0.5.0.json"), enc
 LAUNCH = ["mpirun", "-np", "8", "--tag-output", "python", "-m", "mpi_magic.runtime", "/fsx/alice/jobs/mpi-1"]
 
 
+
 def _checked(job: dict) -> dict:
     jsonschema.Draft7Validator(SCHEMA).validate(job)
     return job
