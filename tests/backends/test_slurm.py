@@ -17,7 +17,7 @@ import pytest
 from helpers import (SLURM_GONE_WITHIN, killed_kernel_job, needs_hosts, needs_slurm, node_down, once, once_running,
                      ranks_running, resume, run, slurm_listed, slurm_queue, wait_until)
 
-from mpi_magic.backends.slurm import commands
+from mpi_magic.backends.slurm import backend, commands
 from mpi_magic import SlurmSetupError
 from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError
 
@@ -232,8 +232,6 @@ def test_a_stopped_job_whose_cancel_slurmctld_does_not_answer_is_cancelled_all_t
                                                                                          monkeypatch):
     """Its processes ignore the SIGINT of a stop, and slurmctld does not answer the cancel when the
     grace after it is over (stopped): no thread dies of it, and the job is cancelled once it answers."""
-    from mpi_magic.backends.slurm import backend
-
     monkeypatch.setattr(commands, "CALL_LIMIT", 1.0)
     monkeypatch.setattr(backend, "INTERRUPT_GRACE", 1.0)
     controller = _controller(slurm_cluster)
@@ -534,3 +532,30 @@ def test_an_exported_slurm_job_runs_from_bash_as_a_job_of_the_same_shape(slurm, 
     with open(folder / "results.pickle", "rb") as f:
         assert pickle.load(f) == {name: slurm.user_ns[name] for name in ("node", "total")}
     assert "(slurm, 2 x 1) completed" in done.stderr
+
+
+@pytest.mark.parametrize("lines, said, shown", [
+    (["salloc: Granted job allocation 5", "salloc: Relinquishing job allocation 5",
+      "salloc: Job allocation 5 has been revoked."], None, []),  # it ended; salloc gave the allocation back
+    (["salloc: Granted job allocation 5", "salloc: Job allocation 5 has been revoked."], backend.REVOKED,
+     ["salloc: Job allocation 5 has been revoked."]),  # scancel from elsewhere: squeue may say more
+    (["salloc: Pending job allocation 5", "salloc: job 5 queued and waiting for resources",
+      "salloc: job 5 has been allocated resources", "salloc: Granted job allocation 5",
+      "salloc: error: Node failure on n2", "salloc: Job allocation 5 has been revoked."], "NODE_FAIL",
+     ["salloc: error: Node failure on n2", "salloc: Job allocation 5 has been revoked."]),
+    (["salloc: Granted job allocation 5",
+      "salloc: Job 5 has exceeded its time limit and its allocation has been revoked."], "TIMEOUT",
+     ["salloc: Job 5 has exceeded its time limit and its allocation has been revoked."]),
+    (["srun: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***"], "TIMEOUT",
+     ["srun: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-12-05T18:35:45 DUE TO TIME LIMIT ***"]),
+], ids=["ended", "revoked", "node-failure", "time-limit", "stepd"])
+def test_salloc_s_words_are_read_as_slurm_means_them(lines, said, shown):
+    """What salloc writes on its errors, line by line as the job follows it: its news is not shown as the
+    launcher's, and what remains says how Slurm ended the job."""
+    kept, relinquished = [], False
+    for line in lines:
+        news, relinquished = backend.salloc_news(line, relinquished)
+        if not news:
+            kept.append(line)
+    assert kept == shown
+    assert backend.said_in(kept) == said

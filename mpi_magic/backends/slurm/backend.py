@@ -196,6 +196,32 @@ class SlurmBackend:
         return SlurmJob(job_id, job_name, job_dir, StreamDecoder(token, self.tag_style))
 
 
+REVOKED = "REVOKED"  # salloc said its allocation was revoked, and no more of why
+
+
+def salloc_news(line: str, relinquished: bool) -> tuple[bool, bool]:
+    """(whether a line of salloc's errors file is salloc's news, not the launcher's; whether salloc has
+    given the allocation back by then, so that a "revoked" after it is news too)."""
+    if _RELINQUISHED.match(line):
+        return True, True
+    return bool(_SALLOC_NEWS.match(line) or (relinquished and _REVOKED.match(line))), relinquished
+
+
+def said_in(lines) -> str | None:
+    """The state Slurm's own words in the launcher's lines end the job in (the last that says one):
+    slurmstepd's or salloc's; ``REVOKED`` where salloc says only that the allocation ended."""
+    revoked = False
+    for line in reversed(lines):
+        found = _STEPD_SAYS.search(line)
+        if found:
+            return _DUE_TO.get(found[1] or "", "CANCELLED")
+        for state, says in _SALLOC_SAYS.items():
+            if says.search(line):
+                return state
+        revoked = revoked or bool(_REVOKED.match(line))
+    return REVOKED if revoked else None
+
+
 def _refused(command: subprocess.CompletedProcess) -> SlurmSetupError:
     return SlurmSetupError(f"Slurm refused the job: {commands.said(command)}; nothing was submitted")
 
@@ -337,10 +363,8 @@ class SlurmJob:
     def _salloc_news(self, line: str) -> bool:
         """Whether ``line`` is salloc's news, not shown as the launcher's (its giving the allocation back,
         and what it says of the allocation after that)."""
-        if _RELINQUISHED.match(line):
-            self._relinquished = True
-            return True
-        return bool(_SALLOC_NEWS.match(line) or (self._relinquished and _REVOKED.match(line)))
+        news, self._relinquished = salloc_news(line, self._relinquished)
+        return news
 
     def _end(self, exit_path: str) -> LauncherExited:
         try:
@@ -421,20 +445,15 @@ class SlurmJob:
         """The state Slurm ended the job in, as slurmstepd wrote it into the error file or salloc said it
         there (at once, where squeue may say it seconds later), else as squeue said it; None where Slurm
         did not end it."""
-        revoked = False
-        for line in reversed(self._tally.log.lines):
-            found = _STEPD_SAYS.search(line)
-            if found:
-                return _DUE_TO.get(found[1] or "", "CANCELLED")
-            for state, says in _SALLOC_SAYS.items():
-                if says.search(line):
-                    return state
-            revoked = revoked or bool(_REVOKED.match(line))
-        if revoked and not self._cancelled and (self._ended is None or self._ended.state not in ENDED_BY_SLURM):
+        said = said_in(self._tally.log.lines)
+        if said not in (None, REVOKED):
+            return said
+        told = self._ended is not None and self._ended.state in ENDED_BY_SLURM
+        if said == REVOKED and not self._cancelled and not told:
             self._ask_slurm()  # salloc says only that the allocation ended: squeue may say why
         if self._ended is not None and self._ended.state in ENDED_BY_SLURM:
             return self._ended.state
-        return "CANCELLED" if revoked else None
+        return "CANCELLED" if said == REVOKED else None
 
     # -- BackendJob ------------------------------------------------------------------------
 
