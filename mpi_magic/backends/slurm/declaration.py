@@ -37,7 +37,7 @@ OPTIONS = (
             help='slurm: extra salloc/sbatch arguments, quoted: --slurm-args "--exclusive --mem=0".'),
     _option("--srun", action="store_true",
             help="slurm: start the ranks with srun --mpi=pmix instead of mpirun inside the allocation."),
-    _option("--batch", action="store_const", const="yes", default=None,
+    _option("--batch", action="store_true", default=None,
             help="slurm: run the cell as a batch job (sbatch), mpirun on its first node, where the nodes cannot "
                  "reach this machine (by default salloc holds the allocation and mpirun runs here)."),
 )
@@ -64,7 +64,7 @@ def values(args: argparse.Namespace, config: Config) -> dict:
     return {"partition": config.pick("partition", args.partition), "account": config.pick("account", args.account),
             "qos": config.pick("qos", args.qos), "time": time_limit, "constraint": args.constraint,
             "reservation": args.reservation, "slurm_args": shlex.split(extra), "srun": args.srun,
-            "batch": config.pick("slurm_batch", args.batch)}
+            "batch": config.pick("slurm_batch", "yes" if args.batch else None)}
 
 
 def _default_gpus(settings: dict) -> int:
