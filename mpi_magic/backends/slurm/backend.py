@@ -375,12 +375,13 @@ class SlurmJob:
         if returncode and not self._tally.failed and not self._cancelled:
             self._ask_slurm()  # the launcher failed and no rank said why: Slurm may have ended the job (a node failed)
         said = self._slurm_said()
-        if returncode is not None and said is None:
+        if returncode is not None and said in (None, REVOKED):
             lost = {} if self._tally.failed else launchers.lost_hosts("\n".join(self._tally.log.lines))
-            if lost:  # (Open MPI 5's mpirun then exits with status 0)
+            if lost:  # (Open MPI 5's mpirun then exits with status 0; Slurm may revoke the allocation after)
                 return LauncherExited(returncode, reason=lost_nodes(lost))
-            return self._tally.ended(returncode)
-        state = said or (self._ended.state if self._ended else "GONE")
+            if said is None:
+                return self._tally.ended(returncode)
+        state = "CANCELLED" if said == REVOKED else said or (self._ended.state if self._ended else "GONE")
         if self._cancelled:
             return LauncherExited(returncode)
         if state == "NODE_FAIL":
@@ -443,8 +444,8 @@ class SlurmJob:
 
     def _slurm_said(self) -> str | None:
         """The state Slurm ended the job in, as slurmstepd wrote it into the error file or salloc said it
-        there (at once, where squeue may say it seconds later), else as squeue said it; None where Slurm
-        did not end it."""
+        there (at once, where squeue may say it seconds later), else as squeue said it; ``REVOKED`` where
+        salloc says only that Slurm took the allocation back; None where Slurm did not end it."""
         said = said_in(self._tally.log.lines)
         if said not in (None, REVOKED):
             return said
@@ -453,7 +454,7 @@ class SlurmJob:
             self._ask_slurm()  # salloc says only that the allocation ended: squeue may say why
         if self._ended is not None and self._ended.state in ENDED_BY_SLURM:
             return self._ended.state
-        return "CANCELLED" if said == REVOKED else None
+        return said  # (REVOKED: Slurm ended it, saying no more; None: Slurm did not end it)
 
     # -- BackendJob ------------------------------------------------------------------------
 
