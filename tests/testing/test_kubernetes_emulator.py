@@ -10,12 +10,10 @@ import sys
 import threading
 
 import pytest
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed: pip install kubernetes")
-from kubernetes import client, config, watch  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
-
-from mpi_magic.testing import kubernetes_emulator as emulator  # noqa: E402
+from mpi_magic.testing import kubernetes_emulator as emulator
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 

@@ -2,8 +2,8 @@
 hosts, the SageMaker rehearsal, and the scripted backend of ``mpi_magic.testing.scripted``, registered
 here) by one fixture: a backend passes these, and keeps in its own tests only what is its own. Each
 test runs a 2 x 2 cell through the magic, as a user would. The scripted backend plays its ranks one
-after another in the notebook's process: it takes the tests that need no MPI between ranks and no
-process of their own (``on.needs_processes()`` skips the others there, saying so)."""
+after another in the notebook's process, so it takes only the tests that need no MPI between ranks
+and no process of their own (the fixture ``on_any``); the others run over the real backends (``on``)."""
 
 from __future__ import annotations
 
@@ -40,13 +40,6 @@ class On:
     gone: Callable[[object], bool]  # nothing of an ended job (or session) is left where it ran
     stop_description: str  # how an interrupt stops its jobs, as the sentence says it
     environ: dict[str, str]  # what another Python (a second kernel) needs to run cells there as this shell does
-    played: bool = False  # the ranks are played in the notebook's process (the scripted backend)
-
-    def needs_processes(self) -> None:
-        """Skip the test where the ranks are played: it needs MPI between them, or processes of their own."""
-        if self.played:
-            pytest.skip("the scripted backend plays each rank in turn in the notebook's process: no MPI between "
-                        "its ranks, no process to interrupt, stall or outlive the kernel")
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +47,29 @@ def one_worker():
     """(A module's fixture: the suite's servers, started once for the module, serve every test of it.)"""
 
 
-@pytest.fixture(params=["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker", "scripted"])
+REAL = ["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker"]
+
+
+@pytest.fixture(params=REAL)
 def on(request, sessions, one_worker) -> On:
-    """(``sessions``: a session a test leaves up is stopped at its end.)"""
-    ip = sessions
+    """A real backend. (``sessions``: a session a test leaves up is stopped at its end.)"""
+    return _on(request, sessions)
+
+
+@pytest.fixture(params=[*REAL, "scripted"])
+def on_any(request, sessions, one_worker) -> On:
+    """A real backend, or the scripted one, whose ranks are played in the notebook's process."""
+    return _on(request, sessions)
+
+
+def _on(request, ip) -> On:
     if request.param == "scripted":
         registry.register(scripted.declaration())
         request.addfinalizer(lambda: registry.unregister("scripted"))
         ip.run_line_magic("mpirun_config", "backend=scripted view=text")
         return On("scripted", ip, lambda instance: socket.gethostname(),
                   lambda ran: wait_until(lambda: ran.status == "stopped", 10), "a scripted stop",
-                  {"MPI_MAGIC_BACKEND": "scripted"}, played=True)
+                  {"MPI_MAGIC_BACKEND": "scripted"})
     if request.param == "slurm":
         cluster = request.getfixturevalue("slurm_cluster")
         request.getfixturevalue("slurm")  # (which fails the test if a job is left in the queue)
@@ -105,7 +110,6 @@ def _no_rank_process(ran) -> bool:
 
 
 def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
-    on.needs_processes()
     on.ip.user_ns["data"] = [1, 10, 100, 1000]  # a notebook value the cell reads
     run(on.ip, "-i 2 -g 2 --out job", (
         "import mpi_magic\n"
@@ -121,7 +125,6 @@ def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
 
 
 def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on, capsys, monkeypatch):
-    on.needs_processes()
     with pytest.raises(RemoteRankError) as raised:
         run(on.ip, "-i 2 -g 2 --out job", (
             "import time, mpi_magic\n"
@@ -143,7 +146,6 @@ def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_t
 
 
 def test_a_stall_names_where_each_rank_waits(on):
-    on.needs_processes()
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     run(on.ip, "-i 2 -g 2 --async --quiet --out job", (
         "import time, mpi_magic\n"
@@ -167,7 +169,6 @@ def test_a_stall_names_where_each_rank_waits(on):
 
 
 def test_timeout_stops_every_rank_and_says_so(on):
-    on.needs_processes()
     with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
         run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
@@ -175,7 +176,6 @@ def test_timeout_stops_every_rank_and_says_so(on):
 
 
 def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on, capsys):
-    on.needs_processes()
     with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
@@ -188,7 +188,8 @@ def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_
 
 # -- sessions ------------------------------------------------------------------------------------
 
-def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_shape_is_refused(on):
+def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_shape_is_refused(on_any):
+    on = on_any
     session = start_session(on.ip, "-i 2 -g 1")
     run(on.ip, "", "import mpi_magic\nkept = 10 * mpi_magic.rank()\n")
     run(on.ip, "--gather", "seen = kept + 1\n")
@@ -200,7 +201,6 @@ def test_a_sessions_ranks_keep_their_state_between_cells_and_a_cell_of_another_s
 
 
 def test_a_sessions_ranks_say_where_they_are_between_cells_at_a_stall_and_on_ctrl_c(on, capsys):
-    on.needs_processes()
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     session = start_session(on.ip, "-i 2 -g 1")
     capsys.readouterr()
@@ -227,7 +227,8 @@ def test_a_sessions_ranks_say_where_they_are_between_cells_at_a_stall_and_on_ctr
     assert on.gone(session)
 
 
-def test_an_idle_session_ends_itself_after_max_idle(on):
+def test_an_idle_session_ends_itself_after_max_idle(on_any):
+    on = on_any
     session = start_session(on.ip, "-i 1 -g 2 --max-idle 2")
     assert wait_until(lambda: session.status == "stopped", 60)
     assert "idle for 2s (--max-idle)" in session.ended_reason and on.gone(session)
@@ -236,7 +237,6 @@ def test_an_idle_session_ends_itself_after_max_idle(on):
 def test_a_killed_kernel_leaves_nothing_of_its_session_running(on, tmp_path):
     """SIGKILL: no atexit, no goodbye; what stops the ranks is the backend's own (a process beside the
     kernel, the notebook's heartbeat)."""
-    on.needs_processes()
     kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
         import json, time
         from IPython.core.interactiveshell import InteractiveShell
