@@ -298,6 +298,14 @@ def test_what_slurm_can_tell_is_one_sentence_before_anything_is_submitted(slurm,
     assert not os.path.exists(os.path.join(cache_dir, "jobs")) or os.listdir(os.path.join(cache_dir, "jobs")) == []
 
 
+def test_an_argument_only_sbatch_takes_is_refused_by_salloc_in_one_sentence(slurm, slurm_cluster):
+    """sbatch --test-only checks the shape; salloc, which takes a cell's job, refuses an sbatch word itself."""
+    with pytest.raises(SlurmSetupError) as raised:
+        run(slurm, "--backend slurm --slurm-args --array=1-2", "x = 1")
+    assert str(raised.value) == "Slurm refused the job: unrecognized option '--array=1-2'; nothing was submitted"
+    assert slurm_queue(slurm_cluster) == []
+
+
 def test_without_slurms_commands_the_cell_says_where_to_run(slurm, tmp_path):
     path = os.environ["PATH"]
     os.environ["PATH"] = str(tmp_path)  # no sbatch, squeue, ... (the ranks' Python is named by path)

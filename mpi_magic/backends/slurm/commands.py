@@ -49,4 +49,4 @@ def said(completed: subprocess.CompletedProcess) -> str:
     return _PREFIX.sub("", errors[-1]).strip()
 
 
-_PREFIX = re.compile(r"^(?:[a-z]+: )*(?:error: )?")  # "sbatch: error: ", "srun: ", ...
+_PREFIX = re.compile(r"^(?:(?:/\S*/)?[a-z]+: )*(?:error: )?")  # "sbatch: error: ", "srun: ", "/usr/bin/salloc: "
