@@ -317,20 +317,21 @@ class Trial:
         return self.said(f"--backend sagemaker {settings} {line}")
 
     def on_slurm(self, line: str) -> str:
-        missing = slurm_missing()
-        if missing:
-            pytest.skip(missing)
-        self.request.getfixturevalue("slurm")
+        self._slurm()
         return self.said(f"--backend slurm {line}")
 
     def on_slurm_session(self, line: str) -> str:
         """What starting a Slurm session with ``line`` shows."""
+        self._slurm()
+        self.request.getfixturevalue("sessions")
+        return self._shown(lambda: self.ip.run_line_magic("mpirun_session", f"start --backend slurm {line}"))
+
+    def _slurm(self) -> None:
+        """The tests' Slurm cluster, where this machine can run one (CI fails where it cannot)."""
         missing = slurm_missing()
         if missing:
             pytest.skip(missing)
         self.request.getfixturevalue("slurm")
-        self.request.getfixturevalue("sessions")
-        return self._shown(lambda: self.ip.run_line_magic("mpirun_session", f"start --backend slurm {line}"))
 
     def without_sdk(self) -> Trial:
         """As where the SageMaker SDK is not installed (boto3 alone)."""
