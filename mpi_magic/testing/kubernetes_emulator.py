@@ -18,6 +18,7 @@ hosts) is not here yet: the pods stay Pending.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import re
@@ -176,18 +177,19 @@ class Store:
         """The watch: each change to a matching object after resource version ``since``, as it comes,
         until the monotonic time ``until``."""
         matches = _selector(selector)
-        seen = since
+        with self._changed:  # (the log is in resource version order: a watch reads on from where it was)
+            read = bisect.bisect_right(self._changes, since, key=lambda change: change[0])
         while True:
             with self._changed:
-                fresh = [change for change in self._changes if change[0] > seen]
+                fresh = self._changes[read:]
                 if not fresh:
                     left = until - time.monotonic()
                     if left <= 0:
                         return
                     self._changed.wait(min(left, 1.0))
                     continue
-            for version, kind, which, obj in fresh:
-                seen = version
+            read += len(fresh)
+            for _, kind, which, obj in fresh:
                 if which == plural and (namespace is None or obj["metadata"].get("namespace") == namespace) \
                         and matches(obj["metadata"].get("labels") or {}):
                     yield {"type": kind, "object": obj}
