@@ -150,6 +150,7 @@ def test_a_stall_names_where_each_rank_waits(on):
     run(on.ip, "-i 2 -g 2 --async --quiet --out job", (
         "import time, mpi_magic\n"
         "from mpi4py import MPI\n"
+        "print('up', flush=True)\n"  # (the quiet spell starts once MPI is up, however long that took)
         "if mpi_magic.rank() == 2:\n"
         "    time.sleep(300)\n"
         "MPI.COMM_WORLD.allreduce(1)\n"
@@ -164,7 +165,7 @@ def test_a_stall_names_where_each_rank_waits(on):
         with pytest.raises(JobError, match="cancelled"):
             job.wait()
     # (lines as the cell shows them, the magic's line first)
-    assert job.model.roll_call == "ranks 0, 1, 3 at cell line 6 in allreduce; rank 2 at cell line 5 in sleep"
+    assert job.model.roll_call == "ranks 0, 1, 3 at cell line 7 in allreduce; rank 2 at cell line 6 in sleep"
     assert on.gone(job)
 
 
