@@ -210,12 +210,38 @@ THEME_COLOUR_JS = """
 """
 
 # Records in window.mpiMagicSeen what the page showed at any moment, however briefly: the
-# callback ``check`` (a JS expression over `seen`) runs on every change to the notebook.
+# callback ``check`` (a JS function body over `seen` and `rows`) runs on every change to the notebook.
+# `rows` is how each dashboard row looks ({label, fill, classes, colour}): the rows on the page and
+# the rows the changes touched, which may have left it by then (under load the browser applies a
+# burst of the kernel's messages at once, so a row's last look and the summary that replaces the
+# dashboard can come between two calls). A bar's fill is the width its widget set; a bar off the page
+# is coloured on a copy put on the page for the measurement.
 def record(page, check: str) -> None:
     page.evaluate("""(check) => {
         window.mpiMagicSeen = {};
-        const seen = window.mpiMagicSeen, look = new Function('seen', check);
-        new MutationObserver(() => look(seen)).observe(document.querySelector('.jp-Notebook'),
+        const seen = window.mpiMagicSeen, look = new Function('seen', 'rows', check);
+        const colour = (bar) => {
+            if (bar.isConnected) return getComputedStyle(bar).backgroundColor;
+            const copy = bar.cloneNode();
+            document.body.appendChild(copy);  // outside the observed notebook
+            const measured = getComputedStyle(copy).backgroundColor;
+            copy.remove();
+            return measured;
+        };
+        const rowsOf = (records) => {
+            const rows = new Set(document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-row'));
+            for (const record of records) {
+                const node = record.target.nodeType === Node.ELEMENT_NODE ? record.target : record.target.parentElement;
+                const row = node && node.closest('.mpi-magic-row');
+                if (row) rows.add(row);
+            }
+            return [...rows].map((row) => {
+                const bar = row.querySelector('.progress-bar');
+                return {label: row.children[0].textContent.trim(), fill: parseFloat(bar.style.width || '0') / 100,
+                        classes: [...bar.classList], colour: colour(bar)};
+            });
+        };
+        new MutationObserver((records) => look(seen, rowsOf(records))).observe(document.querySelector('.jp-Notebook'),
             {subtree: true, childList: true, attributes: true, characterData: true});
     }""", check)
 

@@ -57,14 +57,12 @@ def test_quickstart_shows_a_live_bar_per_rank_each_reaching_its_end_then_the_sum
         success = page.evaluate(THEME_COLOUR_JS, "--jp-success-color1")
         # the highest fill and style each rank's bar showed, however briefly, while the dashboard was up
         record(page, """
-            document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-row').forEach((row) => {
-              const bar = row.querySelector('.progress-bar'), label = row.children[0].textContent.trim();
-              const fill = bar.getBoundingClientRect().width / bar.parentElement.getBoundingClientRect().width;
-              const was = seen[label] || {fill: 0, green: false};
-              seen[label] = {fill: Math.max(was.fill, fill),
-                             green: was.green || (fill > 0.99 && bar.classList.contains('progress-bar-success')
-                                                  && getComputedStyle(bar).backgroundColor === '%s')};
-            });""" % success)
+            for (const row of rows) {
+              const was = seen[row.label] || {fill: 0, green: false};
+              seen[row.label] = {fill: Math.max(was.fill, row.fill),
+                                 green: was.green || (row.fill > 0.99 && row.classes.includes('progress-bar-success')
+                                                      && row.colour === '%s')};
+            }""" % success)
         run_all(page)
         wait_rows(page, world_size + 1)  # the aggregate and one per rank
         first = page.evaluate(ROWS_JS)
@@ -106,11 +104,11 @@ def test_a_failing_rank_is_red_its_pane_and_the_summary_show_its_traceback(jupyt
         open_notebook(page, server, "failing.ipynb")
         danger = page.evaluate(THEME_COLOUR_JS, "--jp-error-color1")
         record(page, """
-            const rows = [...document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-row')];
-            const red = (row) => row && row.querySelector('.progress-bar-danger')
-                && getComputedStyle(row.querySelector('.progress-bar')).backgroundColor === '%s';
-            if (red(rows.find((r) => r.children[0].textContent.trim() === 'rank 2'))) seen.rank = true;
-            if (red(rows.find((r) => r.children[0].textContent.trim() === 'all ranks'))) seen.total = true;
+            for (const row of rows) {
+              const red = row.classes.includes('progress-bar-danger') && row.colour === '%s';
+              if (red && row.label === 'rank 2') seen.rank = true;
+              if (red && row.label === 'all ranks') seen.total = true;
+            }
             const pane = [...document.querySelectorAll('.mpi-magic-dashboard .mpi-magic-pane')]
                 .find((p) => p.getClientRects().length);
             if (pane && /Traceback[^]*ValueError: rank 2 gave up/.test(pane.textContent)) seen.pane = pane.textContent;
