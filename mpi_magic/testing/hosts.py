@@ -235,6 +235,17 @@ class TestHosts:
             self._keeper.wait()
             self._keeper = None
 
+    @classmethod
+    def found(cls, root: str) -> TestHosts | None:
+        """The bed another process brought up under ``root``, to look into (its hosts' processes,
+        addresses); None where none is up there."""
+        bed = cls(root, outlives_me=True)
+        state = bed._load()
+        if state is None:
+            return None
+        bed.number, bed.names = state["number"], state["names"]
+        return bed
+
     def _running(self, pid: int) -> bool:
         """Whether process ``pid`` runs on (one this process started, and has not waited for yet, is
         reaped here: it runs on no more once it has ended; another's that has ended waits for its parent,
@@ -324,7 +335,7 @@ Host *
     def _make_network(self) -> None:
         """The bridge, each host's namespace, hostname and link, and this machine's login link, in one
         batch of ``ip`` commands per namespace."""
-        switch = [f"link set lo up", "link add br0 type bridge", "link set br0 up"]
+        switch = ["link set lo up", "link add br0 type bridge", "link set br0 up"]
         for name in self.names:
             _run("ip", "netns", "add", self.namespace(name))
         for name in self.names:

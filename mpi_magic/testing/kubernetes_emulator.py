@@ -5,14 +5,16 @@ they run), events, and deletion that takes an object's dependents with it (owner
 garbage collector does for ``propagationPolicy: Foreground``). A bearer token guards it, as a real
 cluster's service account does.
 
-    python -m mpi_magic.testing.kubernetes_emulator start    # prints export KUBECONFIG=...
+    python -m mpi_magic.testing.kubernetes_emulator start --nodes 4   # prints export KUBECONFIG=...
     python -m mpi_magic.testing.kubernetes_emulator stop
 
 From Python, ``KubernetesEmulator(root).start()`` and its ``environ``. As the MPI Operator does, an
 MPIJob that is not suspended gets its ssh Secret, its hostfile ConfigMap, a pod per worker and the
 launcher's pod, each owned by the job; one suspended (waiting for Kueue) gets them once it is resumed
-(a merge patch of ``spec.runPolicy.suspend``). What a kubelet does (running the pods' commands on test
-hosts) is not here yet: the pods stay Pending.
+(a merge patch of ``spec.runPolicy.suspend``); once its launcher runs or ends, the job's conditions
+say so, and the workers go once it ended. With ``--nodes N`` (root), N test hosts are the cluster's
+nodes: a scheduler and a kubelet (``kubernetes_nodes``) run each pod's command there, the launcher's
+mpirun reaching the workers' sshd over the hosts' network; without, the pods stay Pending.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from . import servers
 
 MODULE = "mpi_magic.testing.kubernetes_emulator"  # (run as ``python -m``, its __name__ is __main__)
 MPIJOBS = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
-CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": "Secret", "configmaps": "ConfigMap"}
+CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": "Secret", "configmaps": "ConfigMap",
+        "nodes": "Node"}
+CLUSTER_SCOPED = ("namespaces", "nodes")
 # the MPI Operator's labels on an MPIJob's pods (``training.kubeflow.org/...``)
 JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training.kubeflow.org/job-role",
                                      "training.kubeflow.org/replica-index")
@@ -80,7 +84,7 @@ class Store:
         metadata = body.setdefault("metadata", {})
         name = metadata.get("name") or (metadata.get("generateName", "") + secrets.token_hex(3))
         with self._changed:
-            if plural != "namespaces" and ("namespaces", "", namespace) not in self._objects:
+            if plural not in CLUSTER_SCOPED and ("namespaces", "", namespace) not in self._objects:
                 raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
             if (plural, namespace, name) in self._objects:
                 raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
@@ -110,6 +114,7 @@ class Store:
         namespace, name = metadata["namespace"], metadata["name"]
         if spec.get("runPolicy", {}).get("suspend") or (("secrets", namespace, f"{name}-ssh") in self._objects):
             return
+        _condition(job, "Created", "MPIJobCreated", f"MPIJob {namespace}/{name} is created.")
         owner = [{"apiVersion": "/".join(MPIJOBS[:2]), "kind": MPIJOBS[3], "name": name, "uid": metadata["uid"],
                   "controller": True, "blockOwnerDeletion": True}]
         replicas = spec.get("mpiReplicaSpecs", {})
@@ -142,10 +147,37 @@ class Store:
         """``change(object)`` applied in place, as a new resource version."""
         with self._changed:
             found = self.get(plural, namespace, name)
+            phase = found.get("status", {}).get("phase")
             change(found)
             found["metadata"]["resourceVersion"] = self._next()
             self._record("MODIFIED", plural, found)
+            if plural == "pods" and found.get("status", {}).get("phase") != phase:
+                self._launcher_moved(found)
         return found
+
+    def _launcher_moved(self, pod: dict) -> None:
+        """What the MPI Operator does when its launcher runs or ends: the job's conditions say so, and once
+        it ended the workers still running go (``cleanPodPolicy`` Running or All)."""
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(JOB_ROLE) != "launcher":
+            return
+        namespace, job = pod["metadata"]["namespace"], labels[JOB_NAME]
+        phase = pod["status"]["phase"]
+        kind = {"Running": "Running", "Succeeded": "Succeeded", "Failed": "Failed"}.get(phase)
+        try:
+            found = self.get(MPIJOBS[2], namespace, job)
+        except ApiError:
+            return
+        if kind is None:
+            return
+        said = {"Running": "is running", "Succeeded": "successfully completed", "Failed": "has failed"}[kind]
+        self.update(MPIJOBS[2], namespace, job, lambda j: _condition(j, kind, f"MPIJob{kind}",
+                                                                     f"MPIJob {namespace}/{job} {said}."))
+        if kind != "Running" and found.get("spec", {}).get("runPolicy", {}).get("cleanPodPolicy") in ("Running", "All"):
+            workers, _ = self.listed("pods", namespace, f"{JOB_NAME}={job},{JOB_ROLE}=worker")
+            for worker in workers:
+                if worker.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                    self.delete("pods", namespace, worker["metadata"]["name"])
 
     def listed(self, plural: str, namespace: str | None, selector: str = "") -> tuple[list[dict], str]:
         matches = _selector(selector)
@@ -195,6 +227,16 @@ class Store:
                     yield {"type": kind, "object": obj}
 
 
+def _condition(job: dict, kind: str, reason: str, message: str) -> None:
+    """The MPIJob's condition ``kind`` made true (the operator's ``status.conditions``)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conditions = [c for c in job.setdefault("status", {}).get("conditions", []) if c["type"] != kind]
+    if kind in ("Succeeded", "Failed"):
+        conditions = [{**c, "status": "False"} if c["type"] == "Running" else c for c in conditions]
+    job["status"]["conditions"] = conditions + [{"type": kind, "status": "True", "reason": reason, "message": message,
+                                                 "lastTransitionTime": now, "lastUpdateTime": now}]
+
+
 def _merge(target: dict, patch: dict) -> None:
     """``patch`` merged into ``target`` as RFC 7386 says: objects merged, None removes, the rest replaces."""
     for key, value in patch.items():
@@ -240,7 +282,7 @@ def _discovery(store: Store, path: str) -> dict | None:
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
     if path == "/api/v1":
         return {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-            {"name": plural, "singularName": kind.lower(), "namespaced": plural != "namespaces", "kind": kind,
+            {"name": plural, "singularName": kind.lower(), "namespaced": plural not in CLUSTER_SCOPED, "kind": kind,
              "verbs": verbs} for plural, kind in CORE.items()] + [
             {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}]}
     group, version, plural, kind = MPIJOBS
@@ -405,21 +447,26 @@ def kubeconfig(server: str, token: str, namespace: str = "default") -> dict:
                                                           "namespace": namespace}}]}
 
 
-class KubernetesEmulator:
-    """The API server in a process of its own (``start``/``stop``), its kubeconfig in ``root``."""
+IMAGE = "mpi-magic-test:local"  # the image the emulator has: this Python's environment (its folder of programs)
 
-    def __init__(self, root: str):
+
+class KubernetesEmulator:
+    """The API server in a process of its own (``start``/``stop``), its kubeconfig in ``root``; with
+    ``nodes``, that many nodes (test hosts, root needed) of ``gpus`` GPUs each run its pods."""
+
+    def __init__(self, root: str, nodes: int = 0, gpus: int = 0):
         self.root = root
         self.kubeconfig = os.path.join(root, "kubeconfig")
+        self.nodes, self.gpus = nodes, gpus
         self._server = None
 
     @property
     def environ(self) -> dict[str, str]:
-        """What a notebook needs to reach it."""
-        return {"KUBECONFIG": self.kubeconfig}
+        """What a notebook needs to reach it, and the image its nodes have."""
+        return {"KUBECONFIG": self.kubeconfig, "MPI_MAGIC_KUBERNETES_IMAGE": IMAGE}
 
     def start(self) -> KubernetesEmulator:
-        self._server = _started(self.root, ends_with_parent=True)
+        self._server = _started(self.root, ends_with_parent=True, nodes=self.nodes, gpus=self.gpus)
         if self._server is None:
             raise RuntimeError(f"the Kubernetes emulator did not start (see {self.root}/server.log)")
         return self
@@ -432,14 +479,15 @@ class KubernetesEmulator:
             self._server = None
 
 
-def _started(root: str, ends_with_parent: bool):
+def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0):
     """The server's process, once it said it serves (None where it did not); what it says after that
     goes to ``server.log`` in ``root``, so that whoever started it need not read on."""
     import subprocess
 
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "server.log"), "ab") as log:
-        server = servers.start([sys.executable, "-m", MODULE, "serve", "--root", root],
+        server = servers.start([sys.executable, "-m", MODULE, "serve", "--root", root, "--nodes", str(nodes),
+                                "--gpus", str(gpus)],
                                ends_with_parent=ends_with_parent, stdout=subprocess.PIPE, stderr=log, text=True)
     assert server.stdout is not None
     if server.stdout.readline().strip() == "ready":
@@ -449,9 +497,22 @@ def _started(root: str, ends_with_parent: bool):
     return None
 
 
-def _serve(root: str) -> int:
+def _serve(root: str, nodes: int, gpus: int) -> int:
+    import signal
+
     token = secrets.token_hex(16)
-    server = make_server(Store(), token)
+    store = Store()
+    server = make_server(store, token)
+    if nodes:
+        from .kubernetes_nodes import Nodes
+
+        cluster = Nodes(store, root, hosts=nodes, gpus=gpus, images={IMAGE: os.path.dirname(sys.executable)}).start()
+
+        def stop(*_) -> None:
+            cluster.stop()
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, stop)
     host, port = server.server_address[:2]
     config = os.path.join(root, "kubeconfig")
     with open(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -467,11 +528,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("start", "stop", "serve"))
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="nodes (test hosts, as root) that run the pods; with none they stay Pending")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs (nvidia.com/gpu) each node has")
     parser.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mpi_magic_kubernetes"),
                         help="its folder: the kubeconfig and the server's pid (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.action == "serve":
-        return _serve(args.root)
+        return _serve(args.root, args.nodes, args.gpus)
     if args.action == "stop":
         import signal
 
@@ -482,10 +546,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kubernetes_emulator: none runs from {args.root}", file=sys.stderr)
             return 1
         return 0
-    if _started(args.root, ends_with_parent=False) is None:
+    if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus) is None:
         print(f"kubernetes_emulator: it did not start (see {args.root}/server.log)", file=sys.stderr)
         return 1
     print(f"export KUBECONFIG={os.path.join(args.root, 'kubeconfig')}")
+    print(f"export MPI_MAGIC_KUBERNETES_IMAGE={IMAGE}")
     return 0
 
 

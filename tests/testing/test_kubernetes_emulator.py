@@ -154,7 +154,8 @@ def test_started_alone_it_says_what_a_notebook_needs_and_stop_ends_it(tmp_path):
     started = subprocess.run([sys.executable, "-m", "mpi_magic.testing.kubernetes_emulator", "start", "--root", root],
                              capture_output=True, text=True, timeout=60)
     assert started.returncode == 0, started.stderr
-    assert started.stdout.splitlines() == [f"export KUBECONFIG={root}/kubeconfig"]
+    assert started.stdout.splitlines() == [f"export KUBECONFIG={root}/kubeconfig",
+                                           f"export MPI_MAGIC_KUBERNETES_IMAGE={emulator.IMAGE}"]
     try:
         api = config.new_client_from_config(config_file=f"{root}/kubeconfig")
         assert [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items] == ["default"]

@@ -46,7 +46,7 @@ def mpijob(name: str, image: str, launch: list[str], env: dict[str, str], instan
     variables = [{"name": key, "value": value} for key, value in sorted(env.items())]
     worker: dict = {"name": "worker", "image": image, "command": WORKER_COMMAND, "env": variables}
     if gpus_per_worker:
-        worker["resources"] = {"limits": {GPU_RESOURCE: gpus_per_worker}}
+        worker["resources"] = {"limits": {GPU_RESOURCE: str(gpus_per_worker)}}  # (a quantity)
     launcher = {"name": "launcher", "image": image, "command": launch[:1], "args": launch[1:], "env": variables}
     return {
         "apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,

@@ -62,7 +62,7 @@ def test_a_cells_mpijob_is_what_the_operators_schema_takes(placement, gpus):
     assert [*run["command"], *run["args"]] == LAUNCH
     (serve,) = workers["template"]["spec"]["containers"]
     assert serve["command"] == ["/usr/sbin/sshd", "-De"]
-    assert serve.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0) == gpus
+    assert serve.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0") == str(gpus), "a quantity"
     for pod in (launcher, workers):
         assert pod["template"]["metadata"]["labels"]["mpi-magic/job"] == "mpi-1", "one label selects every pod"
         assert pod["template"]["spec"].get("serviceAccountName") == placement.service_account
