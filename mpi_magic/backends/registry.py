@@ -18,11 +18,12 @@ from ..options import (CELL, COMMON_OPTIONS, COMMON_SETTINGS, DEFAULT_BACKEND, J
                        LaunchOptions, Option, Setting, check_job_name, check_out, joined_args, mlflow_experiment,
                        option, parse_env, with_suggestion)
 from .base import AttachableBackend, Backend, Declaration
+from .kubernetes.declaration import KUBERNETES
 from .local.declaration import LOCAL
 from .sagemaker.declaration import SAGEMAKER
 from .slurm.declaration import SLURM
 
-_DECLARED: dict[str, Declaration] = {d.name: d for d in (LOCAL, SAGEMAKER, SLURM)}
+_DECLARED: dict[str, Declaration] = {d.name: d for d in (LOCAL, SAGEMAKER, SLURM, KUBERNETES)}
 _generation = 0  # counts changes, so what is built from the list is built again after one
 _MAGICS: list = []  # the magics whose options come from here (``launch_arguments``), whose parsers follow a change
 

@@ -444,6 +444,8 @@ class JobModel:
         if failed:
             return RankExitError(failed)
         unfinished = [s.rank for s in self.ranks if s.status != "completed"]
+        if self.exit.reason and not any(s.host for s in self.ranks):  # (a rank says where it runs as it starts)
+            return RankExitError([], f"the job ended before its ranks started: {self.exit.reason}")
         if self.exit.reason:  # the backend knows better than the launcher's words
             return RankExitError([], f"ranks {unfinished} stopped before the cell finished: {self.exit.reason}")
         if self.exit.refused:

@@ -1,8 +1,9 @@
 """The MPIJob (``kubeflow.org/v2beta1``, Kubeflow's MPI Operator) of one cell: ``--instances`` worker
 pods of ``--gpus`` slots each, whose containers run sshd as the operator's workers do, and a launcher
 pod that runs mpirun over the operator's ssh, reading the hostfile the operator writes. A cell's job is
-never retried (``backoffLimit: 0``), its pods go with it (``cleanPodPolicy: All``), and where a Kueue
-queue is named the job is created suspended, for Kueue to admit.
+never retried (``backoffLimit: 0``), its workers go once the launcher ended (``cleanPodPolicy:
+Running``; the launcher stays until its log is read, and goes with the job, which the notebook deletes),
+and where a Kueue queue is named the job is created suspended, for Kueue to admit.
 
 The schema it is checked against is the operator's own CRD, of the release SageMaker HyperPod's EKS
 clusters ship (``tests/backends/kubernetes``).
@@ -17,6 +18,8 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's: the local queue a job wait
 JOB_LABEL = "mpi-magic/job"  # every pod of the job carries it: one list or watch finds them all
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]  # a worker serves mpirun's ssh until the launcher is done
+STOP_GRACE = 5  # seconds a deleted pod's processes get between SIGTERM and SIGKILL (mpirun stops the ranks at once)
+VOLUME = "mpi-magic-jobs"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class PodPlacement:
     priority_class: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)  # e.g. HyperPod's auto-resume
+    volume: tuple[str, str] | None = None  # (claim, path): the volume every pod mounts, where the job folder is
 
 
 def mpijob(name: str, image: str, launch: list[str], env: dict[str, str], instances: int, slots: int,
@@ -53,7 +57,7 @@ def mpijob(name: str, image: str, launch: list[str], env: dict[str, str], instan
         "spec": {
             "slotsPerWorker": slots,
             "mpiImplementation": "OpenMPI",
-            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "All", "suspend": bool(placement.queue)},
+            "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running", "suspend": bool(placement.queue)},
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "Never",
                              "template": _template(labels, launcher, placement)},
@@ -65,7 +69,12 @@ def mpijob(name: str, image: str, launch: list[str], env: dict[str, str], instan
 
 
 def _template(labels: dict[str, str], container: dict, placement: PodPlacement) -> dict:
-    spec: dict = {"containers": [container]}
+    container = dict(container)
+    spec: dict = {"containers": [container], "terminationGracePeriodSeconds": STOP_GRACE}
+    if placement.volume:
+        claim, path = placement.volume
+        spec["volumes"] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
+        container["volumeMounts"] = [{"name": VOLUME, "mountPath": path}]
     if placement.service_account:
         spec["serviceAccountName"] = placement.service_account
     if placement.node_selector:

@@ -12,6 +12,7 @@ from ...errors import counted
 from ...shared import wire
 from ...shared.layout import split_s3
 from ...shared.payload import PAYLOAD_FILE
+from .. import shipped_code
 from . import package, pricing
 from .bootstrap import CODE_ARCHIVE, CODE_CHANNEL, PAYLOAD_CHANNEL, REQUIREMENTS
 from .history import record_job
@@ -35,7 +36,7 @@ class SageMakerBackend:
     def __init__(self, settings: CloudSettings, aws, requirements: str | None = None, live_tail: bool = True):
         self.settings, self.aws, self.requirements = settings, aws, requirements
         self.live_tail = live_tail  # follow a job's log through CloudWatch Live Tail (``livetail``)
-        self.bootstrap, self.archive = package.bootstrap_source(), package.code_archive()
+        self.bootstrap, self.archive = package.bootstrap_source(), shipped_code.archive()
 
     def check(self, options: LaunchOptions) -> list[str]:
         """Warnings: more processes per instance than it has GPUs (or NeuronCores) is allowed.

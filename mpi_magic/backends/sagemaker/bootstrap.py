@@ -2,8 +2,9 @@
 
 Standard library only until the job's code (this client's mpi_magic) is unpacked; after that
 the ranks' events are read with mpi_magic's own decoder, never a copy of the wire format. The
-names of mpi_magic's variables come from ``shared/envvars.py``, inlined into the copy an
-instance runs (``package.bootstrap_source``), as nothing of mpi_magic is importable there yet.
+names of mpi_magic's variables (``shared/envvars.py``) and how its ssh reaches other hosts
+(``shared/remote_hosts.py``) are inlined into the copy an instance runs
+(``package.bootstrap_source``), as nothing of mpi_magic is importable there yet.
 
 The first host leads: it waits until every other host answers over ssh, writes a hostfile
 with ``slots=<processes per instance>``, and runs ``mpirun`` over all of them, forwarding the
@@ -30,6 +31,7 @@ import threading
 import time
 
 from mpi_magic.shared import envvars  # an instance's copy has the module inlined here
+from mpi_magic.shared import remote_hosts  # an instance's copy has the module inlined here
 
 BASE = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
 CODE_DIR = os.path.join(BASE, "mpi_magic_code")
@@ -41,25 +43,17 @@ ANNOUNCED_MPIRUN = SAID + "mpirun (Open MPI) "
 ALL_RELAYED = SAID + "every line of mpirun's output is above"  # the notebook need not wait for more
 TOLD_TO_STOP = SAID + "told to stop (SIGTERM): stopping the ranks"  # a stop, or a spot interruption
 UNREACHABLE = SAID + "stopped answering: "  # then the sentence naming the workers that could not be released
-# ssh as it comes waits minutes on a host that went silent (a connection for TCP's timeout, an open
-# session for ever), so every ssh of the job (the wait for the workers, their release, mpirun's
-# sessions to its daemons) gives up on such a host by itself, whatever the image's ssh configuration says.
-SSH_CONNECT_TIMEOUT = 5  # seconds to connect; a host on the job's network answers in milliseconds
-SSH_ALIVE_INTERVAL = 3  # seconds without a word from the host before ssh asks whether it is there
-SSH_ALIVE_COUNT = 2  # asks unanswered before ssh ends the session: a silent host is given up in about 6 s
-SSH_OPTIONS = ["-o", "ConnectTimeout=%d" % SSH_CONNECT_TIMEOUT, "-o", "ServerAliveInterval=%d" % SSH_ALIVE_INTERVAL,
-               "-o", "ServerAliveCountMax=%d" % SSH_ALIVE_COUNT]
 # A worker looks every LEADER_LOOK seconds whether its leader still answers over ssh, and takes it for
 # gone (lost, or cut off) once it has not for LEADER_SILENCE seconds: longer than the leader takes to give
 # up on a silent worker (ssh's alive checks, then one try to release it), so that across a partition
 # the leader, which knows more, speaks first.
 LEADER_LOOK = 3.0
-LEADER_SILENCE = (SSH_ALIVE_COUNT + 1) * SSH_ALIVE_INTERVAL + SSH_CONNECT_TIMEOUT + 6  # seconds: 20
+LEADER_SILENCE = (remote_hosts.ALIVE_COUNT + 1) * remote_hosts.ALIVE_INTERVAL + remote_hosts.CONNECT_TIMEOUT + 6  # 20 s
 # A worker's sshd may refuse for a moment: one whose ssh failed at once is asked again, up to
 # RELEASE_TRIES times in all while a whole try fits in RELEASE_LIMIT; a silent one, once.
 RELEASE_TRIES = 3
 RELEASE_PAUSE = 1.0  # seconds between tries
-RELEASE_LIMIT = SSH_CONNECT_TIMEOUT + 3  # seconds
+RELEASE_LIMIT = remote_hosts.CONNECT_TIMEOUT + 3  # seconds
 RELEASE_FILE = "mpi_magic_release"
 RELEASE_COMMAND = 'touch "${SAGEMAKER_BASE_DIR:-/opt/ml}/%s"' % RELEASE_FILE
 FORWARDED_PREFIXES = ("AWS_", envvars.PREFIX, "NCCL_", "FI_", "OMP_", "OMPI_", "SM_", "PYTHON", "CUDA_", "LD_LIBRARY_PATH", "PATH")
@@ -159,7 +153,7 @@ def serve(leader, current, agent):
 
 
 def answers(agent, host):
-    """Whether ``host`` answers over ssh now (within ``SSH_CONNECT_TIMEOUT``)."""
+    """Whether ``host`` answers over ssh now (within ``remote_hosts.CONNECT_TIMEOUT``)."""
     return subprocess.run(ssh(agent, host, "true"), capture_output=True).returncode == 0
 
 
@@ -319,7 +313,7 @@ def on_each(hosts, action):
 
 def ssh(agent, host, command):
     """The command line that runs ``command`` on ``host`` through ``agent``, giving up on a silent host."""
-    return shlex.split(agent) + SSH_OPTIONS + [host, command]
+    return shlex.split(agent) + remote_hosts.SSH_OPTIONS + [host, command]
 
 
 def wait_for(workers, agent, limit=600.0):
@@ -352,7 +346,7 @@ def release(workers, agent):
                 told, why = None, str(exc)
             if told is not None and told.returncode == 0:
                 return True
-            if not tries_left or time.monotonic() + RELEASE_PAUSE + SSH_CONNECT_TIMEOUT > deadline:
+            if not tries_left or time.monotonic() + RELEASE_PAUSE + remote_hosts.CONNECT_TIMEOUT > deadline:
                 break
             time.sleep(RELEASE_PAUSE)
         say("could not release %s: %s" % (host, why))
@@ -390,7 +384,7 @@ def mpirun_argv(mpirun, agent, hostfile, world_size, interface=None):
     )
     exports = [arg for name in forwarded for arg in ("-x", name)]
     user_args = shlex.split(os.environ.get(envvars.MPIRUN_ARGS, ""))
-    launch += ssh_args(major, user_args)
+    launch += remote_hosts.ssh_args(major, user_args)
     if interface:
         launch += network_args(major, interface, user_args)
         if "NCCL_SOCKET_IFNAME" not in os.environ:  # the job's own (--env) is forwarded above and wins
@@ -423,15 +417,6 @@ def network_args(major, interface, user_args=()):
         if not any(name in arg for arg in theirs for name in names):
             args += flag_and_name + [interface]
     return args
-
-
-def ssh_args(major, user_args=()):
-    """mpirun's ssh sessions to its daemons give up on a silent host as the bootstrap's own do
-    (``SSH_OPTIONS``), unless the job's --mpirun-args or environment set ssh's arguments already."""
-    theirs = [*user_args, *(name.lower() for name in os.environ if name.startswith(("OMPI_MCA_", "PRTE_MCA_")))]
-    if any(name in arg for arg in theirs for name in ("plm_ssh_args", "plm_rsh_args")):
-        return []
-    return (["--prtemca", "plm_ssh_args"] if major >= 5 else ["--mca", "plm_rsh_args"]) + [" ".join(SSH_OPTIONS)]
 
 
 def forwarded_signals(major, user_args=()):

@@ -1,0 +1,388 @@
+"""Ranks as one MPIJob of Kubeflow's MPI Operator: ``--instances`` worker pods of ``--gpus`` slots
+each, and a launcher pod whose mpirun runs the ranks on them over the operator's ssh (``bootstrap.py``).
+
+The payload, the results and this notebook's own mpi_magic travel through the cache folder, on a
+volume the notebook and the pods share (``--volume``). The launcher's log, followed, carries every
+rank's events; one watch of the job's pods says where it waits (Kueue's admission, the scheduler's
+reason, an image pull) and how its launcher ended. Stopping is deleting the job with its pods
+(foreground): the kubelet sends mpirun SIGTERM, which stops the ranks. A process beside the notebook
+deletes the job if the kernel dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ...shared import envvars, wire
+from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited, StreamDecoder
+from ...shared.layout import RESULTS
+from .. import launcher as launchers
+from .. import shipped_code
+from ..follow import EventQueue, Tally, stop_then_wait
+from . import cluster, manifest
+from .bootstrap import announced_version
+from .cluster import GROUP, PLURAL, VERSION, KubernetesSetupError
+
+if TYPE_CHECKING:
+    from ...options import Config, LaunchOptions
+    from ..base import Backend, BackendJob
+
+QUEUE_SIZE = 16  # batches of events waiting to be polled: a flooding rank is slowed, not this process's memory
+WATCH_SECONDS = 60  # a watch of the job's pods is renewed this often (a server ends one by itself)
+LOOK_EVERY = 1.0  # seconds between looks at a job Kueue has not admitted yet
+DELETE_WAIT = 10.0  # seconds a stopped job's pods get to go
+LOG_WAIT = 5.0  # seconds the launcher's log gets to be read to its end once the launcher has ended
+# a pod's container waiting for one of these will not start by itself
+NEVER_STARTS = {"ErrImagePull": "the nodes cannot pull the image", "ImagePullBackOff": "the nodes cannot pull the image",
+                "InvalidImageName": "the image's name is not valid",
+                "CreateContainerConfigError": "the pod's container cannot be made"}
+PYTHON = "python3"  # the image's Python, on its PATH
+
+
+class KubernetesBackend:
+    """The payload leaves this notebook's private folder for a volume the cluster's pods share, so
+    ranks check its digest."""
+
+    name = "kubernetes"
+    pins_digest = True
+    stop_description = "the MPIJob deleted: its pods get SIGTERM (mpirun stops the ranks), then SIGKILL"
+
+    def __init__(self, config: Config, options: LaunchOptions):
+        settings = options.settings
+        self.api, default_namespace = cluster.connect()
+        self.namespace = settings.get("namespace") or default_namespace
+        self.image = settings.get("image")
+        if not self.image:
+            raise KubernetesSetupError("no image for the pods: name one with --image (or %mpirun_config "
+                                       "kubernetes_image=...), with Python 3, mpi4py, Open MPI's mpirun and sshd")
+        self.cache_dir = os.path.realpath(config.get("cache_dir"))
+        self.volume = settings.get("volume")
+        if self.volume and not (self.cache_dir + "/").startswith(self.volume[1].rstrip("/") + "/"):
+            raise KubernetesSetupError(f"the cache folder {self.cache_dir} is not on the volume --volume mounts at "
+                                       f"{self.volume[1]}, so the pods would not see the job: %mpirun_config "
+                                       f"cache_dir={self.volume[1].rstrip('/')}/mpi_magic puts it there")
+        cluster.check(self.api, self.namespace, settings.get("queue"))
+        self.placement = manifest.PodPlacement(
+            namespace=self.namespace, service_account=settings.get("service_account"),
+            node_selector=settings.get("node_selector") or {}, tolerations=settings.get("tolerations") or [],
+            queue=settings.get("queue"), priority_class=settings.get("priority_class"),
+            labels=settings.get("labels") or {}, annotations=settings.get("annotations") or {},
+            volume=self.volume)
+        self.gpus = self._gpus_per_worker(options)
+
+    def _gpus_per_worker(self, options: LaunchOptions) -> int:
+        """GPUs each worker asks for: one per rank where the nodes have GPUs (none where none has, or
+        where they cannot be listed); a job whose workers more nodes would have to hold than there are is refused."""
+        room = cluster.gpu_room(self.api, self.placement.node_selector, options.procs_per_instance)
+        if room is None or room == 0 and cluster.gpu_room(self.api, self.placement.node_selector, 1) == 0:
+            return 0  # no node has a GPU: the ranks run on the CPUs
+        if room < options.instances:
+            raise KubernetesSetupError(
+                f"the job's {options.instances} workers of {options.procs_per_instance} GPUs each do not fit the "
+                f"cluster's nodes{' that match --node-selector' if self.placement.node_selector else ''}, which hold "
+                f"{room} such workers at most; lower --instances or --gpus")
+        return options.procs_per_instance
+
+    def check(self, options: LaunchOptions) -> list[str]:
+        return []
+
+    def unpriced(self, options: LaunchOptions) -> str | None:
+        return "a Kubernetes cluster's nodes are priced by whoever runs them, which the meter does not know"
+
+    def _job(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions, token: str) -> dict:
+        code = shipped_code.copied_into(os.path.join(self.cache_dir, "code"))
+        env = {**launchers.job_environment(job_name, token, options.instances, options.procs_per_instance),
+               envvars.STACKS_EVENTS: "1", envvars.ENV_NAMES: " ".join(sorted(options.env)), "PYTHONPATH": code,
+               **options.env}
+        launch = [PYTHON, "-m", "mpi_magic.backends.kubernetes.bootstrap", job_dir,
+                  *(["--digest", digest] if digest else []), "--", *options.mpirun_args]
+        return manifest.mpijob(job_name, self.image, launch, env, options.instances, options.procs_per_instance,
+                               self.gpus, self.placement)
+
+    def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
+        """What --dry-run prints: the MPIJob, as ``kubectl apply -f`` takes it."""
+        job = self._job(job_dir, job_name, digest, options, "<event token>")
+        return f"MPIJob for namespace {self.namespace} (kubectl apply -f takes it):\n" + json.dumps(job, indent=2)
+
+    def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> KubernetesJob:
+        token = wire.new_token()
+        job = self._job(job_dir, job_name, digest, options, token)
+        k8s = cluster.kubernetes()
+        objects = k8s.client.CustomObjectsApi(self.api)
+        try:
+            objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job)
+        except k8s.client.exceptions.ApiException as exc:
+            raise cluster.refusal(exc, "create", f"{PLURAL}.{GROUP}", self.namespace) from None
+        return KubernetesJob(self.api, self.namespace, job_name, StreamDecoder(token), self.placement.queue)
+
+
+class KubernetesJob:
+    """An MPIJob, followed through one watch of its pods and its launcher's log."""
+
+    abort_grace = 3.0  # after a rank's failure mpirun ends the job; if it has not, the job is deleted
+    linger = 10.0  # after every rank succeeded mpirun ends within this, else the job is deleted
+    launcher = None  # (mpirun runs in the launcher pod)
+    stacks_dir = None
+
+    def __init__(self, api, namespace: str, name: str, decoder: StreamDecoder, queue: str | None = None):
+        k8s = cluster.kubernetes()
+        self._core, self._objects = k8s.client.CoreV1Api(api), k8s.client.CustomObjectsApi(api)
+        self._watch_module = k8s.watch
+        self.namespace, self.name, self._decoder, self._queue = namespace, name, decoder, queue
+        self._events = EventQueue(QUEUE_SIZE)
+        self._tally = Tally()
+        self._pods: dict[str, Any] = {}  # name: the pod as last seen
+        self._said: tuple | None = None  # the last Allocation's (state, reason), not to say twice
+        self._log: threading.Thread | None = None
+        self._log_done = threading.Event()
+        self._stopping = threading.Event()  # deleted from here (a stop)
+        self._finished = False
+        self._deleted = False
+        self._watchdog = _watchdog(namespace, name)
+        threading.Thread(target=self._follow, name=f"mpi_magic {name} pods", daemon=True).start()
+
+    # -- the pods ---------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Watch the job's pods until its launcher has ended and its log is read, then deliver the end."""
+        try:
+            end = self._watch_until_the_end()
+        except Exception as exc:  # noqa: BLE001 - the API went away: the job is stopped, and the user told why
+            self._delete()
+            end = LauncherExited(None, reason=f"the cluster stopped answering about the job ({type(exc).__name__}: "
+                                              f"{exc}); it was deleted")
+        if self._log is not None:
+            self._log_done.wait(LOG_WAIT)
+        self._delete()  # (its launcher, kept for its log; a job's end leaves nothing of it)
+        _release(self._watchdog)
+        self._events.put([*self._decoder.rejections(), end])
+        self._finished = True
+
+    def _watch_until_the_end(self) -> LauncherExited:
+        selector = f"{manifest.JOB_LABEL}={self.name}"
+        listed = self._admitted()
+        if isinstance(listed, LauncherExited):
+            return listed
+        version = listed.metadata.resource_version
+        for pod in listed.items:
+            self._pods[pod.metadata.name] = pod
+        for pod in listed.items:
+            end = self._look(pod)
+            if end is not None:
+                return end
+        while True:
+            watcher = self._watch_module.Watch()
+            for change in watcher.stream(self._core.list_namespaced_pod, self.namespace, label_selector=selector,
+                                         resource_version=version, timeout_seconds=WATCH_SECONDS):
+                pod = change["object"]
+                version = pod.metadata.resource_version
+                if change["type"] == "DELETED":
+                    self._pods.pop(pod.metadata.name, None)
+                    if _role(pod) == "launcher" or not self._stopping.is_set() and _phase(pod) not in ("Succeeded",
+                                                                                                        "Failed"):
+                        watcher.stop()
+                        return self._gone(pod)
+                    continue
+                self._pods[pod.metadata.name] = pod
+                end = self._look(pod)
+                if end is not None:
+                    watcher.stop()
+                    return end
+
+    def _admitted(self):
+        """The job's pods as listed once it has any (Kueue admitted it), their resource version to watch
+        them from; while it waits for admission, the view says so."""
+        while True:
+            listed = self._core.list_namespaced_pod(self.namespace, label_selector=f"{manifest.JOB_LABEL}={self.name}")
+            if listed.items or not self._queue:
+                return listed
+            try:
+                job = self._objects.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+            except Exception:  # noqa: BLE001 - deleted meanwhile
+                return LauncherExited(None, reason="the MPIJob was deleted before Kueue admitted it")
+            if not job.get("spec", {}).get("runPolicy", {}).get("suspend"):
+                continue  # admitted: its pods are being made
+            self._say(QUEUED, f"waiting in Kueue's local queue {self._queue} for admission", "Kueue")
+            if self._stopping.wait(LOOK_EVERY):
+                return LauncherExited(None, reason="stopped while waiting in Kueue's queue")
+
+    def _look(self, pod) -> LauncherExited | None:
+        """What this pod's news means for the job: where it waits, whether its launcher runs or ended."""
+        waiting = _waiting(pod)
+        if waiting is not None and waiting[0] in NEVER_STARTS:
+            self._delete()
+            return LauncherExited(None, reason=f"{NEVER_STARTS[waiting[0]]} {_image(pod)} ({waiting[0]}: "
+                                               f"{waiting[1]}); the job was deleted")
+        if pod.status.reason == "Evicted":
+            self._delete()
+            return LauncherExited(None, reason=f"pod {pod.metadata.name} was evicted from node {pod.spec.node_name} "
+                                               f"({pod.status.message})")
+        if _role(pod) == "launcher" and _phase(pod) in ("Running", "Succeeded", "Failed") and self._log is None:
+            self._log = threading.Thread(target=self._read_log, args=(pod.metadata.name,), daemon=True,
+                                         name=f"mpi_magic {self.name} log")
+            self._log.start()
+        unscheduled = _unscheduled(pod)
+        if unscheduled:
+            self._say(QUEUED, unscheduled, "Kubernetes")
+        elif waiting is not None:
+            self._say("starting", f"pod {pod.metadata.name}: {waiting[0]}" + (f" ({waiting[1]})" if waiting[1] else ""),
+                      "Kubernetes")
+        elif all(_phase(p) == "Running" for p in self._pods.values()) and len(self._pods) > 1:
+            self._say(RUNNING, "", "Kubernetes")
+        if _role(pod) == "launcher" and _phase(pod) in ("Succeeded", "Failed"):
+            if self._log is not None:
+                self._log_done.wait(LOG_WAIT)
+            return self._tally.ended(_exit_code(pod))
+        if _role(pod) == "worker" and _phase(pod) == "Failed" and not self._stopping.is_set():
+            self._delete()
+            return LauncherExited(None, reason=f"worker pod {pod.metadata.name} on node {pod.spec.node_name} failed "
+                                               f"({_ended_how(pod)}); the job was deleted")
+        return None
+
+    def _gone(self, pod) -> LauncherExited:
+        if self._stopping.is_set():
+            return self._tally.ended(None)
+        self._delete()
+        return LauncherExited(None, reason=f"pod {pod.metadata.name} of the job was deleted from outside this notebook"
+                                           f"{f' (on node {pod.spec.node_name})' if pod.spec.node_name else ''}")
+
+    def _say(self, state: str, reason: str, queue: str) -> None:
+        if (state, reason) != self._said:
+            self._said = (state, reason)
+            self._events.put([Allocation(state, reason, queue=queue)])
+
+    # -- the launcher's log -------------------------------------------------------------------
+
+    def _read_log(self, pod: str) -> None:
+        """The launcher's log, followed to its end: its first line names the image's mpirun (whose tags the
+        ranks' lines carry), the rest are the ranks' and mpirun's."""
+        try:
+            stream = self._core.read_namespaced_pod_log(pod, self.namespace, follow=True, _preload_content=False)
+            pending = b""
+            for chunk in stream.stream(amt=1 << 16):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                self._deliver([line.decode("utf-8", errors="replace") for line in lines])
+            if pending:
+                self._deliver([pending.decode("utf-8", errors="replace")])
+        except Exception:  # noqa: BLE001 - the pod went (deleted): what was read stands
+            pass
+        finally:
+            self._log_done.set()
+
+    def _deliver(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        version = announced_version(lines[0])
+        if version is not None:
+            self._decoder.style = launchers.parse_version("mpirun", version).tag_style
+            lines = lines[1:]
+        decoded = self._decoder.feed_lines(lines, "stdout")
+        self._tally.take(decoded)
+        if decoded:
+            self._events.put(decoded)
+
+    # -- the notebook's side ----------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def poll(self, timeout: float) -> list[Event]:
+        return self._events.take(timeout)
+
+    def cancel(self) -> None:
+        """Delete the job with its pods; returns once its end is delivered, or after ``DELETE_WAIT``."""
+        self._stopping.set()
+        stop_then_wait(self._delete, lambda: self._finished, DELETE_WAIT)
+
+    def _delete(self) -> None:
+        if self._deleted:
+            return
+        self._deleted = True
+        try:
+            self._objects.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name,
+                                                          propagation_policy="Foreground")
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+    def request_stacks(self) -> bool:
+        return False
+
+    def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
+        """The ranks wrote them into the job folder, on the volume this machine shares."""
+
+
+def _role(pod) -> str:
+    return (pod.metadata.labels or {}).get("training.kubeflow.org/job-role", "")
+
+
+def _phase(pod) -> str:
+    return pod.status.phase if pod.status else ""
+
+
+def _image(pod) -> str:
+    return pod.spec.containers[0].image
+
+
+def _waiting(pod) -> tuple[str, str] | None:
+    """(reason, message) of the pod's container waiting to start (pulling its image, say); None otherwise."""
+    for status in pod.status.container_statuses or []:
+        if status.state and status.state.waiting:
+            return status.state.waiting.reason or "", status.state.waiting.message or ""
+    return None
+
+
+def _unscheduled(pod) -> str:
+    """The scheduler's reason a pod waits for a node ("0/4 nodes are available: ..."); "" once it has one."""
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return condition.message or condition.reason or "no node fits the pod yet"
+    return ""
+
+
+def _exit_code(pod) -> int | None:
+    for status in pod.status.container_statuses or []:
+        if status.state and status.state.terminated:
+            return status.state.terminated.exit_code
+    return None
+
+
+def _ended_how(pod) -> str:
+    for status in pod.status.container_statuses or []:
+        if status.state and status.state.terminated:
+            ended = status.state.terminated
+            return f"{ended.reason or 'exited'} with status {ended.exit_code}"
+    return pod.status.reason or pod.status.message or "failed"
+
+
+def _watchdog(namespace: str, name: str) -> subprocess.Popen:
+    """A process of its own session that deletes the job when the notebook's end of its pipe closes
+    without saying "ended": the kernel exited or was killed."""
+    return subprocess.Popen([sys.executable, "-m", "mpi_magic.backends.kubernetes.watchdog", namespace, name],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _release(watchdog: subprocess.Popen) -> None:
+    """The job has ended: its watchdog leaves without deleting anything."""
+    try:
+        assert watchdog.stdin is not None
+        watchdog.stdin.write(b"ended\n")
+        watchdog.stdin.close()
+    except OSError:
+        pass
+    watchdog.wait()
+
+
+if TYPE_CHECKING:  # read by the type checker only
+    def _is_backend(backend: KubernetesBackend) -> Backend:
+        return backend
+
+    def _is_backend_job(job: KubernetesJob) -> BackendJob:
+        return job

@@ -1,0 +1,28 @@
+"""Beside the notebook while a job runs: deletes the job (with its pods) once the notebook's end of
+its pipe closes without saying "ended", the kernel having exited or been killed.
+
+    python -m mpi_magic.backends.kubernetes.watchdog NAMESPACE JOB
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    namespace, name = (sys.argv[1:] if argv is None else argv)[:2]
+    if sys.stdin.readline().strip() == "ended":
+        return 0
+    from .cluster import GROUP, PLURAL, VERSION, connect, kubernetes
+
+    api, _ = connect()
+    try:
+        kubernetes().client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground")
+    except Exception:  # noqa: BLE001 - gone already
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
