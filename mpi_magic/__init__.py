@@ -12,6 +12,7 @@ _HOMES = {
                      "MpiMagicError", "PayloadError", "RankExitError", "RemoteRankError", "SessionStartError"], "errors"),
     "SageMakerSetupError": "backends.sagemaker.settings",  # (each backend's own kind of BackendSetupError)
     "SlurmSetupError": "backends.slurm.commands",
+    "KubernetesSetupError": "backends.kubernetes.cluster",
     **dict.fromkeys(["checkpoint_dir", "instance", "local_rank", "num_instances", "rank", "world_size"], "shared.rankinfo"),
     "progress": "shared.reporting",
     "log": "shared.metrics",
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
                          MpiMagicError, PayloadError, RankExitError, RemoteRankError, SessionStartError)
     from .backends.sagemaker.settings import SageMakerSetupError
     from .backends.slurm.commands import SlurmSetupError
+    from .backends.kubernetes.cluster import KubernetesSetupError
     from .shared.rankinfo import checkpoint_dir, instance, local_rank, num_instances, rank, world_size
     from .shared.reporting import progress
     from .shared.metrics import log

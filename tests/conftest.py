@@ -228,6 +228,23 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="module")
+def kubernetes_cluster(tmp_path_factory):
+    """The Kubernetes API emulator with three nodes on test hosts of their own (root), for one module's
+    tests: a launcher and two workers fit at once."""
+    from mpi_magic.testing.kubernetes_emulator import KubernetesEmulator
+
+    before = _children()
+    cluster = KubernetesEmulator(str(tmp_path_factory.mktemp("k8s")), nodes=3).start()
+    servers = _children() - before  # (its pods' processes are its own: a test's ranks are found by their job folder)
+    _MODULE_SERVERS.update(servers)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        _MODULE_SERVERS.difference_update(servers)
+
+
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real ``mlflow server`` on loopback for one module's tests (a SQLite store, artifacts in a folder
     of its own), with ``MLFLOW_TRACKING_URI`` pointing at it meanwhile; its URI. Its start takes

@@ -38,6 +38,9 @@ from . import servers
 
 MODULE = "mpi_magic.testing.kubernetes_emulator"  # (run as ``python -m``, its __name__ is __main__)
 MPIJOBS = ("kubeflow.org", "v2beta1", "mpijobs", "MPIJob")
+LOCAL_QUEUES = ("kueue.x-k8s.io", "v1beta1", "localqueues", "LocalQueue")  # Kueue's, where a job waits for admission
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ADMIT_AFTER = 1.0  # seconds Kueue takes to admit a job whose local queue is not held
 CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": "Secret", "configmaps": "ConfigMap",
         "nodes": "Node"}
 CLUSTER_SCOPED = ("namespaces", "nodes")
@@ -45,6 +48,7 @@ CLUSTER_SCOPED = ("namespaces", "nodes")
 JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training.kubeflow.org/job-role",
                                      "training.kubeflow.org/replica-index")
 VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
+USER = "system:serviceaccount:default:notebook"  # whom the bearer token names, in a 403's words
 WATCH_LIMIT = 300.0  # seconds a watch lasts unless the client asks for less (timeoutSeconds)
 _PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
                    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
@@ -66,8 +70,10 @@ class Store:
     """Every object, by (plural, namespace, name), with one resource version counter and the change
     log that watches read from."""
 
-    def __init__(self, namespaces: tuple[str, ...] = ("default",), mpi_operator: bool = True):
-        self.mpi_operator = mpi_operator
+    def __init__(self, namespaces: tuple[str, ...] = ("default",), mpi_operator: bool = True, kueue: bool = True,
+                 forbidden: tuple[tuple[str, str, str], ...] = ()):
+        self.mpi_operator, self.kueue = mpi_operator, kueue
+        self.forbidden = set(forbidden)  # (verb, plural, namespace) the user may not do, answered 403
         self._objects: dict[tuple[str, str, str], dict] = {}
         self._changes: list[tuple[int, str, str, dict]] = []  # (resource version, type, plural, object)
         self._version = 0
@@ -104,7 +110,33 @@ class Store:
             found = self.update(plural, namespace, name, lambda obj: _merge(obj, patch))
             if plural == MPIJOBS[2]:
                 self._operate(found)
+            if plural == LOCAL_QUEUES[2]:
+                self._admit_waiting(namespace, name)
         return found
+
+    def served(self) -> list[tuple[str, str, str, str]]:
+        """The custom resources this cluster has: (group, version, plural, kind)."""
+        return [MPIJOBS] * self.mpi_operator + [LOCAL_QUEUES] * self.kueue
+
+    def _admission(self, job: dict) -> None:
+        """Kueue's part: a suspended job whose local queue exists and is not held is admitted (resumed)
+        after ``ADMIT_AFTER``."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        queue = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+        held = self._objects.get((LOCAL_QUEUES[2], namespace, queue or ""), {}).get("spec", {}).get("stopPolicy")
+        if queue and (LOCAL_QUEUES[2], namespace, queue) in self._objects and held in (None, "None"):
+            threading.Timer(ADMIT_AFTER, self._admit, args=(namespace, name)).start()
+
+    def _admit(self, namespace: str, name: str) -> None:
+        try:
+            self.patch(MPIJOBS[2], namespace, name, {"spec": {"runPolicy": {"suspend": False}}})
+        except ApiError:  # deleted meanwhile
+            pass
+
+    def _admit_waiting(self, namespace: str, queue: str) -> None:
+        for job in self.listed(MPIJOBS[2], namespace, f"{QUEUE_LABEL}={queue}")[0]:
+            if job.get("spec", {}).get("runPolicy", {}).get("suspend"):
+                self._admission(job)
 
     def _operate(self, job: dict) -> None:
         """What the MPI Operator does for an MPIJob: nothing while it is suspended (Kueue has not admitted
@@ -112,7 +144,9 @@ class Store:
         pods, each owned by the job, labelled as the operator labels them and as the job's templates say."""
         metadata, spec = job["metadata"], job.get("spec", {})
         namespace, name = metadata["namespace"], metadata["name"]
-        if spec.get("runPolicy", {}).get("suspend") or (("secrets", namespace, f"{name}-ssh") in self._objects):
+        if spec.get("runPolicy", {}).get("suspend"):
+            return self._admission(job) if self.kueue else None
+        if ("secrets", namespace, f"{name}-ssh") in self._objects:
             return
         _condition(job, "Created", "MPIJobCreated", f"MPIJob {namespace}/{name} is created.")
         owner = [{"apiVersion": "/".join(MPIJOBS[:2]), "kind": MPIJOBS[3], "name": name, "uid": metadata["uid"],
@@ -285,15 +319,16 @@ def _discovery(store: Store, path: str) -> dict | None:
             {"name": plural, "singularName": kind.lower(), "namespaced": plural not in CLUSTER_SCOPED, "kind": kind,
              "verbs": verbs} for plural, kind in CORE.items()] + [
             {"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]}]}
-    group, version, plural, kind = MPIJOBS
-    groups = [{"name": group, "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
-               "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version}}] \
-        if store.mpi_operator else []
+    served = store.served()
     if path == "/apis":
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-    if path == f"/apis/{group}/{version}" and store.mpi_operator:
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": [
-            {"name": plural, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": verbs}]}
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": group, "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+             "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version}}
+            for group, version, _, _ in served]}
+    for group, version, plural, kind in served:
+        if path == f"/apis/{group}/{version}":
+            return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": [
+                {"name": plural, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": verbs}]}
     return None
 
 
@@ -355,11 +390,19 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
 
         def _resource(self, method: str, path: str, query: dict) -> None:
             match = _PATH.match(path)
-            if match is None or not (match["plural"] in CORE if not match["group"] else store.mpi_operator and (
-                    match["group"], match["version"], match["plural"]) == MPIJOBS[:3]):
+            custom = {served[:3]: served[3] for served in store.served()}
+            if match is None or not (match["plural"] in CORE if not match["group"] else
+                                     (match["group"], match["version"], match["plural"]) in custom):
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
             plural = match["plural"]
             namespace, name, sub = match["namespace"] or "", match["name"], match["sub"]
+            verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method) or (
+                "get" if name else "watch" if query.get("watch") in ("true", "1") else "list")
+            if (verb, plural, namespace) in store.forbidden:
+                group = f" in API group \"{match['group']}\"" if match["group"] else " in API group \"\""
+                raise ApiError(403, "Forbidden", f"{plural}{'.' + match['group'] if match['group'] else ''}"
+                               f"{f' {name!r}' if name else ''} is forbidden: User \"{USER}\" cannot {verb} resource "
+                               f"\"{plural}\"{group} in the namespace \"{namespace}\"")
             if method == "POST" and name is None:
                 length = int(self.headers.get("Content-Length") or 0)
                 return self._send(201, store.create(plural, namespace, json.loads(self.rfile.read(length) or b"{}")))
@@ -379,7 +422,7 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
                 if query.get("watch") in ("true", "1"):
                     return self._watch(plural, scope, query)
                 items, version = store.listed(plural, scope, query.get("labelSelector", ""))
-                kind = CORE.get(plural) or MPIJOBS[3]
+                kind = CORE.get(plural) or custom[(match["group"], match["version"], plural)]
                 return self._send(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata":
                                         {"resourceVersion": version}, "items": items})
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")

@@ -1,0 +1,215 @@
+"""--backend kubernetes through the magic, with the unchanged ``kubernetes`` client over real HTTP: against
+the project's API emulator whose pods run as real processes on test hosts (the launcher's mpirun
+reaching the workers' sshd across hosts), and, for what the API says before anything is created, an
+emulated API server alone. Every cell's MPIJob and pods are gone once the cell has ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import threading
+
+import pytest
+from helpers import needs_hosts, run, wait_until
+from kubernetes import client, config
+
+from mpi_magic.backends.kubernetes import cluster as k8s_cluster
+from mpi_magic import KubernetesSetupError
+from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError
+from mpi_magic.testing import kubernetes_emulator as emulator
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+GONE_WITHIN = 10.0  # seconds after a cell's end by which nothing of its job may be left
+
+
+def _left(kubeconfig: str) -> list[str]:
+    """What of any job is on the cluster: MPIJobs and pods, by name."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+        pods = client.CoreV1Api(api).list_namespaced_pod("default").items
+        return [job["metadata"]["name"] for job in jobs] + [pod.metadata.name for pod in pods]
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def k8s(ip, kubernetes_cluster, monkeypatch):
+    """The shell, its cells on the emulated cluster shown as text; the test fails if a job or pod is left."""
+    for name, value in kubernetes_cluster.environ.items():
+        monkeypatch.setenv(name, value)
+    ip.run_line_magic("mpirun_config", "view=text")
+    yield ip
+    left = kubernetes_cluster.kubeconfig
+    assert wait_until(lambda: _left(left) == [], GONE_WITHIN), f"left: {_left(left)}"
+
+
+@needs_hosts()
+def test_a_cell_runs_as_an_mpijob_across_worker_pods_and_brings_its_values_back(k8s, capsys):
+    k8s.user_ns["base"] = 10
+    run(k8s, "--backend kubernetes -i 2 -g 2 --gather --env GREETING=hi", textwrap.dedent("""\
+        import os
+        import socket
+        import mpi_magic
+        from mpi4py import MPI
+        where = (socket.gethostname(), mpi_magic.instance(), os.environ["GREETING"])
+        total = base + MPI.COMM_WORLD.allreduce(mpi_magic.rank())
+        """))
+    # two workers of two slots, on nodes of their own (the launcher on the third); --env reaches every rank
+    assert k8s.user_ns["where"] == [("node-1", 0, "hi"), ("node-1", 0, "hi"), ("node-2", 1, "hi"),
+                                    ("node-2", 1, "hi")]
+    assert k8s.user_ns["total"] == [16] * 4
+    assert "(kubernetes, 2 x 2) completed" in capsys.readouterr().err
+
+
+@needs_hosts()
+def test_a_failing_rank_is_named_with_its_node_and_the_job_goes(k8s):
+    with pytest.raises(RemoteRankError) as raised:
+        run(k8s, "--backend kubernetes -i 2 -g 2", textwrap.dedent("""\
+            from mpi4py import MPI
+            if MPI.COMM_WORLD.rank == 3:
+                raise KeyError("missing shard")
+            MPI.COMM_WORLD.barrier()
+            """))
+    assert str(raised.value).startswith("rank 3 (instance 1, node-2) raised KeyError: 'missing shard'")
+
+
+@needs_hosts()
+def test_timeout_deletes_the_job_with_its_pods(k8s, kubernetes_cluster):
+    from mpi_magic.testing.hosts import TestHosts
+
+    with pytest.raises(JobTimeoutError):
+        run(k8s, "--backend kubernetes -i 2 -g 1 --timeout 3", "import time\ntime.sleep(600)")
+    bed = TestHosts.found(os.path.join(kubernetes_cluster.root, "bed"))
+    assert wait_until(lambda: not any(bed.pids(name) for name in bed.names), GONE_WITHIN), \
+        "nothing of the job's pods runs on the nodes"
+
+
+@needs_hosts()
+def test_an_image_the_nodes_cannot_pull_ends_the_cell_with_the_kubelets_reason(k8s):
+    with pytest.raises(RankExitError) as raised:
+        run(k8s, "--backend kubernetes -i 2 -g 1 --image registry.example.com/team/missing:1", "x = 1")
+    assert str(raised.value) == (
+        "the job ended before its ranks started: the nodes cannot pull the image registry.example.com/team/missing:1 "
+        '(ErrImagePull: rpc error: code = NotFound desc = failed to pull and unpack image "registry.example.com/team/'
+        'missing:1": failed to resolve reference "registry.example.com/team/missing:1": registry.example.com/team/'
+        "missing:1: not found); the job was deleted")
+
+
+# -- what the API says before anything is created ----------------------------------------------
+
+@pytest.fixture
+def api_server(tmp_path, monkeypatch):
+    """An emulated API server alone (no nodes), in this process: ``serve(**store options)`` starts it and
+    points KUBECONFIG at it; its store, to see that nothing was created."""
+    started = []
+
+    def serve(**options) -> emulator.Store:
+        store = emulator.Store(**options)
+        server = emulator.make_server(store, "token")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        path = tmp_path / "kubeconfig"
+        path.write_text(json.dumps(emulator.kubeconfig("http://%s:%d" % server.server_address[:2], "token")))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        monkeypatch.setenv("MPI_MAGIC_KUBERNETES_IMAGE", emulator.IMAGE)
+        return store
+
+    yield serve
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def _refused(ip, line: str) -> str:
+    with pytest.raises(KubernetesSetupError) as raised:
+        run(ip, f"--backend kubernetes -i 2 -g 1 {line}", "x = 1")
+    return str(raised.value)
+
+
+def test_without_a_kubeconfig_or_a_service_account_one_sentence_says_what_to_do(ip, tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert _refused(ip, "--image img") == (
+        "no Kubernetes cluster to talk to: there is no kubeconfig (KUBECONFIG, ~/.kube/config) and this is not a pod "
+        "with a service account; point KUBECONFIG at the cluster's (on SageMaker HyperPod's EKS clusters: aws eks "
+        "update-kubeconfig --name CLUSTER)")
+
+
+def test_a_cluster_without_the_mpi_operator_or_the_namespace_or_the_queue_is_named_before_anything_is_made(
+        ip, api_server):
+    store = api_server(mpi_operator=False)
+    assert _refused(ip, "") == k8s_cluster.NO_OPERATOR
+    store.mpi_operator = True
+    assert _refused(ip, "--namespace ml") == ("the cluster has no namespace ml: name another with --namespace "
+                                              "(kubectl get namespaces lists them), or create it")
+    assert _refused(ip, "--queue team-a") == ("there is no Kueue local queue team-a in namespace default "
+                                              "(kubectl get localqueues -n default lists them)")
+    store.kueue = False
+    assert _refused(ip, "--queue team-a") == ("--queue team-a names a Kueue queue, but the cluster has no Kueue "
+                                              "(no kueue.x-k8s.io API): drop --queue, or install Kueue")
+    assert store.listed(PLURAL, None)[0] == [], "nothing was created"
+
+
+def test_a_verb_the_cluster_forbids_is_named_with_its_resource_and_namespace(ip, api_server):
+    store = api_server(forbidden=(("create", "mpijobs", "default"),))
+    assert _refused(ip, "") == (
+        'the cluster forbids you to create mpijobs.kubeflow.org in namespace default (mpijobs.kubeflow.org is '
+        'forbidden: User "system:serviceaccount:default:notebook" cannot create resource "mpijobs" in API group '
+        '"kubeflow.org" in the namespace "default"); ask its admin for a Role that grants it (kubectl auth can-i '
+        'create mpijobs.kubeflow.org -n default says whether you may)')
+    assert store.listed(PLURAL, None)[0] == []
+
+
+def test_more_gpu_workers_than_the_nodes_hold_are_refused_and_no_image_is_asked_for(ip, api_server, monkeypatch):
+    store = api_server()
+    for name in ("gpu-1", "gpu-2"):
+        store.create("nodes", "", {"metadata": {"name": name, "labels": {"pool": "gpu"}},
+                                   "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    assert _refused(ip, "-i 3 -g 8 --node-selector pool=gpu") == (
+        "the job's 3 workers of 8 GPUs each do not fit the cluster's nodes that match --node-selector, which hold "
+        "2 such workers at most; lower --instances or --gpus")
+    monkeypatch.delenv("MPI_MAGIC_KUBERNETES_IMAGE")
+    assert _refused(ip, "") == ("no image for the pods: name one with --image (or %mpirun_config kubernetes_image=...), "
+                                "with Python 3, mpi4py, Open MPI's mpirun and sshd")
+    assert store.listed(PLURAL, None)[0] == []
+
+
+def test_dry_run_prints_the_mpijob_and_creates_nothing(ip, api_server, capsys):
+    from test_manifest import _checked
+
+    store = api_server()
+    run(ip, "--backend kubernetes -i 2 -g 1 --dry-run --labels team=ml --tolerations nvidia.com/gpu:NoSchedule "
+            "--annotations sagemaker.amazonaws.com/enable-job-auto-resume=true", "x = 1")
+    out = capsys.readouterr().out
+    job = _checked(json.loads(out[out.index("{"):]))
+    assert job["metadata"]["labels"]["team"] == "ml"
+    assert job["metadata"]["annotations"] == {"sagemaker.amazonaws.com/enable-job-auto-resume": "true"}
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert store.listed(PLURAL, None)[0] == []
+
+
+@pytest.mark.parametrize("line, said", [
+    ("--node-selector pool", "--node-selector 'pool' is not KEY=VALUE,KEY=VALUE; for example --node-selector "
+                             "team=ml,project=x"),
+    ("--tolerations gpu:Sometimes", "--tolerations 'gpu:Sometimes' is not KEY[=VALUE][:EFFECT],...: effects are "
+                                    "NoSchedule, PreferNoSchedule, NoExecute; for example --tolerations "
+                                    "nvidia.com/gpu:NoSchedule"),
+    ("--volume fsx", "--volume 'fsx' is not CLAIM:/PATH (a PersistentVolumeClaim the notebook's machine mounts at "
+                     "/PATH too); for example --volume fsx-claim:/fsx"),
+    ("--namespace ML", "--namespace 'ML' is not a Kubernetes name: lower-case letters, digits and '-', at most 63, "
+                       "starting and ending with a letter or digit"),
+])
+def test_an_option_of_the_wrong_form_is_one_sentence(ip, line, said):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError) as raised:
+        run(ip, f"--backend kubernetes {line}", "x = 1")
+    assert str(raised.value) == said
+
+
+def test_a_cache_folder_off_the_shared_volume_is_refused(ip, api_server):
+    api_server()
+    assert _refused(ip, "--volume fsx:/fsx").startswith("the cache folder ")
