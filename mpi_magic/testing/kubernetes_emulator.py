@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
 
+from ..shared import envvars
 from . import servers
 
 MODULE = "mpi_magic.testing.kubernetes_emulator"  # (run as ``python -m``, its __name__ is __main__)
@@ -506,7 +507,7 @@ class KubernetesEmulator:
     @property
     def environ(self) -> dict[str, str]:
         """What a notebook needs to reach it, and the image its nodes have."""
-        return {"KUBECONFIG": self.kubeconfig, "MPI_MAGIC_KUBERNETES_IMAGE": IMAGE}
+        return environ(self.root)
 
     def start(self) -> KubernetesEmulator:
         self._server = _started(self.root, ends_with_parent=True, nodes=self.nodes, gpus=self.gpus)
@@ -520,6 +521,11 @@ class KubernetesEmulator:
             if self._server.stdout is not None:
                 self._server.stdout.close()
             self._server = None
+
+
+def environ(root: str) -> dict[str, str]:
+    """What a notebook needs to reach the emulator whose folder is ``root``, and the image its nodes have."""
+    return {"KUBECONFIG": os.path.join(root, "kubeconfig"), envvars.PREFIX + "KUBERNETES_IMAGE": IMAGE}  # (kubernetes_image)
 
 
 def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0):
@@ -592,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus) is None:
         print(f"kubernetes_emulator: it did not start (see {args.root}/server.log)", file=sys.stderr)
         return 1
-    print(f"export KUBECONFIG={os.path.join(args.root, 'kubeconfig')}")
-    print(f"export MPI_MAGIC_KUBERNETES_IMAGE={IMAGE}")
+    for name, value in environ(args.root).items():
+        print(f"export {name}={value}")
     return 0
 
 
