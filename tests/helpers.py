@@ -202,6 +202,21 @@ def needs_hosts():
     return pytest.mark.skipif(why is not None, reason=why or "")
 
 
+def kubernetes_left(cluster, job_name: str) -> list[str]:
+    """What of the MPIJob ``job_name`` is on the Kubernetes emulator ``cluster``: the job, its pods, by name."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=cluster.kubeconfig)
+    try:
+        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object("kubeflow.org", "v2beta1", "default",
+                                                                          "mpijobs")["items"]
+        pods = client.CoreV1Api(api).list_namespaced_pod("default", label_selector=f"mpi-magic/job={job_name}").items
+        return [j["metadata"]["name"] for j in jobs if j["metadata"]["name"] == job_name] + \
+            [p.metadata.name for p in pods]
+    finally:
+        api.close()
+
+
 def needs_torch():
     """The mark of a test that trains with torch: skipped, saying how to install its CPU build, where torch
     is not installed (.ci/run installs it; a large download that a test run need not make)."""

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ...shared import envvars, wire
@@ -25,7 +26,7 @@ from .. import launcher as launchers
 from .. import shipped_code
 from ..follow import EventQueue, Tally, stop_then_wait
 from . import cluster, manifest
-from .bootstrap import announced_version
+from .bootstrap import STACKS_REQUEST, announced_version
 from .cluster import GROUP, PLURAL, VERSION, KubernetesSetupError
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class KubernetesBackend:
             objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job)
         except k8s.client.exceptions.ApiException as exc:
             raise cluster.refusal(exc, "create", f"{PLURAL}.{GROUP}", self.namespace) from None
-        return KubernetesJob(self.api, self.namespace, job_name, StreamDecoder(token), self.placement.queue)
+        return KubernetesJob(self.api, self.namespace, job_name, job_dir, StreamDecoder(token), self.placement.queue)
 
 
 class KubernetesJob:
@@ -129,11 +130,11 @@ class KubernetesJob:
     launcher = None  # (mpirun runs in the launcher pod)
     stacks_dir = None
 
-    def __init__(self, api, namespace: str, name: str, decoder: StreamDecoder, queue: str | None = None):
+    def __init__(self, api, namespace: str, name: str, job_dir: str, decoder: StreamDecoder, queue: str | None = None):
         k8s = cluster.kubernetes()
         self._core, self._objects = k8s.client.CoreV1Api(api), k8s.client.CustomObjectsApi(api)
         self._watch_module = k8s.watch
-        self.namespace, self.name, self._decoder, self._queue = namespace, name, decoder, queue
+        self.namespace, self.name, self.job_dir, self._decoder, self._queue = namespace, name, job_dir, decoder, queue
         self._events = EventQueue(QUEUE_SIZE)
         self._tally = Tally()
         self._pods: dict[str, Any] = {}  # name: the pod as last seen
@@ -312,7 +313,11 @@ class KubernetesJob:
             pass
 
     def request_stacks(self) -> bool:
-        return False
+        """The launcher watches a file in the job folder while mpirun runs; writing it asks every rank
+        through mpirun (``bootstrap.ask_for_stacks``), the answers coming through the log."""
+        with open(os.path.join(self.job_dir, STACKS_REQUEST), "w") as f:
+            f.write(repr(time.time()))
+        return True
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote them into the job folder, on the volume this machine shares."""

@@ -21,12 +21,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from ...shared import envvars, fabric, remote_hosts, stacks
 
 HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # set by the MPI Operator in the launcher
 HOSTFILE = "/etc/mpi/hostfile"  # where the operator mounts it
 ANNOUNCED = "mpi_magic launcher: "  # then what the image's ``mpirun --version`` says first
+STACKS_REQUEST = "stacks-request"  # in the job folder: written by the notebook to ask every rank for its stack
+LOOK_EVERY = 0.5  # seconds between looks at it
 # what the ranks get of the pod's environment (mpirun over ssh passes on none of it)
 FORWARDED_PREFIXES = (envvars.PREFIX, "NCCL_", "FI_", "OMP_", "CUDA_", "PYTHON", "LD_LIBRARY_PATH", "PATH")
 
@@ -68,8 +72,36 @@ def main(argv: list[str] | None = None) -> int:
                        world_size, command, user_args, dict(os.environ))
     process = subprocess.Popen(line)
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))  # the job deleted
+    threading.Thread(target=ask_for_stacks, args=(process, os.path.join(job_dir, STACKS_REQUEST)), daemon=True).start()
     status = process.wait()
     return 128 - status if status < 0 else status  # killed by a signal: as a shell says it
+
+
+def ask_for_stacks(mpirun: subprocess.Popen, request: str) -> None:
+    """Ask every rank for its stack whenever the notebook writes ``request`` anew (at a stall, on
+    Ctrl-C, %mpirun_stacks): mpirun forwards the signal to the ranks on every worker, and each sends
+    its stack as an event through this log; a rank that has not answered is asked the second way."""
+    def written() -> str | None:  # (the notebook's time: a shared filesystem's mtime may be coarse)
+        try:
+            with open(request) as f:
+                return f.read()
+        except OSError:
+            return None
+
+    seen, fallback_due = written(), None
+    while mpirun.poll() is None:
+        time.sleep(LOOK_EVERY)
+        try:
+            if fallback_due is not None and time.monotonic() >= fallback_due:
+                fallback_due = None
+                mpirun.send_signal(getattr(signal, stacks.FALLBACK_NAME))
+            now = written()
+            if now is not None and now != seen:
+                seen = now
+                mpirun.send_signal(getattr(signal, stacks.SIGNAL_NAME))
+                fallback_due = time.monotonic() + stacks.FALLBACK_AFTER
+        except OSError:
+            return
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:

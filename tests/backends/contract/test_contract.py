@@ -22,8 +22,8 @@ from typing import Callable
 
 import pytest
 from IPython.core.error import UsageError
-from helpers import (BUCKET, ROLE, SLURM_GONE_WITHIN, needs_slurm, once, once_running, run, slurm_listed, start_session,
-                     wait_until)
+from helpers import (BUCKET, ROLE, SLURM_GONE_WITHIN, kubernetes_left, needs_hosts, needs_slurm, once, once_running, run,
+                     slurm_listed, start_session, wait_until)
 
 from mpi_magic.backends import registry
 from mpi_magic.errors import JobError, JobTimeoutError, RemoteRankError
@@ -48,11 +48,18 @@ def one_worker():
 
 
 REAL = ["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker"]
+KUBERNETES = pytest.param("kubernetes", marks=needs_hosts())  # (no sessions yet: one-off cells' tests only)
 
 
 @pytest.fixture(params=REAL)
 def on(request, sessions, one_worker) -> On:
     """A real backend. (``sessions``: a session a test leaves up is stopped at its end.)"""
+    return _on(request, sessions)
+
+
+@pytest.fixture(params=[*REAL, KUBERNETES])
+def on_one_off(request, sessions, one_worker) -> On:
+    """A real backend, for a one-off cell."""
     return _on(request, sessions)
 
 
@@ -77,6 +84,14 @@ def _on(request, ip) -> On:
         return On("slurm", ip, lambda instance: f"n{instance + 1}",
                   lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel",
                   {**cluster.environ, "MPI_MAGIC_BACKEND": "slurm"})
+    if request.param == "kubernetes":
+        cluster = request.getfixturevalue("kubernetes_cluster")
+        for name, value in cluster.environ.items():
+            request.getfixturevalue("monkeypatch").setenv(name, value)
+        ip.run_line_magic("mpirun_config", "backend=kubernetes view=text")
+        return On("kubernetes", ip, lambda instance: f"node-{instance + 1}",
+                  lambda ran: wait_until(lambda: not kubernetes_left(cluster, ran.name), 10),
+                  "the MPIJob deleted", {**cluster.environ, "MPI_MAGIC_BACKEND": "kubernetes"})
     if request.param == "sagemaker":
         aws = request.getfixturevalue("cloud")
         settings = {"MPI_MAGIC_BACKEND": "sagemaker", "MPI_MAGIC_INSTANCE_TYPE": "ml.m5.xlarge",
@@ -109,7 +124,8 @@ def _no_rank_process(ran) -> bool:
     return True
 
 
-def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
+def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on_one_off):
+    on = on_one_off
     on.ip.user_ns["data"] = [1, 10, 100, 1000]  # a notebook value the cell reads
     run(on.ip, "-i 2 -g 2 --out job", (
         "import mpi_magic\n"
@@ -124,7 +140,8 @@ def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
     assert on.ip.user_ns["where"] == [(0, 0), (1, 0), (2, 1), (3, 1)], "--gather: every rank's, by rank"
 
 
-def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on, capsys, monkeypatch):
+def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on_one_off, capsys, monkeypatch):
+    on = on_one_off
     with pytest.raises(RemoteRankError) as raised:
         run(on.ip, "-i 2 -g 2 --out job", (
             "import time, mpi_magic\n"
@@ -145,7 +162,8 @@ def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_t
     assert "[3, 3, 3]" in capsys.readouterr().out, "the failed rank's frames and locals, in the notebook"
 
 
-def test_a_stall_names_where_each_rank_waits(on):
+def test_a_stall_names_where_each_rank_waits(on_one_off):
+    on = on_one_off
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     run(on.ip, "-i 2 -g 2 --async --quiet --out job", (
         "import time, mpi_magic\n"
@@ -169,14 +187,16 @@ def test_a_stall_names_where_each_rank_waits(on):
     assert on.gone(job)
 
 
-def test_timeout_stops_every_rank_and_says_so(on):
+def test_timeout_stops_every_rank_and_says_so(on_one_off):
+    on = on_one_off
     with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
         run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
     assert job.status == "stopped" and on.gone(job)
 
 
-def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on, capsys):
+def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on_one_off, capsys):
+    on = on_one_off
     with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
