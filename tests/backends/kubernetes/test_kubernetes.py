@@ -213,3 +213,56 @@ def test_an_option_of_the_wrong_form_is_one_sentence(ip, line, said):
 def test_a_cache_folder_off_the_shared_volume_is_refused(ip, api_server):
     api_server()
     assert _refused(ip, "--volume fsx:/fsx").startswith("the cache folder ")
+
+
+@needs_hosts()
+def test_a_job_waits_in_kueues_queue_then_runs_once_admitted(k8s, kubernetes_cluster, capsys):
+    api = config.new_client_from_config(config_file=kubernetes_cluster.kubeconfig)
+    objects = client.CustomObjectsApi(api)
+    queues = ("kueue.x-k8s.io", "v1beta1", "default", "localqueues")
+    objects.create_namespaced_custom_object(*queues, {"metadata": {"name": "team-a"}, "spec": {"stopPolicy": "Hold"}})
+    try:
+        def release() -> None:  # once the cell has said it waits, the queue lets its jobs in
+            wait_until(lambda: "waiting in Kueue's local queue team-a" in capsys.readouterr().err, 30)
+            objects.patch_namespaced_custom_object(*queues, "team-a", {"spec": {"stopPolicy": None}})
+
+        releaser = threading.Thread(target=release)
+        releaser.start()
+        run(k8s, "--backend kubernetes -i 2 -g 1 --queue team-a", "import mpi_magic\nwhere = mpi_magic.instance()")
+        releaser.join()
+        assert k8s.user_ns["where"] == 0
+    finally:
+        objects.delete_namespaced_custom_object(*queues, "team-a")
+        api.close()
+
+
+@needs_hosts()
+def test_a_pod_no_node_takes_shows_the_schedulers_reason_until_the_cell_is_stopped(k8s, capsys):
+    with pytest.raises(JobTimeoutError):
+        run(k8s, "--backend kubernetes -i 2 -g 1 --node-selector pool=gpu --timeout 4", "x = 1")
+    assert ("Kubernetes: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+            in capsys.readouterr().err)
+
+
+@needs_hosts()
+def test_a_killed_kernel_leaves_nothing_of_its_job(kubernetes_cluster, tmp_path):
+    """SIGKILL: no atexit, no goodbye; the watchdog beside the kernel deletes the job."""
+    import subprocess
+    import sys
+
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
+        import os
+        from IPython.core.interactiveshell import InteractiveShell
+        os.environ["MPI_MAGIC_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpi_magic")
+        ip.run_line_magic("mpirun_config", "view=text")
+        ip.run_cell_magic("mpirun_remote", "--backend kubernetes -i 2 -g 1", "import time\\ntime.sleep(600)")
+        """)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **kubernetes_cluster.environ})
+    try:
+        assert wait_until(lambda: len(_left(kubernetes_cluster.kubeconfig)) == 4, 60), "the job and its 3 pods are up"
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert wait_until(lambda: _left(kubernetes_cluster.kubeconfig) == [], GONE_WITHIN), \
+        f"left: {_left(kubernetes_cluster.kubeconfig)}"
