@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from helpers import needs_slurm, needs_torch
+from helpers import needs_hosts, needs_slurm, needs_torch
 from notebook_runs import DURATION, NOTEBOOKS, RUNNING_LINE, WIDGET_VIEW, code_cell, execute, executed, stored_notebook, text_of
 
 
@@ -204,3 +204,30 @@ def test_slurm_runs_the_quickstart_on_the_nodes_of_an_allocation_and_names_the_f
     while (queued := slurm_cluster.run("squeue", "-h", "-o", "%i %T").stdout.strip()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not queued, f"the notebook left jobs in the queue: {queued}"
+
+
+@pytest.mark.timeout(300)
+@needs_hosts()
+def test_kubernetes_runs_the_quickstart_as_mpijobs_across_worker_pods_and_names_the_failing_ranks_host(
+        tmp_path, kubernetes_cluster):
+    nb = executed("kubernetes.ipynb", tmp_path, cloud=kubernetes_cluster.environ)  # KUBECONFIG set: it starts none
+    shown = text_of(code_cell(nb, "print(total, hosts)").outputs).splitlines()
+    assert shown[0] == "100.0 ['node-1', 'node-1', 'node-2', 'node-2']", "2 slots on each of 2 workers, summed"
+    assert "kubernetes completed: 4 ranks (4 completed)" in shown[1]
+    assert shown[2] == "[(0, 0, 'node-1'), (1, 0, 'node-1'), (2, 1, 'node-2'), (3, 1, 'node-2')]"
+    assert text_of(code_cell(nb, "where").outputs) == "[(0, 0), (1, 0), (2, 1), (3, 1)]"
+    planned = text_of(code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2 --dry-run").outputs)
+    job = json.loads(planned[planned.index("{"):])
+    assert (job["kind"], job["metadata"]["labels"]["team"], job["spec"]["slotsPerWorker"]) == ("MPIJob", "ml", 2)
+    failed = code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2\nfrom mpi4py")
+    assert [(e.ename, e.evalue) for e in failed.outputs if e.output_type == "error"] == [
+        ("RemoteRankError", "rank 3 (instance 1, node-2) raised ZeroDivisionError: division by zero")]
+    waited = code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2 --node-selector pool=a100")
+    assert "Kubernetes: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector." in \
+        text_of(waited.outputs)
+    assert [e.ename for e in waited.outputs if e.output_type == "error"] == ["JobTimeoutError"]
+    stored = stored_notebook("kubernetes.ipynb")
+    for ran, kept in zip(nb.cells, stored.cells):
+        if execute.keeps_output(kept):
+            errors = [_comparable([o for o in cell.outputs if o.output_type == "error"]) for cell in (ran, kept)]
+            assert errors[0] == errors[1], "the stored error is what execution shows"

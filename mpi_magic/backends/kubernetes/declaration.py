@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
     from .backend import KubernetesBackend
 
-IDLE_DEFAULT = 1800.0  # seconds a session's job may sit without a cell, unless --max-idle says
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a namespace, a queue: a DNS label
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")  # a label's key
@@ -110,7 +109,7 @@ def _make(config: Config, options: LaunchOptions) -> KubernetesBackend:
 KUBERNETES = Declaration(
     name="kubernetes", about="an MPIJob of Kubeflow's MPI Operator", make=_make, default_gpus=lambda settings: 1,
     max_ranks=65536, why_max="the notebook keeps live state for every rank",
-    options=OPTIONS, settings=SETTINGS, values=values, idle_default=IDLE_DEFAULT, extra="kubernetes",
+    options=OPTIONS, settings=SETTINGS, values=values, extra="kubernetes",
     export_needs="a kubeconfig reaching the cluster the job ran on, and the cache folder (`MPI_MAGIC_CACHE_DIR`) on "
                  "the volume its pods share",
     export_launch="the job's MPIJob manifest",
