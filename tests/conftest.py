@@ -244,6 +244,14 @@ def kubernetes_cluster(tmp_path_factory):
         _MODULE_SERVERS.difference_update(servers)
 
 
+@pytest.fixture
+def kubernetes(kubernetes_cluster, monkeypatch):
+    """The module's Kubernetes emulator, with what a notebook needs to reach it set (KUBECONFIG, the image)."""
+    for name, value in kubernetes_cluster.environ.items():
+        monkeypatch.setenv(name, value)
+    return kubernetes_cluster
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real ``mlflow server`` on loopback for one module's tests (a SQLite store, artifacts in a folder

@@ -31,7 +31,7 @@ import tempfile
 import threading
 
 import pytest
-from helpers import needs_slurm, slurm_missing
+from helpers import needs_hosts, needs_slurm, slurm_missing
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer, RawFencedCodeBlockLexer
@@ -43,7 +43,8 @@ PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.pa
 CLONE = "/path/to/mpi_magic"  # how the pages name the folder of the user's clone
 
 # What a page's cells run against, as the page says; every other page runs on this machine.
-RUNS_ON = {"docs/slurm.md": "slurm", "docs/sagemaker.md": "aws"}
+RUNS_ON = {"docs/slurm.md": "slurm", "docs/sagemaker.md": "aws", "docs/kubernetes.md": "kubernetes"}
+NEEDS = {"slurm": needs_slurm, "kubernetes": needs_hosts}  # (what a page's fixture needs of this machine)
 
 # The module's rehearsal cloud (and the Slurm cluster pages ask for) serve all its tests, which go to one
 # worker together for that (tests/conftest.py).
@@ -179,8 +180,8 @@ def normalised(text: str) -> str:
 PAGE_LIMIT = 600
 
 
-@pytest.mark.parametrize("page", [pytest.param(page, id=page, marks=[needs_slurm()] if RUNS_ON.get(page) == "slurm" else [])
-                                  for page in PAGES])
+@pytest.mark.parametrize("page", [pytest.param(page, id=page, marks=[NEEDS[RUNS_ON[page]]()] if RUNS_ON.get(page) in NEEDS
+                                               else []) for page in PAGES])
 @pytest.mark.timeout(PAGE_LIMIT)
 def test_every_example_on_the_page_runs_as_shown(page, sessions, request, subtests, monkeypatch):
     if page in RUNS_ON:

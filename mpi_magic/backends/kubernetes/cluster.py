@@ -13,6 +13,7 @@ from ...errors import BackendSetupError
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"  # the MPI Operator's MPIJob
 KUEUE, KUEUE_VERSION, LOCAL_QUEUES = "kueue.x-k8s.io", "v1beta1", "localqueues"
 GPU = "nvidia.com/gpu"
+INSTALL_KUBERNETES = "pip install 'kubernetes>=29'"  # the ``kubernetes`` extra's
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's own credentials and namespace
 NO_OPERATOR = ("the cluster has no MPIJob resource (kubeflow.org/v2beta1): install Kubeflow's MPI Operator "
                "(v0.5 or later; SageMaker HyperPod's EKS clusters ship it)")
@@ -27,8 +28,8 @@ def kubernetes():
     try:
         import kubernetes as package
     except ImportError:
-        raise KubernetesSetupError("the kubernetes backend needs the kubernetes package: "
-                                   "pip install 'mpi-magic[kubernetes]'") from None
+        raise KubernetesSetupError(f"the kubernetes backend needs the kubernetes package, which is not installed: "
+                                   f"{INSTALL_KUBERNETES}") from None
     return package
 
 
