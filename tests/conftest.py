@@ -234,7 +234,9 @@ def kubernetes_cluster(tmp_path_factory):
     from mpi_magic.testing.kubernetes_emulator import KubernetesEmulator
 
     before = _children()
-    cluster = KubernetesEmulator(str(tmp_path_factory.mktemp("k8s")), nodes=3).start()
+    schema = os.path.join(os.path.dirname(__file__), "backends", "kubernetes", "mpijob_crd_v0.5.0.json")
+    # (every MPIJob a test's cell creates must pass the MPI Operator's own schema, strictly)
+    cluster = KubernetesEmulator(str(tmp_path_factory.mktemp("k8s")), nodes=3, mpijob_schema=schema).start()
     servers = _children() - before  # (its pods' processes are its own: a test's ranks are found by their job folder)
     _MODULE_SERVERS.update(servers)
     try:

@@ -50,6 +50,7 @@ JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training
                                      "training.kubeflow.org/replica-index")
 VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
 USER = "system:serviceaccount:default:notebook"  # whom the bearer token names, in a 403's words
+STOP_LIMIT = 30.0  # seconds ``stop`` waits for the server to end, its nodes brought down
 WATCH_LIMIT = 300.0  # seconds a watch lasts unless the client asks for less (timeoutSeconds)
 _PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
                    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
@@ -72,8 +73,10 @@ class Store:
     log that watches read from."""
 
     def __init__(self, namespaces: tuple[str, ...] = ("default",), mpi_operator: bool = True, kueue: bool = True,
-                 forbidden: tuple[tuple[str, str, str], ...] = ()):
+                 forbidden: tuple[tuple[str, str, str], ...] = (), mpijob_schema: dict | None = None):
         self.mpi_operator, self.kueue = mpi_operator, kueue
+        # the MPIJob CRD's openAPIV3Schema: a job it does not take is refused, a field it does not name too
+        self._validator = _strict_validator(mpijob_schema) if mpijob_schema else None
         self.forbidden = set(forbidden)  # (verb, plural, namespace) the user may not do, answered 403
         self._objects: dict[tuple[str, str, str], dict] = {}
         self._changes: list[tuple[int, str, str, dict]] = []  # (resource version, type, plural, object)
@@ -88,6 +91,12 @@ class Store:
         return str(self._version)
 
     def create(self, plural: str, namespace: str, body: dict) -> dict:
+        if plural == MPIJOBS[2] and self._validator is not None:
+            errors = sorted(self._validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+            if errors:
+                where = ".".join(str(part) for part in errors[0].absolute_path) or "(the object)"
+                raise ApiError(422, "Invalid", f'MPIJob.kubeflow.org "{body.get("metadata", {}).get("name")}" is '
+                                               f"invalid: {where}: {errors[0].message}")
         metadata = body.setdefault("metadata", {})
         name = metadata.get("name") or (metadata.get("generateName", "") + secrets.token_hex(3))
         with self._changed:
@@ -260,6 +269,27 @@ class Store:
                 if which == plural and (namespace is None or obj["metadata"].get("namespace") == namespace) \
                         and matches(obj["metadata"].get("labels") or {}):
                     yield {"type": kind, "object": obj}
+
+
+def strict(schema):
+    """A CRD's schema as an API server that validates fields strictly takes it (``fieldValidation=Strict``):
+    a field the schema does not name is refused, not pruned (a misspelt ``serviceAccountName`` would
+    otherwise vanish without a word)."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    taken = {key: strict(value) for key, value in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema and \
+            not schema.get("x-kubernetes-preserve-unknown-fields"):
+        taken["additionalProperties"] = False
+    return taken
+
+
+def _strict_validator(schema: dict):
+    import jsonschema  # (the test extra's)
+
+    return jsonschema.Draft7Validator(strict(schema))
 
 
 def _condition(job: dict, kind: str, reason: str, message: str) -> None:
@@ -498,10 +528,10 @@ class KubernetesEmulator:
     """The API server in a process of its own (``start``/``stop``), its kubeconfig in ``root``; with
     ``nodes``, that many nodes (test hosts, root needed) of ``gpus`` GPUs each run its pods."""
 
-    def __init__(self, root: str, nodes: int = 0, gpus: int = 0):
+    def __init__(self, root: str, nodes: int = 0, gpus: int = 0, mpijob_schema: str | None = None):
         self.root = root
         self.kubeconfig = os.path.join(root, "kubeconfig")
-        self.nodes, self.gpus = nodes, gpus
+        self.nodes, self.gpus, self.mpijob_schema = nodes, gpus, mpijob_schema
         self._server = None
 
     @property
@@ -510,7 +540,8 @@ class KubernetesEmulator:
         return environ(self.root)
 
     def start(self) -> KubernetesEmulator:
-        self._server = _started(self.root, ends_with_parent=True, nodes=self.nodes, gpus=self.gpus)
+        self._server = _started(self.root, ends_with_parent=True, nodes=self.nodes, gpus=self.gpus,
+                                schema=self.mpijob_schema)
         if self._server is None:
             raise RuntimeError(f"the Kubernetes emulator did not start (see {self.root}/server.log)")
         return self
@@ -528,7 +559,7 @@ def environ(root: str) -> dict[str, str]:
     return {"KUBECONFIG": os.path.join(root, "kubeconfig"), envvars.PREFIX + "KUBERNETES_IMAGE": IMAGE}  # (kubernetes_image)
 
 
-def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0):
+def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, schema: str | None = None):
     """The server's process, once it said it serves (None where it did not); what it says after that
     goes to ``server.log`` in ``root``, so that whoever started it need not read on."""
     import subprocess
@@ -536,7 +567,7 @@ def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0):
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "server.log"), "ab") as log:
         server = servers.start([sys.executable, "-m", MODULE, "serve", "--root", root, "--nodes", str(nodes),
-                                "--gpus", str(gpus)],
+                                "--gpus", str(gpus), *(["--mpijob-schema", schema] if schema else [])],
                                ends_with_parent=ends_with_parent, stdout=subprocess.PIPE, stderr=log, text=True)
     assert server.stdout is not None
     if server.stdout.readline().strip() == "ready":
@@ -546,11 +577,14 @@ def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0):
     return None
 
 
-def _serve(root: str, nodes: int, gpus: int) -> int:
+def _serve(root: str, nodes: int, gpus: int, schema: str | None) -> int:
     import signal
 
     token = secrets.token_hex(16)
-    store = Store()
+    if schema:
+        with open(schema, encoding="utf-8") as f:
+            schema = json.load(f)["openAPIV3Schema"]
+    store = Store(mpijob_schema=schema)
     server = make_server(store, token)
     if nodes:
         from .kubernetes_nodes import Nodes
@@ -580,22 +614,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=0,
                         help="nodes (test hosts, as root) that run the pods; with none they stay Pending")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs (nvidia.com/gpu) each node has")
+    parser.add_argument("--mpijob-schema", metavar="JSON",
+                        help="a file whose openAPIV3Schema (the MPIJob CRD's) every MPIJob created must pass, "
+                             "fields it does not name refused (jsonschema needed)")
     parser.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mpi_magic_kubernetes"),
                         help="its folder: the kubeconfig and the server's pid (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.action == "serve":
-        return _serve(args.root, args.nodes, args.gpus)
+        return _serve(args.root, args.nodes, args.gpus, args.mpijob_schema)
     if args.action == "stop":
         import signal
 
+        import psutil
+
         try:
             with open(os.path.join(args.root, "server.pid")) as f:
-                os.kill(int(f.read()), signal.SIGTERM)
-        except (OSError, ValueError):
+                server = psutil.Process(int(f.read()))
+            server.send_signal(signal.SIGTERM)
+        except (OSError, ValueError, psutil.Error):
             print(f"kubernetes_emulator: none runs from {args.root}", file=sys.stderr)
             return 1
+        psutil.wait_procs([server], timeout=STOP_LIMIT)  # (its nodes go down first)
         return 0
-    if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus) is None:
+    if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus, schema=args.mpijob_schema) is None:
         print(f"kubernetes_emulator: it did not start (see {args.root}/server.log)", file=sys.stderr)
         return 1
     for name, value in environ(args.root).items():

@@ -184,3 +184,20 @@ def test_the_tests_start_it_from_python_and_stopping_it_leaves_nothing(tmp_path)
     finally:
         started.stop()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_given_the_crds_schema_an_mpijob_it_does_not_take_is_refused_as_an_api_server_refuses_it():
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "backends", "kubernetes", "mpijob_crd_v0.5.0.json")) as f:
+        store = emulator.Store(mpijob_schema=json.load(f)["openAPIV3Schema"])
+    job = _cell_job("cell-5")
+    job["metadata"]["namespace"] = "default"
+    job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAcountName"] = "typo"
+    with pytest.raises(emulator.ApiError) as refused:
+        store.create(PLURAL, "default", job)
+    assert refused.value.code == 422 and str(refused.value).startswith(
+        'MPIJob.kubeflow.org "cell-5" is invalid: spec.mpiReplicaSpecs.Worker.template.spec: Additional properties '
+        "are not allowed ('serviceAcountName' was unexpected)")
+    del job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["serviceAcountName"]
+    assert store.create(PLURAL, "default", job)["metadata"]["name"] == "cell-5", "the job as the backend makes it"

@@ -266,3 +266,34 @@ def test_a_killed_kernel_leaves_nothing_of_its_job(kubernetes_cluster, tmp_path)
         kernel.wait()
     assert wait_until(lambda: _left(kubernetes_cluster.kubeconfig) == [], GONE_WITHIN), \
         f"left: {_left(kubernetes_cluster.kubeconfig)}"
+
+
+@needs_hosts()
+def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_node(k8s, kubernetes_cluster,
+                                                                                     tmp_path):
+    api = config.new_client_from_config(config_file=kubernetes_cluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    started = tmp_path / "started"  # where each rank says it runs (the pods share this machine's files)
+    started.mkdir()
+    k8s.user_ns["started"] = str(started)
+
+    def delete_a_worker() -> None:  # once every rank runs, as kubectl delete pod would
+        wait_until(lambda: len(os.listdir(started)) == 2, 30)
+        worker = next(p for p in core.list_namespaced_pod("default").items if p.metadata.name.endswith("-worker-1"))
+        core.delete_namespaced_pod(worker.metadata.name, "default")
+
+    deleter = threading.Thread(target=delete_a_worker)
+    deleter.start()
+    try:
+        with pytest.raises(RankExitError) as raised:
+            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", textwrap.dedent("""\
+                import os, time, mpi_magic
+                open(os.path.join(started, str(mpi_magic.rank())), "w").close()
+                time.sleep(600)
+                """))
+    finally:
+        deleter.join()
+        api.close()
+    name = k8s.user_ns["job"].name
+    assert str(raised.value) == (f"ranks [0, 1] stopped before the cell finished: pod {name}-worker-1 of the job was "
+                                 "deleted from outside this notebook (on node node-2)")

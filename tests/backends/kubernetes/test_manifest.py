@@ -13,24 +13,10 @@ import pytest
 
 from mpi_magic.backends.kubernetes import manifest
 from mpi_magic.backends.kubernetes.manifest import PodPlacement
-
-def _strict(schema):
-    """The schema as an API server that validates fields strictly takes it (``fieldValidation=Strict``):
-    a field the schema does not name is refused, not pruned (a misspelt ``serviceAccountName`` would
-    otherwise vanish without a word)."""
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: _strict(value) for key, value in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema and \
-            not schema.get("x-kubernetes-preserve-unknown-fields"):
-        strict["additionalProperties"] = False
-    return strict
-
+from mpi_magic.testing.kubernetes_emulator import strict
 
 with open(os.path.join(os.path.dirname(__file__), "mpijob_crd_v0.5.0.json"), encoding="utf-8") as _f:
-    SCHEMA = _strict(json.load(_f)["openAPIV3Schema"])
+    SCHEMA = strict(json.load(_f)["openAPIV3Schema"])
 LAUNCH = ["mpirun", "-np", "8", "--tag-output", "python", "-m", "mpi_magic.runtime", "/fsx/alice/jobs/mpi-1"]
 
 
