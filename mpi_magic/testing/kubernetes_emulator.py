@@ -151,7 +151,8 @@ class Store:
     def _operate(self, job: dict) -> None:
         """What the MPI Operator does for an MPIJob: nothing while it is suspended (Kueue has not admitted
         it); then, once, its ssh Secret, its hostfile (``slotsPerWorker`` slots on each worker) and its
-        pods, each owned by the job, labelled as the operator labels them and as the job's templates say."""
+        pods, each owned by the job, labelled as the operator labels them and as the job's templates say
+        (the launcher's once every worker runs, where ``launcherCreationPolicy`` says WaitForWorkersReady)."""
         metadata, spec = job["metadata"], job.get("spec", {})
         namespace, name = metadata["namespace"], metadata["name"]
         if spec.get("runPolicy", {}).get("suspend"):
@@ -159,8 +160,7 @@ class Store:
         if ("secrets", namespace, f"{name}-ssh") in self._objects:
             return
         _condition(job, "Created", "MPIJobCreated", f"MPIJob {namespace}/{name} is created.")
-        owner = [{"apiVersion": "/".join(MPIJOBS[:2]), "kind": MPIJOBS[3], "name": name, "uid": metadata["uid"],
-                  "controller": True, "blockOwnerDeletion": True}]
+        owner = _owned_by(job)
         replicas = spec.get("mpiReplicaSpecs", {})
         workers = int(replicas.get("Worker", {}).get("replicas", 0))
         slots = int(spec.get("slotsPerWorker", 1))
@@ -169,16 +169,34 @@ class Store:
         hostfile = "".join(f"{name}-worker-{i}.{name}.{namespace}.svc slots={slots}\n" for i in range(workers))
         self.create("configmaps", namespace, {"metadata": {"name": f"{name}-config", "ownerReferences": owner},
                                               "data": {"hostfile": hostfile}})
-        for role, count in (("worker", workers), ("launcher", 1)):
-            template = replicas.get(role.capitalize(), {}).get("template", {})
-            for index in range(count):
-                labels = {**template.get("metadata", {}).get("labels", {}), JOB_NAME: name, JOB_ROLE: role,
-                          **({REPLICA_INDEX: str(index)} if role == "worker" else {})}
-                pod_name = f"{name}-worker-{index}" if role == "worker" else f"{name}-launcher"
-                self.create("pods", namespace, {"metadata": {"name": pod_name, "labels": labels,
-                                                             "ownerReferences": owner},
-                                                "spec": json.loads(json.dumps(template.get("spec", {}))),
-                                                "status": {"phase": "Pending"}})
+        for index in range(workers):
+            self._make_pod(job, "worker", index)
+        if spec.get("launcherCreationPolicy") != "WaitForWorkersReady" or not workers:
+            self._make_pod(job, "launcher")
+
+    def _make_pod(self, job: dict, role: str, index: int = 0) -> None:
+        """One of the job's pods, from its template, owned by it and labelled as the operator labels them."""
+        metadata, spec = job["metadata"], job.get("spec", {})
+        namespace, name = metadata["namespace"], metadata["name"]
+        owner = _owned_by(job)
+        template = spec.get("mpiReplicaSpecs", {}).get(role.capitalize(), {}).get("template", {})
+        labels = {**template.get("metadata", {}).get("labels", {}), JOB_NAME: name, JOB_ROLE: role,
+                  **({REPLICA_INDEX: str(index)} if role == "worker" else {})}
+        pod_name = f"{name}-worker-{index}" if role == "worker" else f"{name}-launcher"
+        self.create("pods", namespace, {"metadata": {"name": pod_name, "labels": labels, "ownerReferences": owner},
+                                        "spec": json.loads(json.dumps(template.get("spec", {}))),
+                                        "status": {"phase": "Pending"}})
+
+    def _launch_once_workers_run(self, namespace: str, job_name: str) -> None:
+        try:
+            job = self.get(MPIJOBS[2], namespace, job_name)
+        except ApiError:
+            return
+        workers, _ = self.listed("pods", namespace, f"{JOB_NAME}={job_name},{JOB_ROLE}=worker")
+        wanted = int(job.get("spec", {}).get("mpiReplicaSpecs", {}).get("Worker", {}).get("replicas", 0))
+        if len(workers) == wanted and all(w.get("status", {}).get("phase") == "Running" for w in workers) and \
+                ("pods", namespace, f"{job_name}-launcher") not in self._objects:
+            self._make_pod(job, "launcher")
 
     def get(self, plural: str, namespace: str, name: str) -> dict:
         with self._changed:
@@ -200,9 +218,12 @@ class Store:
         return found
 
     def _launcher_moved(self, pod: dict) -> None:
-        """What the MPI Operator does when its launcher runs or ends: the job's conditions say so, and once
-        it ended the workers still running go (``cleanPodPolicy`` Running or All)."""
+        """What the MPI Operator does when a pod of its job moves: the launcher is made once every worker
+        runs (``launcherCreationPolicy: WaitForWorkersReady``); when the launcher runs or ends, the job's
+        conditions say so, and once it ended the workers still running go (``cleanPodPolicy`` Running or All)."""
         labels = pod["metadata"].get("labels") or {}
+        if labels.get(JOB_ROLE) == "worker" and pod["status"].get("phase") == "Running":
+            self._launch_once_workers_run(pod["metadata"]["namespace"], labels[JOB_NAME])
         if labels.get(JOB_ROLE) != "launcher":
             return
         namespace, job = pod["metadata"]["namespace"], labels[JOB_NAME]
@@ -290,6 +311,12 @@ def _strict_validator(schema: dict):
     import jsonschema  # (the test extra's)
 
     return jsonschema.Draft7Validator(strict(schema))
+
+
+def _owned_by(job: dict) -> list[dict]:
+    """The owner reference that makes an object the job's (deleted with it)."""
+    return [{"apiVersion": "/".join(MPIJOBS[:2]), "kind": MPIJOBS[3], "name": job["metadata"]["name"],
+             "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
 
 
 def _condition(job: dict, kind: str, reason: str, message: str) -> None:

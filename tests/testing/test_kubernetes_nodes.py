@@ -100,10 +100,11 @@ def test_an_image_the_nodes_cannot_pull_leaves_the_pod_waiting_with_the_kubelets
     _job(objects, "cell-4", "true", image="example.com/no-such-image:1")
 
     def waiting() -> str | None:
-        statuses = core.read_namespaced_pod("cell-4-launcher", "default").status.container_statuses
+        statuses = core.read_namespaced_pod("cell-4-worker-0", "default").status.container_statuses
         return statuses[0].state.waiting.reason if statuses and statuses[0].state.waiting else None
 
     assert wait_until(lambda: waiting() == "ImagePullBackOff", 10), "the kubelet backed off"
-    failed = [message for reason, message in _events(core, "cell-4-launcher") if reason == "Failed"]
+    failed = [message for reason, message in _events(core, "cell-4-worker-0") if reason == "Failed"]
     assert failed and 'failed to pull and unpack image "example.com/no-such-image:1"' in failed[0]
-    assert _phase(core, "cell-4-launcher") == "Pending"
+    assert _phase(core, "cell-4-worker-0") == "Pending"
+    assert _phase(core, "cell-4-launcher") is None, "the launcher waits for its workers to run"

@@ -184,8 +184,9 @@ class KubernetesJob:
                 version = pod.metadata.resource_version
                 if change["type"] == "DELETED":
                     self._pods.pop(pod.metadata.name, None)
-                    if _role(pod) == "launcher" or not self._stopping.is_set() and _phase(pod) not in ("Succeeded",
-                                                                                                        "Failed"):
+                    stopped = self._stopping.is_set() and not self._pods  # (a launcher not made yet is not waited for)
+                    if stopped or _role(pod) == "launcher" or \
+                            not self._stopping.is_set() and _phase(pod) not in ("Succeeded", "Failed"):
                         watcher.stop()
                         return self._gone(pod)
                     continue

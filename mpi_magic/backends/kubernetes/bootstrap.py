@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ HOSTFILE = "/etc/mpi/hostfile"  # where the operator mounts it
 ANNOUNCED = "mpi_magic launcher: "  # then what the image's ``mpirun --version`` says first
 STACKS_REQUEST = "stacks-request"  # in the job folder: written by the notebook to ask every rank for its stack
 LOOK_EVERY = 0.5  # seconds between looks at it
+WORKERS_LIMIT = 300.0  # seconds the workers' sshd get to listen (the launcher starts once their pods run)
 # what the ranks get of the pod's environment (mpirun over ssh passes on none of it)
 FORWARDED_PREFIXES = (envvars.PREFIX, "NCCL_", "FI_", "OMP_", "CUDA_", "PYTHON", "LD_LIBRARY_PATH", "PATH")
 
@@ -68,13 +70,39 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() == 0:  # containers run as root; Open MPI refuses that unless told
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    line = mpirun_argv(mpirun, version[0] if version else "", os.environ.get(HOSTFILE_VARIABLE) or HOSTFILE,
-                       world_size, command, user_args, dict(os.environ))
+    hostfile = os.environ.get(HOSTFILE_VARIABLE) or HOSTFILE
+    silent = wait_for_workers(hostfile)
+    if silent:
+        print(f"mpi_magic launcher: no sshd answered within {WORKERS_LIMIT:g}s on {', '.join(silent)}", flush=True)
+        return 1
+    line = mpirun_argv(mpirun, version[0] if version else "", hostfile, world_size, command, user_args,
+                       dict(os.environ))
     process = subprocess.Popen(line)
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))  # the job deleted
     threading.Thread(target=ask_for_stacks, args=(process, os.path.join(job_dir, STACKS_REQUEST)), daemon=True).start()
     status = process.wait()
     return 128 - status if status < 0 else status  # killed by a signal: as a shell says it
+
+
+def wait_for_workers(hostfile: str, limit: float = WORKERS_LIMIT) -> list[str]:
+    """Until every worker of ``hostfile`` takes connections on ssh's port (its pod runs before its sshd
+    listens), at most ``limit`` seconds; the workers that never did."""
+    with open(hostfile) as f:
+        waiting = [line.split()[0] for line in f if line.strip() and not line.startswith("#")]
+    deadline = time.monotonic() + limit
+    while waiting and time.monotonic() < deadline:
+        waiting = [host for host in waiting if not _listening(host)]
+        if waiting:
+            time.sleep(0.1)
+    return waiting
+
+
+def _listening(host: str) -> bool:
+    try:
+        with socket.create_connection((host, 22), timeout=remote_hosts.CONNECT_TIMEOUT):
+            return True
+    except OSError:
+        return False
 
 
 def ask_for_stacks(mpirun: subprocess.Popen, request: str) -> None:

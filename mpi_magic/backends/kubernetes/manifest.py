@@ -57,6 +57,7 @@ def mpijob(name: str, image: str, launch: list[str], env: dict[str, str], instan
         "spec": {
             "slotsPerWorker": slots,
             "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",  # (mpirun's ssh finds the workers' sshd up)
             "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running", "suspend": bool(placement.queue)},
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "Never",

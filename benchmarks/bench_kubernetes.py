@@ -1,0 +1,87 @@
+"""Kubernetes: a trivial 4-rank cell (2 worker pods x 2) through %%mpirun_remote --backend kubernetes,
+against the same code run as an MPIJob by hand, on the project's emulated cluster (its nodes test hosts
+of their own on this machine, its pods real processes there).
+
+The baseline, measured in the same run, taking turns with the magic: the MPIJob a user would write for
+the code (the same shape, image and transports: Open MPI's libfabric left out, as the magic's ranks do
+on nodes without a fabric device), created through the API, its launcher pod watched until it ended,
+and the job deleted with its pods, as ``kubectl apply``, ``kubectl wait`` and ``kubectl delete`` do.
+Needs root (the emulator's nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+from _common import interleaved, median, shell
+
+from mpi_magic.backends.kubernetes import manifest
+from mpi_magic.shared import fabric
+from mpi_magic.testing.kubernetes_emulator import IMAGE, KubernetesEmulator
+
+CODE = "from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1)"
+CELL = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+
+
+def bare_mpijob(kubeconfig: str):
+    """The code as an MPIJob written by hand: created, its launcher watched to its end, deleted."""
+    from kubernetes import client, config, watch
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           **{f"OMPI_MCA_{name}": value for name, value in fabric.LEFT_OUT.items()}}
+    forwarded = " ".join(f"-x {name}" for name in env)
+    # (the image's Python by its full path, PATH passed on: mpirun's ssh sessions have a PATH of their own)
+    # and ssh tries again while a worker's sshd is not listening yet (its pod runs a moment before it does)
+    launch = ["sh", "-c", f'mpirun --hostfile "$OMPI_MCA_orte_default_hostfile" -np 4 {forwarded} -x PATH '
+                          f'--prtemca plm_ssh_args "-o ConnectionAttempts=10" "$(command -v python3)" -c "{CODE}"']
+    runs = iter(range(1_000_000))
+
+    def run() -> None:
+        name = f"bare-{next(runs)}"
+        job = manifest.mpijob(name, IMAGE, launch, env, 2, 2, 0, manifest.PodPlacement())
+        version = core.list_namespaced_pod("default").metadata.resource_version
+        objects.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, job)
+        for change in watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=version,
+                                           label_selector=f"{manifest.JOB_LABEL}={name}", timeout_seconds=60):
+            pod = change["object"]
+            if pod.metadata.name.endswith("-launcher") and pod.status.phase in ("Succeeded", "Failed"):
+                assert pod.status.phase == "Succeeded", core.read_namespaced_pod_log(pod.metadata.name, "default")
+                break
+        objects.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, name,
+                                                propagation_policy="Foreground")
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_k8s_") as root:
+        cluster = KubernetesEmulator(os.path.join(root, "k8s"), nodes=3).start()
+        try:
+            os.environ.update(cluster.environ)
+            ip = shell()
+            magic = lambda: ip.run_cell_magic("mpirun_remote", "--backend kubernetes -i 2 -g 2 --quiet", CELL)  # noqa: E731
+            bare = bare_mpijob(cluster.kubeconfig)
+            magic()  # warm the page cache, and the copy of mpi_magic the pods import
+            bare()
+            cell, by_hand = interleaved([magic, bare], args.repeats)
+        finally:
+            cluster.stop()
+    print(f"one-off cell, 2 worker pods x 2 ranks on the emulated cluster, median of {args.repeats} rounds, "
+          "each taking the two in turn:")
+    print(f"  %%mpirun_remote --backend kubernetes -i 2 -g 2   {median(cell):6.3f} s  "
+          f"(min {min(cell):.3f}, max {max(cell):.3f})")
+    print(f"  the MPIJob by hand (create, watch, delete)       {median(by_hand):6.3f} s  "
+          f"(min {min(by_hand):.3f}, max {max(by_hand):.3f})")
+    print(f"  ratio magic / by hand = {median(cell) / median(by_hand):.2f}")
+
+
+if __name__ == "__main__":
+    main()
