@@ -1,9 +1,12 @@
-"""What the local and the Slurm sessions' ranks share: cells go to rank 0 over the notebook's socket
-channel (``shared/channel.py``), events come from the launcher's job, and results are written
-straight into the cells' job folders, which the notebook reads where they are."""
+"""What the sessions' ranks share where cells go to rank 0 over the notebook's socket channel
+(``shared/channel.py``: locally, on Slurm and on Kubernetes): events come from the launcher's job,
+results are written straight into the cells' job folders, which the notebook reads where they are,
+and a cluster's rank 0 finds the notebook by this machine's name (``this_host``)."""
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from typing import Iterable, Protocol
 
 from ..shared.channel import SocketChannel, cell_message, stop_message
@@ -48,3 +51,23 @@ class ChannelRanks:
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote their results into the cell's folder already."""
+
+
+def this_host() -> str:
+    """This machine's name as the nodes would look it up: its fully qualified name, else its short
+    name, the first that resolves to an address other than loopback, else the first that resolves;
+    where neither does, only nodes on this machine could reach it. A fully qualified name that is not
+    this machine's is passed over: ``socket.getfqdn()`` says "localhost" where /etc/hosts gives the
+    machine's name 127.0.0.1 after localhost, and on a node that names the node."""
+    short, full = socket.gethostname(), socket.getfqdn()
+    names = [full, short] if full == short or full.startswith(short + ".") else [short]
+    resolved = {}
+    for name in names:
+        try:
+            resolved[name] = {info[4][0] for info in socket.getaddrinfo(name, None)}
+        except OSError:
+            continue
+    for name, addresses in resolved.items():
+        if any(not ipaddress.ip_address(address).is_loopback for address in addresses):
+            return name
+    return next(iter(resolved), "127.0.0.1")

@@ -83,6 +83,7 @@ class Store:
         self._version = 0
         self._changed = threading.Condition()
         self.logs: dict[tuple[str, str], list[str]] = {}  # (namespace, pod): its lines, for the log endpoint
+        self._logged = threading.Condition()  # notified as lines come, and as a pod ends
         for name in namespaces:
             self.create("namespaces", "", {"metadata": {"name": name}})
 
@@ -266,9 +267,23 @@ class Store:
             self._record("DELETED", plural, found)
         return found
 
+    def log(self, namespace: str, pod: str, lines: list[str]) -> None:
+        """Lines a pod's container wrote (the kubelet's part), for its log's followers."""
+        with self._logged:
+            self.logs.setdefault((namespace, pod), []).extend(lines)
+            self._logged.notify_all()
+
+    def wait_for_log(self, timeout: float) -> None:
+        """Until a pod wrote a line or changed (at most ``timeout`` seconds)."""
+        with self._logged:
+            self._logged.wait(timeout)
+
     def _record(self, kind: str, plural: str, obj: dict) -> None:
         self._changes.append((self._version, kind, plural, json.loads(json.dumps(obj))))
         self._changed.notify_all()
+        if plural == "pods":
+            with self._logged:
+                self._logged.notify_all()
 
     def changes(self, plural: str, namespace: str | None, selector: str, since: int, until: float) -> Iterator[dict]:
         """The watch: each change to a matching object after resource version ``since``, as it comes,
@@ -520,7 +535,8 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
                         return
                     if not follow or phase in ("Succeeded", "Failed"):
                         return
-                    time.sleep(0.05)
+                    if len(store.logs.get((namespace, name), [])) == sent:
+                        store.wait_for_log(1.0)
 
             self._stream(lines(), "text/plain")
 
@@ -548,7 +564,8 @@ def kubeconfig(server: str, token: str, namespace: str = "default") -> dict:
                                                           "namespace": namespace}}]}
 
 
-IMAGE = "mpi-magic-test:local"  # the image the emulator has: this Python's environment (its folder of programs)
+IMAGE = "mpi-magic-test:local"
+NOTEBOOK_HOST = "notebook_host"  # in its folder, with nodes: this machine's address on their network  # the image the emulator has: this Python's environment (its folder of programs)
 
 
 class KubernetesEmulator:
@@ -582,8 +599,16 @@ class KubernetesEmulator:
 
 
 def environ(root: str) -> dict[str, str]:
-    """What a notebook needs to reach the emulator whose folder is ``root``, and the image its nodes have."""
-    return {"KUBECONFIG": os.path.join(root, "kubeconfig"), envvars.PREFIX + "KUBERNETES_IMAGE": IMAGE}  # (kubernetes_image)
+    """What a notebook needs to reach the emulator whose folder is ``root``: its kubeconfig, the image its
+    nodes have and, where it has nodes, this machine's address on their network (a session's rank 0
+    connects to the notebook there)."""
+    found = {"KUBECONFIG": os.path.join(root, "kubeconfig"), envvars.PREFIX + "KUBERNETES_IMAGE": IMAGE}  # (kubernetes_image)
+    try:
+        with open(os.path.join(root, NOTEBOOK_HOST)) as f:
+            found[envvars.PREFIX + "KUBERNETES_NOTEBOOK_HOST"] = f.read().strip()  # (kubernetes_notebook_host)
+    except FileNotFoundError:
+        pass
+    return found
 
 
 def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, schema: str | None = None):
@@ -617,6 +642,8 @@ def _serve(root: str, nodes: int, gpus: int, schema: str | None) -> int:
         from .kubernetes_nodes import Nodes
 
         cluster = Nodes(store, root, hosts=nodes, gpus=gpus, images={IMAGE: os.path.dirname(sys.executable)}).start()
+        with open(os.path.join(root, NOTEBOOK_HOST), "w") as f:
+            f.write(cluster.bed.login_address)
 
         def stop(*_) -> None:
             cluster.stop()

@@ -220,10 +220,9 @@ class Nodes:
             phase="Running", hostIP=self.bed.address(node), podIP=self.bed.address(node), startTime=started,
             containerStatuses=[_container_status(container, {"running": {"startedAt": started}}, pulled=True)]))
         self._event(pod, "Normal", "Started", f"Started container {container['name']}", "kubelet", node)
-        lines = self.store.logs.setdefault((namespace, name), [])
         assert process.stdout is not None
         for raw in iter(process.stdout.readline, b""):
-            lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+            self.store.log(namespace, name, [raw.decode("utf-8", errors="replace").rstrip("\n")])
         code = process.wait()
         with self._lock:
             self._running.pop((namespace, name), None)

@@ -112,7 +112,7 @@ def test_a_session_tells_rank_0_this_machines_own_name_never_localhost(tmp_path,
     shown = subprocess.run(
         ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
          'mount --bind "$0" /etc/hosts && hostname nb && exec "$1" -c "$2"', str(hosts_file), sys.executable,
-         "from mpi_magic.backends.slurm.session_ranks import this_host; print(this_host())"],
+         "from mpi_magic.backends.channel_ranks import this_host; print(this_host())"],
         capture_output=True, text=True, timeout=60)
     assert (shown.returncode, shown.stdout, shown.stderr) == (0, f"{name}\n", "")
 

@@ -124,12 +124,12 @@ def test_a_pods_log_is_read_whole_or_followed_until_the_pod_ends(cluster):
     core = client.CoreV1Api(api)
     core.create_namespaced_pod("default", {"metadata": {"name": "launcher"},
                                            "spec": {"containers": [{"name": "c", "image": "img"}]}})
-    store.logs[("default", "launcher")] = ["rank 0 up"]
+    store.log("default", "launcher", ["rank 0 up"])
     assert core.read_namespaced_pod_log("launcher", "default") == "rank 0 up\n"
     stream = core.read_namespaced_pod_log("launcher", "default", follow=True, _preload_content=False)
 
     def finish() -> None:
-        store.logs[("default", "launcher")].append("rank 0 done")
+        store.log("default", "launcher", ["rank 0 done"])
         store.update("pods", "default", "launcher", lambda pod: pod.setdefault("status", {}).update(phase="Succeeded"))
 
     threading.Timer(0.3, finish).start()

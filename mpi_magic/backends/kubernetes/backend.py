@@ -24,19 +24,19 @@ from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited,
 from ...shared.layout import RESULTS
 from .. import launcher as launchers
 from .. import shipped_code
-from ..follow import EventQueue, Tally, stop_then_wait
+from ..follow import EventQueue, Tally
 from . import cluster, manifest
 from .bootstrap import STACKS_REQUEST, announced_version
 from .cluster import GROUP, PLURAL, VERSION, KubernetesSetupError
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
-    from ..base import Backend, BackendJob
+    from ..base import BackendJob, SessionBackend
+    from .session_ranks import KubernetesSessionRanks
 
 QUEUE_SIZE = 16  # batches of events waiting to be polled: a flooding rank is slowed, not this process's memory
 WATCH_SECONDS = 60  # a watch of the job's pods is renewed this often (a server ends one by itself)
 LOOK_EVERY = 1.0  # seconds between looks at a job Kueue has not admitted yet
-DELETE_WAIT = 10.0  # seconds a stopped job's pods get to go
 LOG_WAIT = 5.0  # seconds the launcher's log gets to be read to its end once the launcher has ended
 # a pod's container waiting for one of these will not start by itself
 NEVER_STARTS = {"ErrImagePull": "the nodes cannot pull the image", "ImagePullBackOff": "the nodes cannot pull the image",
@@ -95,31 +95,42 @@ class KubernetesBackend:
     def unpriced(self, options: LaunchOptions) -> str | None:
         return "a Kubernetes cluster's nodes are priced by whoever runs them, which the meter does not know"
 
-    def _job(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions, token: str) -> dict:
+    def _job(self, folder: str, job_name: str, runs: list[str], options: LaunchOptions, token: str) -> dict:
+        """The MPIJob whose launcher runs the bootstrap on ``folder`` with ``runs`` (a cell's digest, or a
+        session's address)."""
         code = shipped_code.copied_into(os.path.join(self.cache_dir, "code"))
         env = {**launchers.job_environment(job_name, token, options.instances, options.procs_per_instance),
                envvars.STACKS_EVENTS: "1", envvars.ENV_NAMES: " ".join(sorted(options.env)), "PYTHONPATH": code,
                **options.env}
-        launch = [PYTHON, "-m", "mpi_magic.backends.kubernetes.bootstrap", job_dir,
-                  *(["--digest", digest] if digest else []), "--", *options.mpirun_args]
+        launch = [PYTHON, "-m", "mpi_magic.backends.kubernetes.bootstrap", folder, *runs, "--", *options.mpirun_args]
         return manifest.mpijob(job_name, self.image, launch, env, options.instances, options.procs_per_instance,
                                self.gpus, self.placement)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the MPIJob, as ``kubectl apply -f`` takes it."""
-        job = self._job(job_dir, job_name, digest, options, "<event token>")
+        job = self._job(job_dir, job_name, _digest_args(digest), options, "<event token>")
         return f"MPIJob for namespace {self.namespace} (kubectl apply -f takes it):\n" + json.dumps(job, indent=2)
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> KubernetesJob:
+        return self.create(job_dir, job_name, _digest_args(digest), options)
+
+    def start_session(self, name: str, options: LaunchOptions, config: Config) -> KubernetesSessionRanks:
+        """One MPIJob whose ranks wait for cells from this notebook's channel (``session_ranks.py``)."""
+        from .session_ranks import start
+
+        return start(self, name, options, config)
+
+    def create(self, folder: str, job_name: str, runs: list[str], options: LaunchOptions) -> KubernetesJob:
+        """Create the MPIJob (see ``_job``), and follow it."""
         token = wire.new_token()
-        job = self._job(job_dir, job_name, digest, options, token)
+        job = self._job(folder, job_name, runs, options, token)
         k8s = cluster.kubernetes()
         objects = k8s.client.CustomObjectsApi(self.api)
         try:
             objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job)
         except k8s.client.exceptions.ApiException as exc:
             raise cluster.refusal(exc, "create", f"{PLURAL}.{GROUP}", self.namespace) from None
-        return KubernetesJob(self.api, self.namespace, job_name, job_dir, StreamDecoder(token), self.placement.queue)
+        return KubernetesJob(self.api, self.namespace, job_name, folder, StreamDecoder(token), self.placement.queue)
 
 
 class KubernetesJob:
@@ -143,6 +154,7 @@ class KubernetesJob:
         self._log_done = threading.Event()
         self._stopping = threading.Event()  # deleted from here (a stop)
         self._finished = False
+        self.over = threading.Event()  # set once the end is delivered (``finished``, to wait on)
         self._deleted = False
         self._watchdog = _watchdog(namespace, name)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} pods", daemon=True).start()
@@ -163,6 +175,7 @@ class KubernetesJob:
         _release(self._watchdog)
         self._events.put([*self._decoder.rejections(), end])
         self._finished = True
+        self.over.set()
 
     def _watch_until_the_end(self) -> LauncherExited:
         selector = f"{manifest.JOB_LABEL}={self.name}"
@@ -299,9 +312,10 @@ class KubernetesJob:
         return self._events.take(timeout)
 
     def cancel(self) -> None:
-        """Delete the job with its pods; returns once its end is delivered, or after ``DELETE_WAIT``."""
+        """Delete the job with its pods (foreground): the kubelet stops their processes, and the watch
+        of the pods sees them go (``finished``)."""
         self._stopping.set()
-        stop_then_wait(self._delete, lambda: self._finished, DELETE_WAIT)
+        self._delete()
 
     def _delete(self) -> None:
         if self._deleted:
@@ -313,6 +327,10 @@ class KubernetesJob:
         except Exception:  # noqa: BLE001 - gone already
             pass
 
+    def new_cell(self) -> None:
+        """A session's next cell: its ranks report anew."""
+        self._tally.new_cell()
+
     def request_stacks(self) -> bool:
         """The launcher watches a file in the job folder while mpirun runs; writing it asks every rank
         through mpirun (``bootstrap.ask_for_stacks``), the answers coming through the log."""
@@ -322,6 +340,10 @@ class KubernetesJob:
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote them into the job folder, on the volume this machine shares."""
+
+
+def _digest_args(digest: str | None) -> list[str]:
+    return ["--digest", digest] if digest else []
 
 
 def _role(pod) -> str:
@@ -387,7 +409,7 @@ def _release(watchdog: subprocess.Popen) -> None:
 
 
 if TYPE_CHECKING:  # read by the type checker only
-    def _is_backend(backend: KubernetesBackend) -> Backend:
+    def _is_backend(backend: KubernetesBackend) -> SessionBackend:
         return backend
 
     def _is_backend_job(job: KubernetesJob) -> BackendJob:

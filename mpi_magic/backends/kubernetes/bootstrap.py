@@ -11,6 +11,7 @@ output is the pod's log, which the notebook follows, and a SIGTERM (the job dele
 mpirun, which stops the ranks.
 
     python3 -m mpi_magic.backends.kubernetes.bootstrap JOB_DIR [--digest SHA256] [-- MPIRUN_ARGS...]
+    python3 -m mpi_magic.backends.kubernetes.bootstrap FOLDER --session ADDRESS [--idle-timeout S] [-- ...]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # set by the MPI Operator 
 HOSTFILE = "/etc/mpi/hostfile"  # where the operator mounts it
 ANNOUNCED = "mpi_magic launcher: "  # then what the image's ``mpirun --version`` says first
 STACKS_REQUEST = "stacks-request"  # in the job folder: written by the notebook to ask every rank for its stack
+SESSION_SECRET = "session-secret"  # in a session's folder: the channel's secret, which the API never carries
 LOOK_EVERY = 0.5  # seconds between looks at it
 WORKERS_LIMIT = 300.0  # seconds the workers' sshd get to listen (the launcher starts once their pods run)
 # what the ranks get of the pod's environment (mpirun over ssh passes on none of it)
@@ -61,12 +63,18 @@ def mpirun_argv(mpirun: str, version: str, hostfile: str, world_size: int, comma
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, user_args = _split(argv)
-    job_dir, digest = own[0], (own[own.index("--digest") + 1] if "--digest" in own else None)
+    job_dir = own[0]
+    if "--session" in own:  # a session's ranks, waiting for cells from the notebook (the secret read, not sent)
+        with open(os.path.join(job_dir, SESSION_SECRET)) as f:
+            os.environ[envvars.SESSION_SECRET] = f.read().strip()
+        command = [sys.executable, "-m", "mpi_magic.runtime", *own[own.index("--session"):]]
+    else:
+        digest = own[own.index("--digest") + 1] if "--digest" in own else None
+        command = [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
     mpirun = os.environ.get(envvars.MPIRUN) or shutil.which("mpirun") or "mpirun"
     version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     print(ANNOUNCED + (version[0] if version else "(its version unknown)"), flush=True)
     world_size = int(os.environ[envvars.INSTANCES]) * int(os.environ[envvars.PROCS_PER_INSTANCE])
-    command = [sys.executable, "-m", "mpi_magic.runtime", job_dir, *(["--digest", digest] if digest else [])]
     if os.geteuid() == 0:  # containers run as root; Open MPI refuses that unless told
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .backend import KubernetesBackend
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+IDLE_DEFAULT = 1800.0  # seconds a session's job may sit without a cell, unless --max-idle says
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a namespace, a queue: a DNS label
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")  # a label's key
 
@@ -88,7 +89,9 @@ _OWN: tuple[tuple[str, str, Callable, str, str], ...] = (
 )
 OPTIONS = tuple(_option(flag, default=None, metavar=metavar, help=f"kubernetes: {about}.")
                 for _, flag, _, metavar, about in _OWN)
-SETTINGS = tuple(Setting(f"kubernetes_{name}", None, parse, f"kubernetes: {about}") for name, _, parse, _, about in _OWN)
+SETTINGS = tuple(Setting(f"kubernetes_{name}", None, parse, f"kubernetes: {about}") for name, _, parse, _, about in _OWN) + (
+    Setting("kubernetes_notebook_host", None, text, "kubernetes sessions: the name or address the pods reach this "
+                                                    "notebook at (default: this machine's name)"),)
 
 
 def values(args: argparse.Namespace, config: Config) -> dict:
@@ -109,7 +112,7 @@ def _make(config: Config, options: LaunchOptions) -> KubernetesBackend:
 KUBERNETES = Declaration(
     name="kubernetes", about="an MPIJob of Kubeflow's MPI Operator", make=_make, default_gpus=lambda settings: 1,
     max_ranks=65536, why_max="the notebook keeps live state for every rank",
-    options=OPTIONS, settings=SETTINGS, values=values, extra="kubernetes",
+    options=OPTIONS, settings=SETTINGS, values=values, idle_default=IDLE_DEFAULT, extra="kubernetes",
     export_needs="a kubeconfig reaching the cluster the job ran on, and the cache folder (`MPI_MAGIC_CACHE_DIR`) on "
                  "the volume its pods share",
     export_launch="the job's MPIJob manifest",

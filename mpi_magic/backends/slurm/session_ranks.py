@@ -11,16 +11,14 @@ the channel, and, if the kernel is killed, by the job's watchdog (``scancel``).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
-import socket
 from typing import TYPE_CHECKING
 
 from ...shared import envvars, jobdir
 from ...shared.channel import SocketChannel, interrupt_message
 from .. import launcher as launchers
-from ..channel_ranks import ChannelRanks
+from ..channel_ranks import ChannelRanks, this_host
 from ..follow import stop_then_wait
 
 if TYPE_CHECKING:
@@ -45,26 +43,6 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
         cells.close()
         raise
     return SlurmSessionRanks(job, cells)
-
-
-def this_host() -> str:
-    """This machine's name as the nodes would look it up: its fully qualified name, else its short
-    name, the first that resolves to an address other than loopback, else the first that resolves;
-    where neither does, only nodes on this machine could reach it. A fully qualified name that is not
-    this machine's is passed over: ``socket.getfqdn()`` says "localhost" where /etc/hosts gives the
-    machine's name 127.0.0.1 after localhost, and on a node that names the node."""
-    short, full = socket.gethostname(), socket.getfqdn()
-    names = [full, short] if full == short or full.startswith(short + ".") else [short]
-    resolved = {}
-    for name in names:
-        try:
-            resolved[name] = {info[4][0] for info in socket.getaddrinfo(name, None)}
-        except OSError:
-            continue
-    for name, addresses in resolved.items():
-        if any(not ipaddress.ip_address(address).is_loopback for address in addresses):
-            return name
-    return next(iter(resolved), "127.0.0.1")
 
 
 class SlurmSessionRanks(ChannelRanks):

@@ -1,6 +1,6 @@
 """What every backend must do, run over each (this machine, the tests' Slurm cluster on its test
-hosts, the SageMaker rehearsal, and the scripted backend of ``mpi_magic.testing.scripted``, registered
-here) by one fixture: a backend passes these, and keeps in its own tests only what is its own. Each
+hosts, the SageMaker rehearsal, the Kubernetes emulator whose pods run on test hosts, and the scripted
+backend of ``mpi_magic.testing.scripted``, registered here) by one fixture: a backend passes these, and keeps in its own tests only what is its own. Each
 test runs a 2 x 2 cell through the magic, as a user would. The scripted backend plays its ranks one
 after another in the notebook's process, so it takes only the tests that need no MPI between ranks
 and no process of their own (the fixture ``on_any``); the others run over the real backends (``on``)."""
@@ -47,19 +47,12 @@ def one_worker():
     """(A module's fixture: the suite's servers, started once for the module, serve every test of it.)"""
 
 
-REAL = ["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker"]
-KUBERNETES = pytest.param("kubernetes", marks=needs_hosts())  # (no sessions yet: one-off cells' tests only)
+REAL = ["local", pytest.param("slurm", marks=needs_slurm()), "sagemaker", pytest.param("kubernetes", marks=needs_hosts())]
 
 
 @pytest.fixture(params=REAL)
 def on(request, sessions, one_worker) -> On:
     """A real backend. (``sessions``: a session a test leaves up is stopped at its end.)"""
-    return _on(request, sessions)
-
-
-@pytest.fixture(params=[*REAL, KUBERNETES])
-def on_one_off(request, sessions, one_worker) -> On:
-    """A real backend, for a one-off cell."""
     return _on(request, sessions)
 
 
@@ -124,8 +117,7 @@ def _no_rank_process(ran) -> bool:
     return True
 
 
-def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on_one_off):
-    on = on_one_off
+def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on):
     on.ip.user_ns["data"] = [1, 10, 100, 1000]  # a notebook value the cell reads
     run(on.ip, "-i 2 -g 2 --out job", (
         "import mpi_magic\n"
@@ -140,8 +132,7 @@ def test_every_rank_runs_the_cell_and_what_it_assigns_comes_back(on_one_off):
     assert on.ip.user_ns["where"] == [(0, 0), (1, 0), (2, 1), (3, 1)], "--gather: every rank's, by rank"
 
 
-def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on_one_off, capsys, monkeypatch):
-    on = on_one_off
+def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_the_debugger(on, capsys, monkeypatch):
     with pytest.raises(RemoteRankError) as raised:
         run(on.ip, "-i 2 -g 2 --out job", (
             "import time, mpi_magic\n"
@@ -162,8 +153,7 @@ def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_t
     assert "[3, 3, 3]" in capsys.readouterr().out, "the failed rank's frames and locals, in the notebook"
 
 
-def test_a_stall_names_where_each_rank_waits(on_one_off):
-    on = on_one_off
+def test_a_stall_names_where_each_rank_waits(on):
     on.ip.run_line_magic("mpirun_config", "stall_after=2")
     run(on.ip, "-i 2 -g 2 --async --quiet --out job", (
         "import time, mpi_magic\n"
@@ -187,16 +177,14 @@ def test_a_stall_names_where_each_rank_waits(on_one_off):
     assert on.gone(job)
 
 
-def test_timeout_stops_every_rank_and_says_so(on_one_off):
-    on = on_one_off
+def test_timeout_stops_every_rank_and_says_so(on):
     with pytest.raises(JobTimeoutError, match=r"ran past --timeout 5s; all 4 ranks were stopped"):
         run(on.ip, "-i 2 -g 2 --timeout 5 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
     assert job.status == "stopped" and on.gone(job)
 
 
-def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on_one_off, capsys):
-    on = on_one_off
+def test_ctrl_c_says_where_the_ranks_were_and_stops_the_job_the_way_the_backend_says(on, capsys):
     with once_running(on.ip, _thread.interrupt_main), pytest.raises(KeyboardInterrupt):
         run(on.ip, "-i 2 -g 1 --out job", "import time\ntime.sleep(300)\n")
     job = on.ip.user_ns["job"]
