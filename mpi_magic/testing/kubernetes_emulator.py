@@ -525,15 +525,15 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
             def lines() -> Iterator[bytes]:
                 sent = 0
                 while True:
-                    kept = store.logs.get((namespace, name), [])
-                    for line in kept[sent:]:
-                        yield line.encode() + b"\n"
-                    sent = len(kept)
-                    try:
+                    try:  # (looked at before the lines: a pod that has ended wrote its last line before)
                         phase = store.get("pods", namespace, name).get("status", {}).get("phase")
                     except ApiError:
-                        return
-                    if not follow or phase in ("Succeeded", "Failed"):
+                        phase = "gone"
+                    fresh = store.logs.get((namespace, name), [])[sent:]
+                    sent += len(fresh)  # (not the length after sending: lines come meanwhile)
+                    for line in fresh:
+                        yield line.encode() + b"\n"
+                    if not follow or phase in ("Succeeded", "Failed", "gone"):
                         return
                     if len(store.logs.get((namespace, name), [])) == sent:
                         store.wait_for_log(1.0)
