@@ -1,6 +1,7 @@
 """Kubernetes: a trivial 4-rank cell (2 worker pods x 2) through %%mpirun_remote --backend kubernetes,
-against the same code run as an MPIJob by hand, on the project's emulated cluster (its nodes test hosts
-of their own on this machine, its pods real processes there).
+against the same code run as an MPIJob by hand, and a warm cell on a Kubernetes session against one
+on a local session of the same shape, on the project's emulated cluster (its nodes test hosts of their
+own on this machine, its pods real processes there).
 
 The baseline, measured in the same run, taking turns with the magic: the MPIJob a user would write for
 the code (the same shape, image and transports: Open MPI's libfabric left out, as the magic's ranks do
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 
 from _common import interleaved, median, shell
 
@@ -58,9 +60,24 @@ def bare_mpijob(kubeconfig: str):
     return run
 
 
+def warm_cells(ip, line: str, repeats: int) -> list[float]:
+    ip.run_line_magic("mpirun_session", f"start {line} --quiet")
+    try:
+        ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
+            times.append(time.perf_counter() - started)
+        return times
+    finally:
+        ip.run_line_magic("mpirun_session", "stop")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--cells", type=int, default=20, help="warm cells timed on each session")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mpi_magic_bench_k8s_") as root:
         cluster = KubernetesEmulator(os.path.join(root, "k8s"), nodes=3).start()
@@ -72,6 +89,8 @@ def main() -> None:
             magic()  # warm the page cache, and the copy of mpi_magic the pods import
             bare()
             cell, by_hand = interleaved([magic, bare], args.repeats)
+            on_pods = warm_cells(ip, "--backend kubernetes -i 2 -g 2", args.cells)
+            here = warm_cells(ip, "-i 2 -g 2", args.cells)
         finally:
             cluster.stop()
     print(f"one-off cell, 2 worker pods x 2 ranks on the emulated cluster, median of {args.repeats} rounds, "
@@ -81,6 +100,11 @@ def main() -> None:
     print(f"  the MPIJob by hand (create, watch, delete)       {median(by_hand):6.3f} s  "
           f"(min {min(by_hand):.3f}, max {max(by_hand):.3f})")
     print(f"  ratio magic / by hand = {median(cell) / median(by_hand):.2f}")
+    print(f"session, warm cell, median of {args.cells}:")
+    print(f"  kubernetes session, 2 worker pods x 2   {median(on_pods) * 1000:7.1f} ms  "
+          "(cells over the channel, events through the launcher's log)")
+    print(f"  local session, 2 x 2                    {median(here) * 1000:7.1f} ms  (the same 4 ranks on this one host)")
+    print(f"  ratio kubernetes / local = {median(on_pods) / median(here):.2f}")
 
 
 if __name__ == "__main__":
