@@ -297,3 +297,36 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
     name = k8s.user_ns["job"].name
     assert str(raised.value) == (f"ranks [0, 1] stopped before the cell finished: pod {name}-worker-1 of the job was "
                                  "deleted from outside this notebook (on node node-2)")
+
+
+@needs_hosts()
+def test_a_lost_node_ends_the_cell_naming_its_worker_pod_and_node(k8s, kubernetes_cluster, tmp_path):
+    from mpi_magic.testing.hosts import TestHosts
+
+    bed = TestHosts.found(os.path.join(kubernetes_cluster.root, "bed"))
+    started = tmp_path / "started"
+    started.mkdir()
+    k8s.user_ns["started"] = str(started)
+
+    def lose() -> None:  # once every rank runs: its link down and every process of it killed
+        wait_until(lambda: len(os.listdir(started)) == 2, 30)
+        bed.lose("node-2")
+
+    loser = threading.Thread(target=lose)
+    loser.start()
+    try:
+        with pytest.raises(RankExitError) as raised:
+            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", textwrap.dedent("""\
+                import os, time, mpi_magic
+                from mpi4py import MPI
+                open(os.path.join(started, str(mpi_magic.rank())), "w").close()
+                for step in range(6000):
+                    MPI.COMM_WORLD.allreduce(step)
+                    time.sleep(0.05)
+                """))
+    finally:
+        loser.join()
+        bed.mend("node-2")
+    name = k8s.user_ns["job"].name
+    assert str(raised.value).startswith(f"ranks [0, 1] stopped before the cell finished: worker pod {name}-worker-1 "
+                                        "on node node-2 failed ("), str(raised.value)
