@@ -20,12 +20,12 @@ import time
 from _common import interleaved, median, shell
 
 from mpi_magic.backends.kubernetes import manifest
+from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
 from mpi_magic.shared import fabric
 from mpi_magic.testing.kubernetes_emulator import IMAGE, KubernetesEmulator
 
 CODE = "from mpi4py import MPI; MPI.COMM_WORLD.allreduce(1)"
 CELL = "from mpi4py import MPI\nMPI.COMM_WORLD.allreduce(1)\n"
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
 def bare_mpijob(kubeconfig: str):

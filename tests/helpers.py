@@ -202,16 +202,20 @@ def needs_hosts():
     return pytest.mark.skipif(why is not None, reason=why or "")
 
 
-def kubernetes_left(cluster, job_name: str) -> list[str]:
-    """What of the MPIJob ``job_name`` is on the Kubernetes emulator ``cluster``: the job, its pods, by name."""
+def kubernetes_left(cluster, job_name: str | None = None) -> list[str]:
+    """What of the MPIJob ``job_name`` (of any job, without) is on the Kubernetes emulator ``cluster``: the
+    job and its pods, by name."""
     from kubernetes import client, config
+
+    from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
+    from mpi_magic.backends.kubernetes.manifest import JOB_LABEL
 
     api = config.new_client_from_config(config_file=cluster.kubeconfig)
     try:
-        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object("kubeflow.org", "v2beta1", "default",
-                                                                          "mpijobs")["items"]
-        pods = client.CoreV1Api(api).list_namespaced_pod("default", label_selector=f"mpi-magic/job={job_name}").items
-        return [j["metadata"]["name"] for j in jobs if j["metadata"]["name"] == job_name] + \
+        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+        pods = client.CoreV1Api(api).list_namespaced_pod(
+            "default", label_selector=f"{JOB_LABEL}={job_name}" if job_name else "").items
+        return [j["metadata"]["name"] for j in jobs if job_name in (None, j["metadata"]["name"])] + \
             [p.metadata.name for p in pods]
     finally:
         api.close()

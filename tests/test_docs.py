@@ -395,6 +395,8 @@ def _slurm_time_limit(trial: Trial) -> str:
     from mpi_magic.view.model import JobModel
 
     model = JobModel("job", "slurm", 2, 1)
+    for rank in (0, 1):  # (its ranks ran until then)
+        model.fold(events.RankStarted(rank, rank, 0, 2, host=f"n{rank + 1}"))
     model.fold(events.LauncherExited(None, reason=ENDED_BY_SLURM["TIMEOUT"]))
     return str(model.error())
 

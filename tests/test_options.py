@@ -198,7 +198,9 @@ def _two_values(option: Option, tmp_path) -> tuple[str, str]:
         path.write_text("numpy\n")
     checked = {"backend": ("local", "sagemaker"), "env": ("A=7", "A=8"), "tags": ("team=7", "team=8"),
                "training_plan": (plan + "7", plan + "8"), "requirements": tuple(map(str, requirements)),
-               "max_wait": ("7 --spot", "8 --spot")}  # (--max-wait needs --spot)
+               "max_wait": ("7 --spot", "8 --spot"),  # (--max-wait needs --spot)
+               "labels": ("a=7", "a=8"), "annotations": ("a=7", "a=8"), "node_selector": ("a=7", "a=8"),
+               "volume": ("claim:/7", "claim:/8")}
     return checked.get(option.dest, ("7", "8"))
 
 

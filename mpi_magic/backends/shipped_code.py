@@ -39,15 +39,20 @@ def archive() -> bytes:
     return buffer.getvalue()
 
 
+def folder_in(parent: str) -> str:
+    """The folder under ``parent`` that holds (or would hold) a copy of the packages, named by their contents."""
+    digest = hashlib.sha256()
+    for path, name in _sources():
+        with open(path, "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
+    return os.path.join(parent, digest.hexdigest()[:16])
+
+
 def copied_into(parent: str) -> str:
     """The folder under ``parent`` that holds a copy of the packages (a folder for Python's path),
     named by their contents: made once, whole or not at all, and kept for every later job."""
     files = list(_sources())
-    digest = hashlib.sha256()
-    for path, name in files:
-        with open(path, "rb") as f:
-            digest.update(name.encode() + b"\0" + f.read())
-    folder = os.path.join(parent, digest.hexdigest()[:16])
+    folder = folder_in(parent)
     if os.path.isdir(folder):
         return folder
     os.makedirs(parent, exist_ok=True)

@@ -28,12 +28,13 @@ import secrets
 import sys
 import threading
 import time
-import uuid
 import socket
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
 
+from ..backends.kubernetes.manifest import JOB_NAME, JOB_ROLE, REPLICA_INDEX  # (the operator's labels)
 from ..shared import envvars
 from . import servers
 
@@ -46,8 +47,6 @@ CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": 
         "nodes": "Node"}
 CLUSTER_SCOPED = ("namespaces", "nodes")
 # the MPI Operator's labels on an MPIJob's pods (``training.kubeflow.org/...``)
-JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training.kubeflow.org/job-role",
-                                     "training.kubeflow.org/replica-index")
 VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
 USER = "system:serviceaccount:default:notebook"  # whom the bearer token names, in a 403's words
 STOP_LIMIT = 30.0  # seconds ``stop`` waits for the server to end, its nodes brought down
@@ -113,14 +112,14 @@ class Store:
             self._record("ADDED", plural, body)
             if plural == MPIJOBS[2]:
                 self._operate(body)
-        return body
+            return json.loads(json.dumps(body))
 
     def patch(self, plural: str, namespace: str, name: str, patch: dict) -> dict:
         """A JSON merge patch (RFC 7386), as ``kubectl patch --type merge`` sends."""
         with self._changed:
             found = self.update(plural, namespace, name, lambda obj: _merge(obj, patch))
             if plural == MPIJOBS[2]:
-                self._operate(found)
+                self._operate(self._live(plural, namespace, name))
             if plural == LOCAL_QUEUES[2]:
                 self._admit_waiting(namespace, name)
         return found
@@ -200,8 +199,13 @@ class Store:
             self._make_pod(job, "launcher")
 
     def get(self, plural: str, namespace: str, name: str) -> dict:
+        """A copy of the object (taken while no change is made to it)."""
         with self._changed:
-            found = self._objects.get((plural, namespace, name))
+            return json.loads(json.dumps(self._live(plural, namespace, name)))
+
+    def _live(self, plural: str, namespace: str, name: str) -> dict:
+        """The object itself, to change (under the lock)."""
+        found = self._objects.get((plural, namespace, name))
         if found is None:
             raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
         return found
@@ -209,14 +213,14 @@ class Store:
     def update(self, plural: str, namespace: str, name: str, change) -> dict:
         """``change(object)`` applied in place, as a new resource version."""
         with self._changed:
-            found = self.get(plural, namespace, name)
+            found = self._live(plural, namespace, name)
             phase = found.get("status", {}).get("phase")
             change(found)
             found["metadata"]["resourceVersion"] = self._next()
             self._record("MODIFIED", plural, found)
             if plural == "pods" and found.get("status", {}).get("phase") != phase:
                 self._launcher_moved(found)
-        return found
+            return json.loads(json.dumps(found))
 
     def _launcher_moved(self, pod: dict) -> None:
         """What the MPI Operator does when a pod of its job moves: the launcher is made once every worker
@@ -251,12 +255,12 @@ class Store:
             items = [obj for (kind, ns, _), obj in self._objects.items()
                      if kind == plural and (namespace is None or ns == namespace)
                      and matches(obj["metadata"].get("labels") or {})]
-            return items, str(self._version)
+            return json.loads(json.dumps(items)), str(self._version)  # (copies, taken while nothing changes)
 
     def delete(self, plural: str, namespace: str, name: str) -> dict:
         """The object and, first, every object it owns (the garbage collector's foreground deletion)."""
         with self._changed:
-            found = self.get(plural, namespace, name)
+            found = self._live(plural, namespace, name)
             uid = found["metadata"]["uid"]
             owned = [(kind, ns, other) for (kind, ns, other), obj in self._objects.items()
                      if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))]
@@ -273,10 +277,11 @@ class Store:
             self.logs.setdefault((namespace, pod), []).extend(lines)
             self._logged.notify_all()
 
-    def wait_for_log(self, timeout: float) -> None:
-        """Until a pod wrote a line or changed (at most ``timeout`` seconds)."""
+    def wait_for_log(self, namespace: str, pod: str, read: int, timeout: float) -> None:
+        """Until the pod has more than ``read`` lines, or changed (at most ``timeout`` seconds)."""
         with self._logged:
-            self._logged.wait(timeout)
+            if len(self.logs.get((namespace, pod), [])) == read:
+                self._logged.wait(timeout)
 
     def _record(self, kind: str, plural: str, obj: dict) -> None:
         self._changes.append((self._version, kind, plural, json.loads(json.dumps(obj))))
@@ -323,7 +328,7 @@ def strict(schema):
 
 
 def _strict_validator(schema: dict):
-    import jsonschema  # (the test extra's)
+    import jsonschema  # type: ignore[import-untyped]  # (the test extra's)
 
     return jsonschema.Draft7Validator(strict(schema))
 
@@ -535,8 +540,7 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
                         yield line.encode() + b"\n"
                     if not follow or phase in ("Succeeded", "Failed", "gone"):
                         return
-                    if len(store.logs.get((namespace, name), [])) == sent:
-                        store.wait_for_log(1.0)
+                    store.wait_for_log(namespace, name, sent, 1.0)
 
             self._stream(lines(), "text/plain")
 
@@ -565,7 +569,7 @@ def kubeconfig(server: str, token: str, namespace: str = "default") -> dict:
 
 
 IMAGE = "mpi-magic-test:local"
-NOTEBOOK_HOST = "notebook_host"  # in its folder, with nodes: this machine's address on their network  # the image the emulator has: this Python's environment (its folder of programs)
+NOTEBOOK_HOST = "notebook_host"  # a file in its folder, with nodes: this machine's address on their network  # the image the emulator has: this Python's environment (its folder of programs)
 
 
 class KubernetesEmulator:
@@ -629,12 +633,13 @@ def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, s
     return None
 
 
-def _serve(root: str, nodes: int, gpus: int, schema: str | None) -> int:
+def _serve(root: str, nodes: int, gpus: int, schema_file: str | None) -> int:
     import signal
 
     token = secrets.token_hex(16)
-    if schema:
-        with open(schema, encoding="utf-8") as f:
+    schema = None
+    if schema_file:
+        with open(schema_file, encoding="utf-8") as f:
             schema = json.load(f)["openAPIV3Schema"]
     store = Store(mpijob_schema=schema)
     server = make_server(store, token)

@@ -33,13 +33,13 @@ from collections import Counter
 
 import psutil
 
+from ..backends.kubernetes.bootstrap import HOSTFILE_VARIABLE
+from ..backends.kubernetes.manifest import GPU_RESOURCE as GPU
+from ..backends.kubernetes.manifest import JOB_NAME, JOB_ROLE
 from .hosts import TestHosts
 
-GPU = "nvidia.com/gpu"
 GRACE = 2.0  # seconds a deleted pod's processes get between SIGTERM and SIGKILL
 PULL_BACKOFF = 1.0  # seconds from ErrImagePull to ImagePullBackOff
-HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # the operator's, naming the hostfile in the launcher
-JOB_NAME, JOB_ROLE = "training.kubeflow.org/job-name", "training.kubeflow.org/job-role"
 
 
 def _container_status(container: dict, state: dict, pulled: bool = False) -> dict:
@@ -272,6 +272,7 @@ class Nodes:
         job, namespace = labels.get(JOB_NAME), pod["metadata"]["namespace"]
         if not job:
             return
+        assert self.bed.root is not None
         with self._lock, open(os.path.join(self.bed.root, "etc-hosts"), "a") as f:  # (in place: it is bind-mounted)
             f.write(f"{self.bed.address(node)}\t{pod['metadata']['name']}.{job}.{namespace}.svc\n")
 

@@ -13,9 +13,9 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
 from mpi_magic.testing import kubernetes_emulator as emulator
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ from helpers import needs_hosts, wait_until
 from kubernetes import client, config
 
 from mpi_magic.backends.kubernetes import manifest
+from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
 from mpi_magic.testing.hosts import TestHosts
 from mpi_magic.testing.kubernetes_emulator import IMAGE, KubernetesEmulator
 
 pytestmark = needs_hosts()
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
 @pytest.fixture

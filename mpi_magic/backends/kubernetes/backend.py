@@ -11,14 +11,17 @@ deletes the job if the kernel dies.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ...errors import LauncherNotFound
 from ...shared import envvars, wire
 from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited, StreamDecoder
 from ...shared.layout import RESULTS
@@ -35,14 +38,18 @@ if TYPE_CHECKING:
     from .session_ranks import KubernetesSessionRanks
 
 QUEUE_SIZE = 16  # batches of events waiting to be polled: a flooding rank is slowed, not this process's memory
-WATCH_SECONDS = 60  # a watch of the job's pods is renewed this often (a server ends one by itself)
-LOOK_EVERY = 1.0  # seconds between looks at a job Kueue has not admitted yet
+WATCH_SECONDS = 5  # a watch of the job's pods is renewed this often, and the job looked at (is it still there?)
+WATCH_RETRIES = 5  # a watch that fails this many times in a row (the API unreachable) ends the cell
+ADMISSION_LOOK = 1.0  # seconds between looks at a job Kueue has not admitted yet
 LOG_WAIT = 5.0  # seconds the launcher's log gets to be read to its end once the launcher has ended
-# a pod's container waiting for one of these will not start by itself
-NEVER_STARTS = {"ErrImagePull": "the nodes cannot pull the image", "ImagePullBackOff": "the nodes cannot pull the image",
-                "InvalidImageName": "the image's name is not valid",
-                "CreateContainerConfigError": "the pod's container cannot be made"}
+# a pod's container waiting for one of these will not start by itself ({reason: what it means}); a failed pull
+# (ErrImagePull) may be a registry's moment, and is taken for good once the kubelet backs off from it
+NEVER_STARTS = {"ImagePullBackOff": "the nodes cannot pull the image {image}",
+                "InvalidImageName": "the image name {image} is not valid",
+                "CreateContainerConfigError": "the container of image {image} cannot be made"}
 PYTHON = "python3"  # the image's Python, on its PATH
+JOB_NAME_MOST = 45  # characters of a job's name: its pods' names add "-launcher" or "-worker-N" and stay DNS labels
+_JOB_NAME = re.compile(rf"^[a-z][-a-z0-9]{{0,{JOB_NAME_MOST - 2}}}[a-z0-9]$")
 
 
 class KubernetesBackend:
@@ -55,26 +62,33 @@ class KubernetesBackend:
 
     def __init__(self, config: Config, options: LaunchOptions):
         settings = options.settings
-        self.api, default_namespace = cluster.connect()
-        self.namespace = settings.get("namespace") or default_namespace
-        self.image = settings.get("image")
+        self.image: str = settings.get("image") or ""
         if not self.image:
             raise KubernetesSetupError("no image for the pods: name one with --image (or %mpirun_config "
                                        "kubernetes_image=...), with Python 3, mpi4py, Open MPI's mpirun and sshd")
+        if options.job_name and not _JOB_NAME.match(options.job_name):
+            raise KubernetesSetupError(f"--job-name {options.job_name!r} cannot name an MPIJob: lower-case letters, "
+                                       f"digits and '-', at most {JOB_NAME_MOST}, starting with a letter")
         self.cache_dir = os.path.realpath(config.get("cache_dir"))
         self.volume = settings.get("volume")
-        if self.volume and not (self.cache_dir + "/").startswith(self.volume[1].rstrip("/") + "/"):
+        if self.volume and not (self.cache_dir + "/").startswith(os.path.realpath(self.volume[1]).rstrip("/") + "/"):
             raise KubernetesSetupError(f"the cache folder {self.cache_dir} is not on the volume --volume mounts at "
                                        f"{self.volume[1]}, so the pods would not see the job: %mpirun_config "
-                                       f"cache_dir={self.volume[1].rstrip('/')}/mpi_magic puts it there")
-        cluster.check(self.api, self.namespace, settings.get("queue"))
-        self.placement = manifest.PodPlacement(
-            namespace=self.namespace, service_account=settings.get("service_account"),
-            node_selector=settings.get("node_selector") or {}, tolerations=settings.get("tolerations") or [],
-            queue=settings.get("queue"), priority_class=settings.get("priority_class"),
-            labels=settings.get("labels") or {}, annotations=settings.get("annotations") or {},
-            volume=self.volume)
-        self.gpus = self._gpus_per_worker(options)
+                                       f"cache_dir={self.volume[1].rstrip('/')}/{getpass.getuser()}/mpi_magic puts it there")
+        self.api, default_namespace = cluster.connect()
+        try:
+            self.namespace = settings.get("namespace") or default_namespace
+            cluster.check(self.api, self.namespace, settings.get("queue"))
+            self.placement = manifest.PodPlacement(
+                namespace=self.namespace, service_account=settings.get("service_account"),
+                node_selector=settings.get("node_selector") or {}, tolerations=settings.get("tolerations") or [],
+                queue=settings.get("queue"), priority_class=settings.get("priority_class"),
+                labels=settings.get("labels") or {}, annotations=settings.get("annotations") or {},
+                volume=self.volume)
+            self.gpus = self._gpus_per_worker(options)
+        except BaseException:
+            self.api.close()
+            raise
 
     def _gpus_per_worker(self, options: LaunchOptions) -> int:
         """GPUs each worker asks for: one per rank where the nodes have GPUs (none where none has, or
@@ -95,20 +109,22 @@ class KubernetesBackend:
     def unpriced(self, options: LaunchOptions) -> str | None:
         return "a Kubernetes cluster's nodes are priced by whoever runs them, which the meter does not know"
 
-    def _job(self, folder: str, job_name: str, runs: list[str], options: LaunchOptions, token: str) -> dict:
+    def _job(self, folder: str, job_name: str, runs: list[str], options: LaunchOptions, token: str,
+             copy_code: bool = True) -> dict:
         """The MPIJob whose launcher runs the bootstrap on ``folder`` with ``runs`` (a cell's digest, or a
-        session's address)."""
-        code = shipped_code.copied_into(os.path.join(self.cache_dir, "code"))
+        session's address); this notebook's mpi_magic copied to the shared volume first (``copy_code``)."""
+        code_folder = os.path.join(self.cache_dir, "code")
+        code = shipped_code.copied_into(code_folder) if copy_code else shipped_code.folder_in(code_folder)
         env = {**launchers.job_environment(job_name, token, options.instances, options.procs_per_instance),
-               envvars.STACKS_EVENTS: "1", envvars.ENV_NAMES: " ".join(sorted(options.env)), "PYTHONPATH": code,
-               **options.env}
+               envvars.STACKS_EVENTS: "1", envvars.ENV_NAMES: " ".join(sorted(options.env)), **options.env,
+               "PYTHONPATH": os.pathsep.join(filter(None, [code, options.env.get("PYTHONPATH")]))}
         launch = [PYTHON, "-m", "mpi_magic.backends.kubernetes.bootstrap", folder, *runs, "--", *options.mpirun_args]
         return manifest.mpijob(job_name, self.image, launch, env, options.instances, options.procs_per_instance,
                                self.gpus, self.placement)
 
     def plan(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> str:
         """What --dry-run prints: the MPIJob, as ``kubectl apply -f`` takes it."""
-        job = self._job(job_dir, job_name, _digest_args(digest), options, "<event token>")
+        job = self._job(job_dir, job_name, _digest_args(digest), options, "<event token>", copy_code=False)
         return f"MPIJob for namespace {self.namespace} (kubectl apply -f takes it):\n" + json.dumps(job, indent=2)
 
     def submit(self, job_dir: str, job_name: str, digest: str | None, options: LaunchOptions) -> KubernetesJob:
@@ -129,6 +145,10 @@ class KubernetesBackend:
         try:
             objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job)
         except k8s.client.exceptions.ApiException as exc:
+            if exc.status == 409:
+                raise KubernetesSetupError(f"an MPIJob named {job_name} is in namespace {self.namespace} already: "
+                                           f"delete it (kubectl delete mpijob {job_name} -n {self.namespace}) or "
+                                           "choose another --job-name") from None
             raise cluster.refusal(exc, "create", f"{PLURAL}.{GROUP}", self.namespace) from None
         return KubernetesJob(self.api, self.namespace, job_name, folder, StreamDecoder(token), self.placement.queue)
 
@@ -143,18 +163,22 @@ class KubernetesJob:
 
     def __init__(self, api, namespace: str, name: str, job_dir: str, decoder: StreamDecoder, queue: str | None = None):
         k8s = cluster.kubernetes()
+        self._api = api
         self._core, self._objects = k8s.client.CoreV1Api(api), k8s.client.CustomObjectsApi(api)
-        self._watch_module = k8s.watch
+        self._watch_module, self._api_exception = k8s.watch, k8s.client.exceptions.ApiException
         self.namespace, self.name, self.job_dir, self._decoder, self._queue = namespace, name, job_dir, decoder, queue
         self._events = EventQueue(QUEUE_SIZE)
         self._tally = Tally()
         self._pods: dict[str, Any] = {}  # name: the pod as last seen
+        self._pull_failed: dict[str, tuple[str, str]] = {}  # pod: the kubelet's last ErrImagePull (reason, message)
+        self._log_failed = ""  # why the launcher's log could not be read to its end
+        self._announced = False  # the log's first line (the image's mpirun) was read
         self._said: tuple | None = None  # the last Allocation's (state, reason), not to say twice
         self._log: threading.Thread | None = None
         self._log_done = threading.Event()
         self._stopping = threading.Event()  # deleted from here (a stop)
         self._finished = False
-        self.over = threading.Event()  # set once the end is delivered (``finished``, to wait on)
+        self.over = threading.Event()  # set once the end is known (then delivered: ``finished``)
         self._deleted = False
         self._watchdog = _watchdog(namespace, name)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} pods", daemon=True).start()
@@ -173,66 +197,126 @@ class KubernetesJob:
             self._log_done.wait(LOG_WAIT)
         self._delete()  # (its launcher, kept for its log; a job's end leaves nothing of it)
         _release(self._watchdog)
+        self._api.close()
+        self.over.set()  # (the end is known: a stop that waits for it need not wait for room in the queue)
         self._events.put([*self._decoder.rejections(), end])
         self._finished = True
-        self.over.set()
 
     def _watch_until_the_end(self) -> LauncherExited:
-        selector = f"{manifest.JOB_LABEL}={self.name}"
-        listed = self._admitted()
+        """One watch of the job's pods at a time, renewed every ``WATCH_SECONDS`` (listed again where the
+        server has forgotten where it was: 410 Gone), until the launcher ended, the job went, or it was
+        stopped; the job looked at between watches, so that one deleted before it had a pod is seen."""
+        listed = self._pods_once_admitted()
         if isinstance(listed, LauncherExited):
             return listed
-        version = listed.metadata.resource_version
-        for pod in listed.items:
-            self._pods[pod.metadata.name] = pod
-        for pod in listed.items:
+        version, end = self._take(listed.items, listed.metadata.resource_version)
+        failures = 0
+        while end is None:
+            if self._stopping.is_set() and not self._pods:
+                return self._tally.ended(None)  # stopped before the operator made any pod (or once all went)
+            try:
+                version, end = self._watch_once(version)
+                failures = 0
+            except self._api_exception as exc:
+                if exc.status == 410:  # expired: list again, and watch from there
+                    listed = self._core.list_namespaced_pod(self.namespace, label_selector=self._selector)
+                    version, end = self._take(listed.items, listed.metadata.resource_version)
+                    continue
+                if exc.status in (401, 403):
+                    self._delete()
+                    return LauncherExited(None, reason=f"{cluster.refusal(exc, 'watch', 'pods', self.namespace)}; "
+                                                       "the job was deleted")
+                failures += 1
+                if failures >= WATCH_RETRIES:
+                    raise
+                self._stopping.wait(1.0)
+            except OSError:  # (urllib3's errors are): the connection broke
+                failures += 1
+                if failures >= WATCH_RETRIES:
+                    raise
+                self._stopping.wait(1.0)
+            if end is None and not self._job_exists():
+                return self._tally.ended(None) if self._stopping.is_set() else LauncherExited(
+                    None, reason="the MPIJob was deleted from outside this notebook")
+        return end
+
+    @property
+    def _selector(self) -> str:
+        return f"{manifest.JOB_LABEL}={self.name}"
+
+    def _take(self, pods: list, version: str) -> tuple[str, LauncherExited | None]:
+        """The listed pods looked at; (the version to watch from, the job's end if they show it)."""
+        self._pods = {pod.metadata.name: pod for pod in pods}
+        for pod in pods:
             end = self._look(pod)
             if end is not None:
-                return end
-        while True:
-            watcher = self._watch_module.Watch()
-            for change in watcher.stream(self._core.list_namespaced_pod, self.namespace, label_selector=selector,
-                                         resource_version=version, timeout_seconds=WATCH_SECONDS):
-                pod = change["object"]
-                version = pod.metadata.resource_version
-                if change["type"] == "DELETED":
-                    self._pods.pop(pod.metadata.name, None)
-                    stopped = self._stopping.is_set() and not self._pods  # (a launcher not made yet is not waited for)
-                    if stopped or _role(pod) == "launcher" or \
-                            not self._stopping.is_set() and _phase(pod) not in ("Succeeded", "Failed"):
-                        watcher.stop()
-                        return self._gone(pod)
-                    continue
-                self._pods[pod.metadata.name] = pod
-                end = self._look(pod)
-                if end is not None:
-                    watcher.stop()
-                    return end
+                return version, end
+        return version, None
 
-    def _admitted(self):
-        """The job's pods as listed once it has any (Kueue admitted it), their resource version to watch
-        them from; while it waits for admission, the view says so."""
+    def _watch_once(self, version: str) -> tuple[str, LauncherExited | None]:
+        """The pods' changes for up to ``WATCH_SECONDS``; (the version read up to, the job's end if one showed it)."""
+        watcher = self._watch_module.Watch()
+        for change in watcher.stream(self._core.list_namespaced_pod, self.namespace, label_selector=self._selector,
+                                     resource_version=version, timeout_seconds=WATCH_SECONDS,
+                                     allow_watch_bookmarks=True, _request_timeout=WATCH_SECONDS + 30):
+            pod = change["object"]
+            version = pod.metadata.resource_version
+            if change["type"] == "BOOKMARK":
+                continue
+            if change["type"] == "DELETED":
+                self._pods.pop(pod.metadata.name, None)
+                stopped = self._stopping.is_set() and not self._pods  # (a launcher not made yet is not waited for)
+                if stopped or _role(pod) == "launcher" or \
+                        not self._stopping.is_set() and _phase(pod) not in ("Succeeded", "Failed"):
+                    watcher.stop()
+                    return version, self._gone(pod)
+                continue
+            self._pods[pod.metadata.name] = pod
+            end = self._look(pod)
+            if end is not None:
+                watcher.stop()
+                return version, end
+        return version, None
+
+    def _job_exists(self) -> bool:
+        try:
+            self._objects.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        except self._api_exception as exc:
+            return exc.status != 404
+        except OSError:
+            pass
+        return True
+
+    def _pods_once_admitted(self):
+        """The job's pods as listed once it has any, or at once where no Kueue queue holds it; while Kueue
+        has not admitted it, the view says so. The job's end instead where it went meanwhile."""
         while True:
-            listed = self._core.list_namespaced_pod(self.namespace, label_selector=f"{manifest.JOB_LABEL}={self.name}")
+            listed = self._core.list_namespaced_pod(self.namespace, label_selector=self._selector)
             if listed.items or not self._queue:
                 return listed
             try:
                 job = self._objects.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
-            except Exception:  # noqa: BLE001 - deleted meanwhile
-                return LauncherExited(None, reason="the MPIJob was deleted before Kueue admitted it")
-            if not job.get("spec", {}).get("runPolicy", {}).get("suspend"):
-                continue  # admitted: its pods are being made
-            self._say(QUEUED, f"waiting in Kueue's local queue {self._queue} for admission", "Kueue")
-            if self._stopping.wait(LOOK_EVERY):
-                return LauncherExited(None, reason="stopped while waiting in Kueue's queue")
+            except self._api_exception as exc:
+                if exc.status != 404:
+                    raise
+                return self._tally.ended(None) if self._stopping.is_set() else LauncherExited(
+                    None, reason="the MPIJob was deleted from outside this notebook before Kueue admitted it")
+            if job.get("spec", {}).get("runPolicy", {}).get("suspend"):
+                self._say(QUEUED, f"waiting in Kueue's local queue {self._queue} for admission", "Kueue")
+            if self._stopping.wait(ADMISSION_LOOK if job.get("spec", {}).get("runPolicy", {}).get("suspend") else 0.2):
+                self._delete()
+                return self._tally.ended(None)
 
     def _look(self, pod) -> LauncherExited | None:
         """What this pod's news means for the job: where it waits, whether its launcher runs or ended."""
         waiting = _waiting(pod)
+        if waiting is not None and waiting[0] == "ErrImagePull":
+            self._pull_failed[pod.metadata.name] = waiting
         if waiting is not None and waiting[0] in NEVER_STARTS:
             self._delete()
-            return LauncherExited(None, reason=f"{NEVER_STARTS[waiting[0]]} {_image(pod)} ({waiting[0]}: "
-                                               f"{waiting[1]}); the job was deleted")
+            reason, message = self._pull_failed.get(pod.metadata.name, waiting)  # (the kubelet's reason, not its back-off)
+            what = NEVER_STARTS[waiting[0]].format(image=_image(pod))
+            return LauncherExited(None, reason=f"{what} ({reason}: {message}); the job was deleted")
         if pod.status.reason == "Evicted":
             self._delete()
             return LauncherExited(None, reason=f"pod {pod.metadata.name} was evicted from node {pod.spec.node_name} "
@@ -252,11 +336,14 @@ class KubernetesJob:
         if _role(pod) == "launcher" and _phase(pod) in ("Succeeded", "Failed"):
             if self._log is not None:
                 self._log_done.wait(LOG_WAIT)
-            return self._tally.ended(_exit_code(pod))
+            ended = self._tally.ended(_ended(pod)[0])
+            if self._log_failed and not ended.reports:
+                ended.reason = f"the launcher's log could not be read to its end ({self._log_failed})"
+            return ended
         if _role(pod) == "worker" and _phase(pod) == "Failed" and not self._stopping.is_set():
             self._delete()
             return LauncherExited(None, reason=f"worker pod {pod.metadata.name} on node {pod.spec.node_name} failed "
-                                               f"({_ended_how(pod)}); the job was deleted")
+                                               f"({_ended(pod)[1]}); the job was deleted")
         return None
 
     def _gone(self, pod) -> LauncherExited:
@@ -276,6 +363,7 @@ class KubernetesJob:
     def _read_log(self, pod: str) -> None:
         """The launcher's log, followed to its end: its first line names the image's mpirun (whose tags the
         ranks' lines carry), the rest are the ranks' and mpirun's."""
+        stream = None
         try:
             stream = self._core.read_namespaced_pod_log(pod, self.namespace, follow=True, _preload_content=False)
             pending = b""
@@ -285,18 +373,28 @@ class KubernetesJob:
                 self._deliver([line.decode("utf-8", errors="replace") for line in lines])
             if pending:
                 self._deliver([pending.decode("utf-8", errors="replace")])
-        except Exception:  # noqa: BLE001 - the pod went (deleted): what was read stands
-            pass
+        except self._api_exception as exc:
+            self._log_failed = str(cluster.refusal(exc, "get", "pods/log", self.namespace)) if exc.status in (
+                401, 403) else f"{exc.status} {exc.reason}"
+        except Exception as exc:  # noqa: BLE001 - the connection broke, or the pod went (deleted): what was read stands
+            self._log_failed = f"{type(exc).__name__}: {exc}"
         finally:
+            if stream is not None:
+                stream.release_conn()
             self._log_done.set()
 
     def _deliver(self, lines: list[str]) -> None:
+        if lines and not self._announced:
+            self._announced = True
+            version = announced_version(lines[0])
+            if version is not None:
+                try:
+                    self._decoder.style = launchers.parse_version("mpirun", version).tag_style
+                    lines = lines[1:]
+                except LauncherNotFound:  # not Open MPI's or MPICH's: the line stays the launcher's to show
+                    pass
         if not lines:
             return
-        version = announced_version(lines[0])
-        if version is not None:
-            self._decoder.style = launchers.parse_version("mpirun", version).tag_style
-            lines = lines[1:]
         decoded = self._decoder.feed_lines(lines, "stdout")
         self._tally.take(decoded)
         if decoded:
@@ -347,7 +445,7 @@ def _digest_args(digest: str | None) -> list[str]:
 
 
 def _role(pod) -> str:
-    return (pod.metadata.labels or {}).get("training.kubeflow.org/job-role", "")
+    return (pod.metadata.labels or {}).get(manifest.JOB_ROLE, "")
 
 
 def _phase(pod) -> str:
@@ -374,19 +472,14 @@ def _unscheduled(pod) -> str:
     return ""
 
 
-def _exit_code(pod) -> int | None:
-    for status in pod.status.container_statuses or []:
-        if status.state and status.state.terminated:
-            return status.state.terminated.exit_code
-    return None
-
-
-def _ended_how(pod) -> str:
+def _ended(pod) -> tuple[int | None, str]:
+    """(exit status, how it ended in words) of the pod's container; (None, the pod's reason) where it has
+    not ended by itself."""
     for status in pod.status.container_statuses or []:
         if status.state and status.state.terminated:
             ended = status.state.terminated
-            return f"{ended.reason or 'exited'} with status {ended.exit_code}"
-    return pod.status.reason or pod.status.message or "failed"
+            return ended.exit_code, f"{ended.reason or 'exited'} with status {ended.exit_code}"
+    return None, pod.status.reason or pod.status.message or "failed"
 
 
 def _watchdog(namespace: str, name: str) -> subprocess.Popen:

@@ -30,7 +30,7 @@ from ...shared import envvars, fabric, remote_hosts, stacks
 
 HOSTFILE_VARIABLE = "OMPI_MCA_orte_default_hostfile"  # set by the MPI Operator in the launcher
 HOSTFILE = "/etc/mpi/hostfile"  # where the operator mounts it
-ANNOUNCED = "mpi_magic launcher: "  # then what the image's ``mpirun --version`` says first
+ANNOUNCED = "mpi_magic launcher runs "  # the log's first line: then what the image's ``mpirun --version`` says first
 STACKS_REQUEST = "stacks-request"  # in the job folder: written by the notebook to ask every rank for its stack
 SESSION_SECRET = "session-secret"  # in a session's folder: the channel's secret, which the API never carries
 LOOK_EVERY = 0.5  # seconds between looks at it
@@ -62,6 +62,7 @@ def mpirun_argv(mpirun: str, version: str, hostfile: str, world_size: int, comma
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the job deleted before mpirun started (as PID 1)
     own, user_args = _split(argv)
     job_dir = own[0]
     if "--session" in own:  # a session's ranks, waiting for cells from the notebook (the secret read, not sent)
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     hostfile = os.environ.get(HOSTFILE_VARIABLE) or HOSTFILE
     silent = wait_for_workers(hostfile)
     if silent:
-        print(f"mpi_magic launcher: no sshd answered within {WORKERS_LIMIT:g}s on {', '.join(silent)}", flush=True)
+        print(f"mpi_magic launcher: no sshd answered on port 22 of {', '.join(silent)} within {WORKERS_LIMIT:g}s: "
+              "does the image run /usr/sbin/sshd there (the workers' command), and do the workers' names "
+              "resolve in the launcher (the operator's Service)?", flush=True)
         return 1
     line = mpirun_argv(mpirun, version[0] if version else "", hostfile, world_size, command, user_args,
                        dict(os.environ))

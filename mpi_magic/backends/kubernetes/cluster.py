@@ -9,10 +9,10 @@ import os
 from typing import Any
 
 from ...errors import BackendSetupError
+from .manifest import GPU_RESOURCE
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"  # the MPI Operator's MPIJob
 KUEUE, KUEUE_VERSION, LOCAL_QUEUES = "kueue.x-k8s.io", "v1beta1", "localqueues"
-GPU = "nvidia.com/gpu"
 INSTALL_KUBERNETES = "pip install 'kubernetes>=29'"  # the ``kubernetes`` extra's
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's own credentials and namespace
 NO_OPERATOR = ("the cluster has no MPIJob resource (kubeflow.org/v2beta1): install Kubeflow's MPI Operator "
@@ -90,9 +90,7 @@ def check(api, namespace: str, queue: str | None) -> None:
     try:
         groups = {group.name: [v.version for v in group.versions]
                   for group in k8s.client.ApisApi(api).get_api_versions().groups}
-    except api_exception as exc:
-        raise refusal(exc, "list", "API groups", namespace) from None
-    except Exception as exc:  # noqa: BLE001 - unreachable: a connection refused, a name that does not resolve
+    except Exception as exc:  # noqa: BLE001 - refused, or unreachable (a connection refused, a name that does not resolve)
         raise refusal(exc, "list", "API groups", namespace) from None
     if VERSION not in groups.get(GROUP, []):
         raise KubernetesSetupError(NO_OPERATOR)
@@ -128,4 +126,4 @@ def gpu_room(api, node_selector: dict[str, str], gpus: int) -> int | None:
         nodes = k8s.client.CoreV1Api(api).list_node(label_selector=selector).items
     except Exception:  # noqa: BLE001 - forbidden, or unreachable: the scheduler will say
         return None
-    return sum(int((node.status.allocatable or {}).get(GPU, 0)) // gpus for node in nodes)
+    return sum(int((node.status.allocatable or {}).get(GPU_RESOURCE, 0)) // gpus for node in nodes)

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 API_VERSION, KIND = "kubeflow.org/v2beta1", "MPIJob"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's: the local queue a job waits in for admission
 JOB_LABEL = "mpi-magic/job"  # every pod of the job carries it: one list or watch finds them all
+# the MPI Operator's labels on a job's pods
+JOB_NAME, JOB_ROLE, REPLICA_INDEX = ("training.kubeflow.org/job-name", "training.kubeflow.org/job-role",
+                                     "training.kubeflow.org/replica-index")
 GPU_RESOURCE = "nvidia.com/gpu"
 WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]  # a worker serves mpirun's ssh until the launcher is done
 STOP_GRACE = 5  # seconds a deleted pod's processes get between SIGTERM and SIGKILL (mpirun stops the ranks at once)

@@ -78,9 +78,7 @@ def _on(request, ip) -> On:
                   lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel",
                   {**cluster.environ, "MPI_MAGIC_BACKEND": "slurm"})
     if request.param == "kubernetes":
-        cluster = request.getfixturevalue("kubernetes_cluster")
-        for name, value in cluster.environ.items():
-            request.getfixturevalue("monkeypatch").setenv(name, value)
+        cluster = request.getfixturevalue("kubernetes")
         ip.run_line_magic("mpirun_config", "backend=kubernetes view=text")
         return On("kubernetes", ip, lambda instance: f"node-{instance + 1}",
                   lambda ran: wait_until(lambda: not kubernetes_left(cluster, ran.name), 10),

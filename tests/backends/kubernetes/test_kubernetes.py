@@ -11,38 +11,32 @@ import textwrap
 import threading
 
 import pytest
-from helpers import needs_hosts, run, wait_until
+from helpers import kubernetes_left, needs_hosts, run, wait_until
 from kubernetes import client, config
 
 from mpi_magic.backends.kubernetes import cluster as k8s_cluster
+from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
 from mpi_magic import KubernetesSetupError
 from mpi_magic.errors import JobTimeoutError, RankExitError, RemoteRankError
 from mpi_magic.testing import kubernetes_emulator as emulator
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 GONE_WITHIN = 10.0  # seconds after a cell's end by which nothing of its job may be left
 
 
-def _left(kubeconfig: str) -> list[str]:
-    """What of any job is on the cluster: MPIJobs and pods, by name."""
-    api = config.new_client_from_config(config_file=kubeconfig)
-    try:
-        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
-        pods = client.CoreV1Api(api).list_namespaced_pod("default").items
-        return [job["metadata"]["name"] for job in jobs] + [pod.metadata.name for pod in pods]
-    finally:
-        api.close()
-
-
 @pytest.fixture
-def k8s(ip, kubernetes_cluster, monkeypatch):
+def k8s(ip, kubernetes):
     """The shell, its cells on the emulated cluster shown as text; the test fails if a job or pod is left."""
-    for name, value in kubernetes_cluster.environ.items():
-        monkeypatch.setenv(name, value)
     ip.run_line_magic("mpirun_config", "view=text")
     yield ip
-    left = kubernetes_cluster.kubeconfig
-    assert wait_until(lambda: _left(left) == [], GONE_WITHIN), f"left: {_left(left)}"
+    assert wait_until(lambda: kubernetes_left(kubernetes) == [], GONE_WITHIN), f"left: {kubernetes_left(kubernetes)}"
+
+
+def _bed(cluster):
+    from mpi_magic.testing.hosts import TestHosts
+
+    bed = TestHosts.found(os.path.join(cluster.root, "bed"))
+    assert bed is not None, "the emulator's nodes are up"
+    return bed
 
 
 @needs_hosts()
@@ -77,11 +71,9 @@ def test_a_failing_rank_is_named_with_its_node_and_the_job_goes(k8s):
 
 @needs_hosts()
 def test_timeout_deletes_the_job_with_its_pods(k8s, kubernetes_cluster):
-    from mpi_magic.testing.hosts import TestHosts
-
     with pytest.raises(JobTimeoutError):
         run(k8s, "--backend kubernetes -i 2 -g 1 --timeout 3", "import time\ntime.sleep(600)")
-    bed = TestHosts.found(os.path.join(kubernetes_cluster.root, "bed"))
+    bed = _bed(kubernetes_cluster)
     assert wait_until(lambda: not any(bed.pids(name) for name in bed.names), GONE_WITHIN), \
         "nothing of the job's pods runs on the nodes"
 
@@ -221,15 +213,22 @@ def test_a_job_waits_in_kueues_queue_then_runs_once_admitted(k8s, kubernetes_clu
     objects = client.CustomObjectsApi(api)
     queues = ("kueue.x-k8s.io", "v1beta1", "default", "localqueues")
     objects.create_namespaced_custom_object(*queues, {"metadata": {"name": "team-a"}, "spec": {"stopPolicy": "Hold"}})
-    try:
-        def release() -> None:  # once the cell has said it waits, the queue lets its jobs in
-            wait_until(lambda: "waiting in Kueue's local queue team-a" in capsys.readouterr().err, 30)
-            objects.patch_namespaced_custom_object(*queues, "team-a", {"spec": {"stopPolicy": None}})
+    held = []
 
+    def release() -> None:  # once the job has waited in the held queue for a while, the queue lets its jobs in
+        def suspended() -> bool:
+            jobs = objects.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)["items"]
+            return any(job["spec"]["runPolicy"]["suspend"] for job in jobs)
+        held.append(wait_until(suspended, 30) and not wait_until(lambda: not suspended(), 2))
+        objects.patch_namespaced_custom_object(*queues, "team-a", {"spec": {"stopPolicy": None}})
+
+    try:
         releaser = threading.Thread(target=release)
         releaser.start()
         run(k8s, "--backend kubernetes -i 2 -g 1 --queue team-a", "import mpi_magic\nwhere = mpi_magic.instance()")
         releaser.join()
+        assert held == [True], "the job waited, suspended, while its queue was held"
+        assert "Kueue: waiting in Kueue's local queue team-a for admission" in capsys.readouterr().err
         assert k8s.user_ns["where"] == 0
     finally:
         objects.delete_namespaced_custom_object(*queues, "team-a")
@@ -260,12 +259,12 @@ def test_a_killed_kernel_leaves_nothing_of_its_job(kubernetes_cluster, tmp_path)
         ip.run_cell_magic("mpirun_remote", "--backend kubernetes -i 2 -g 1", "import time\\ntime.sleep(600)")
         """)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **kubernetes_cluster.environ})
     try:
-        assert wait_until(lambda: len(_left(kubernetes_cluster.kubeconfig)) == 4, 60), "the job and its 3 pods are up"
+        assert wait_until(lambda: len(kubernetes_left(kubernetes_cluster)) == 4, 60), "the job and its 3 pods are up"
     finally:
         kernel.kill()
         kernel.wait()
-    assert wait_until(lambda: _left(kubernetes_cluster.kubeconfig) == [], GONE_WITHIN), \
-        f"left: {_left(kubernetes_cluster.kubeconfig)}"
+    assert wait_until(lambda: kubernetes_left(kubernetes_cluster) == [], GONE_WITHIN), \
+        f"left: {kubernetes_left(kubernetes_cluster)}"
 
 
 @needs_hosts()
@@ -277,8 +276,10 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
     started.mkdir()
     k8s.user_ns["started"] = str(started)
 
+    running = []
+
     def delete_a_worker() -> None:  # once every rank runs, as kubectl delete pod would
-        wait_until(lambda: len(os.listdir(started)) == 2, 30)
+        running.append(wait_until(lambda: len(os.listdir(started)) == 2, 30))
         worker = next(p for p in core.list_namespaced_pod("default").items if p.metadata.name.endswith("-worker-1"))
         core.delete_namespaced_pod(worker.metadata.name, "default")
 
@@ -294,6 +295,7 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
     finally:
         deleter.join()
         api.close()
+    assert running == [True], "both ranks ran when the pod was deleted"
     name = k8s.user_ns["job"].name
     assert str(raised.value) == (f"ranks [0, 1] stopped before the cell finished: pod {name}-worker-1 of the job was "
                                  "deleted from outside this notebook (on node node-2)")
@@ -301,15 +303,15 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
 
 @needs_hosts()
 def test_a_lost_node_ends_the_cell_naming_its_worker_pod_and_node(k8s, kubernetes_cluster, tmp_path):
-    from mpi_magic.testing.hosts import TestHosts
-
-    bed = TestHosts.found(os.path.join(kubernetes_cluster.root, "bed"))
+    bed = _bed(kubernetes_cluster)
     started = tmp_path / "started"
     started.mkdir()
     k8s.user_ns["started"] = str(started)
 
+    running = []
+
     def lose() -> None:  # once every rank runs: its link down and every process of it killed
-        wait_until(lambda: len(os.listdir(started)) == 2, 30)
+        running.append(wait_until(lambda: len(os.listdir(started)) == 2, 30))
         bed.lose("node-2")
 
     loser = threading.Thread(target=lose)
@@ -327,6 +329,31 @@ def test_a_lost_node_ends_the_cell_naming_its_worker_pod_and_node(k8s, kubernete
     finally:
         loser.join()
         bed.mend("node-2")
+    assert running == [True], "both ranks ran when the node was lost"
     name = k8s.user_ns["job"].name
     assert str(raised.value).startswith(f"ranks [0, 1] stopped before the cell finished: worker pod {name}-worker-1 "
                                         "on node node-2 failed ("), str(raised.value)
+
+
+def test_a_job_name_that_cannot_name_an_mpijob_or_names_one_that_exists_is_refused(ip, api_server):
+    store = api_server()
+    assert _refused(ip, "--job-name NightlyRun") == ("--job-name 'NightlyRun' cannot name an MPIJob: lower-case "
+                                                      "letters, digits and '-', at most 45, starting with a letter")
+    store.create(PLURAL, "default", {"metadata": {"name": "nightly"}, "spec": {}})
+    assert _refused(ip, "--job-name nightly") == (
+        "an MPIJob named nightly is in namespace default already: delete it (kubectl delete mpijob nightly -n default) "
+        "or choose another --job-name")
+
+
+@needs_hosts()
+def test_a_job_stopped_while_kueue_holds_it_ends_at_once_and_leaves_nothing(k8s, kubernetes_cluster):
+    api = config.new_client_from_config(config_file=kubernetes_cluster.kubeconfig)
+    queues = ("kueue.x-k8s.io", "v1beta1", "default", "localqueues")
+    objects = client.CustomObjectsApi(api)
+    objects.create_namespaced_custom_object(*queues, {"metadata": {"name": "held"}, "spec": {"stopPolicy": "Hold"}})
+    try:
+        with pytest.raises(JobTimeoutError, match="still waiting in the scheduler's queue"):
+            run(k8s, "--backend kubernetes -i 2 -g 1 --queue held --timeout 3", "x = 1")
+    finally:
+        objects.delete_namespaced_custom_object(*queues, "held")
+        api.close()

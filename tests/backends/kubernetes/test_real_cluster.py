@@ -11,6 +11,8 @@ import os
 import pytest
 from helpers import run, wait_until
 
+from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
+
 NEEDED = ("MPI_MAGIC_TEST_KUBECONFIG", "MPI_MAGIC_KUBERNETES_IMAGE", "MPI_MAGIC_KUBERNETES_VOLUME", "MPI_MAGIC_CACHE_DIR")
 GIVEN = {name: value for name, value in os.environ.items() if name.startswith("MPI_MAGIC_")}  # (before ``ip`` clears them)
 MISSING = [name for name in NEEDED if not GIVEN.get(name)]
@@ -36,8 +38,7 @@ def test_a_cell_runs_across_two_worker_pods_of_a_real_cluster_and_leaves_no_job(
     name = ip.user_ns["job"].name
 
     def left() -> list[str]:
-        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object("kubeflow.org", "v2beta1", namespace,
-                                                                          "mpijobs")["items"]
+        jobs = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
         return [job["metadata"]["name"] for job in jobs if job["metadata"]["name"] == name]
 
     assert wait_until(lambda: left() == [], 60), "the job was deleted"
