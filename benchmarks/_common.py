@@ -100,3 +100,19 @@ class NoDisplay:
 
     def update(self, obj):
         pass
+
+
+def warm_cells(ip: InteractiveShell, line: str, cell: str, repeats: int) -> list[float]:
+    """Seconds each of ``repeats`` warm runs of ``cell`` took on a session started with ``line`` (its first
+    cell, which warms it, not counted); the session stopped after."""
+    ip.run_line_magic("mpirun_session", f"start {line} --quiet")
+    try:
+        ip.run_cell_magic("mpirun_remote", "--quiet", cell)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            ip.run_cell_magic("mpirun_remote", "--quiet", cell)
+            times.append(time.perf_counter() - started)
+        return times
+    finally:
+        ip.run_line_magic("mpirun_session", "stop")

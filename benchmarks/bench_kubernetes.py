@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 
-from _common import interleaved, median, shell
+from _common import interleaved, median, shell, warm_cells
 
 from mpi_magic.backends.kubernetes import manifest
 from mpi_magic.backends.kubernetes.cluster import GROUP, PLURAL, VERSION
@@ -60,20 +59,6 @@ def bare_mpijob(kubeconfig: str):
     return run
 
 
-def warm_cells(ip, line: str, repeats: int) -> list[float]:
-    ip.run_line_magic("mpirun_session", f"start {line} --quiet")
-    try:
-        ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
-            times.append(time.perf_counter() - started)
-        return times
-    finally:
-        ip.run_line_magic("mpirun_session", "stop")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
@@ -89,8 +74,8 @@ def main() -> None:
             magic()  # warm the page cache, and the copy of mpi_magic the pods import
             bare()
             cell, by_hand = interleaved([magic, bare], args.repeats)
-            on_pods = warm_cells(ip, "--backend kubernetes -i 2 -g 2", args.cells)
-            here = warm_cells(ip, "-i 2 -g 2", args.cells)
+            on_pods = warm_cells(ip, "--backend kubernetes -i 2 -g 2", CELL, args.cells)
+            here = warm_cells(ip, "-i 2 -g 2", CELL, args.cells)
         finally:
             cluster.stop()
     print(f"one-off cell, 2 worker pods x 2 ranks on the emulated cluster, median of {args.repeats} rounds, "

@@ -18,10 +18,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 
-from _common import interleaved, median, shell
+from _common import interleaved, median, shell, warm_cells
 
 from mpi_magic.backends import launcher
 from mpi_magic.shared import fabric
@@ -86,20 +85,6 @@ def bare_sbatch(folder: str):
     return run
 
 
-def warm_cells(ip, line: str, repeats: int) -> list[float]:
-    ip.run_line_magic("mpirun_session", f"start {line} --quiet")
-    try:
-        ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            ip.run_cell_magic("mpirun_remote", "--quiet", CELL)
-            times.append(time.perf_counter() - started)
-        return times
-    finally:
-        ip.run_line_magic("mpirun_session", "stop")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
@@ -124,10 +109,10 @@ def main() -> None:
         print(f"  ratio magic / bare srun with the same transports = {median(cell) / median(srun_lean):.2f}, "
               f"magic --srun / the same = {median(cell_srun) / median(srun_lean):.2f}; "
               f"magic / bare salloc running mpirun = {median(cell) / median(salloc_mpirun):.2f}")
-        one_node = warm_cells(ip, "--backend slurm -i 1 -g 2", args.cells)
-        local = warm_cells(ip, "-i 1 -g 2", args.cells)
-        two_nodes = warm_cells(ip, "--backend slurm -i 2 -g 2", args.cells)
-        local_four = warm_cells(ip, "-i 2 -g 2", args.cells)
+        one_node = warm_cells(ip, "--backend slurm -i 1 -g 2", CELL, args.cells)
+        local = warm_cells(ip, "-i 1 -g 2", CELL, args.cells)
+        two_nodes = warm_cells(ip, "--backend slurm -i 2 -g 2", CELL, args.cells)
+        local_four = warm_cells(ip, "-i 2 -g 2", CELL, args.cells)
         print(f"session, warm cell, median of {args.cells}:")
         print(f"  slurm session, 1 node x 2     {median(one_node) * 1000:7.1f} ms")
         print(f"  local session, 1 x 2          {median(local) * 1000:7.1f} ms")

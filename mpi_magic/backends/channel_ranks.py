@@ -9,9 +9,10 @@ import ipaddress
 import socket
 from typing import Iterable, Protocol
 
-from ..shared.channel import SocketChannel, cell_message, stop_message
+from ..shared.channel import SocketChannel, cell_message, interrupt_message, stop_message
 from ..shared.events import Event
 from ..shared.layout import RESULTS
+from .follow import stop_then_wait
 
 
 class EventSource(Protocol):
@@ -51,6 +52,66 @@ class ChannelRanks:
 
     def fetch_results(self, job_dir: str, ranks: Iterable[int], kind: str = RESULTS) -> None:
         """The ranks wrote their results into the cell's folder already."""
+
+
+class ClusterJob(EventSource, Protocol):
+    """A cluster's job that holds a session's ranks (a Slurm allocation, an MPIJob)."""
+
+    @property
+    def over(self): ...  # a threading.Event, set once the job's end is known
+
+    def new_cell(self) -> None: ...
+
+    def request_stacks(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class ClusterSessionRanks(ChannelRanks):
+    """A session whose ranks run as one job of a cluster, its rank 0 reaching the notebook over TCP:
+    an interrupt is a message to rank 0, which passes it on to every rank over MPI; the ranks are asked
+    for their stacks as the job's one-off ranks are; a stop closes the channel and ends the job."""
+
+    stop_description = "an interrupt to rank 0, which passes it on to every rank"
+    latency = 0.0
+    released = None  # the job ends with the notebook: no other notebook takes it over
+    launcher = None  # the launcher runs in the cluster
+    stacks_dir = None
+    stop_wait = 30.0  # seconds a stop waits for the cluster to end the job
+
+    job: ClusterJob
+
+    def __init__(self, job: ClusterJob, cells: SocketChannel, name: str):
+        super().__init__(job, cells)
+        self.name = name
+        self._cell = 0  # the cell sent last, which an interrupt is for
+
+    def _new_cell(self, number: int) -> None:
+        self._cell = number
+        self.job.new_cell()
+
+    def request_stacks(self) -> bool:
+        """As the job's one-off ranks are asked, idle or in a cell."""
+        return self.job.request_stacks()
+
+    def interrupt(self, pids: dict[int, int]) -> None:
+        """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
+        if self._cell:
+            self.cells.send(interrupt_message(self._cell))
+
+    def memory(self, pids: dict[int, int]) -> dict[int, int]:
+        return {}  # each rank's memory comes with its events (the resources it reports)
+
+    def let_go(self, reason: str) -> None:
+        """A cluster's job cannot outlive the notebook's hold on it: it is stopped."""
+        self.stop(wait=False)
+
+    def stop(self, wait: bool = True) -> None:
+        """Close the channel and end the job, unless it has ended; ranks told that the session ends had
+        their moment to leave by themselves before this (``Session.stop``)."""
+        self.cells.close()
+        stop_then_wait(self.job.cancel, self.job.over.is_set, self.stop_wait if wait else 0,
+                       lambda: self.job.over.wait(0.05))
 
 
 def this_host() -> str:

@@ -10,6 +10,7 @@ cloud) and its way to start and stop; every stop then waits for the end the same
 from __future__ import annotations
 
 import queue
+import subprocess
 import time
 from typing import Callable, Iterable
 
@@ -113,3 +114,22 @@ def stop_then_wait(stop: Callable[[], None], over: Callable[[], bool], limit: fl
     while not over() and clock() < deadline:
         wait()
     return over()
+
+
+def watchdog(argv: list[str]) -> subprocess.Popen:
+    """A process of its own session that runs ``argv`` (which ends the job) when the notebook's end of
+    its pipe closes without saying "ended": the kernel exited or was killed (``release`` tells it)."""
+    return subprocess.Popen(["/bin/sh", "-c", 'read word; [ "$word" = ended ] || exec "$@"', "watchdog", *argv],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def release(watchdog: subprocess.Popen) -> None:
+    """The job has ended: its watchdog leaves without doing anything."""
+    try:
+        assert watchdog.stdin is not None
+        watchdog.stdin.write(b"ended\n")
+        watchdog.stdin.close()
+    except OSError:
+        pass
+    watchdog.wait()

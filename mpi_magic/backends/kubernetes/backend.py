@@ -15,7 +15,6 @@ import getpass
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -25,8 +24,8 @@ from ...errors import LauncherNotFound
 from ...shared import envvars, wire
 from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited, StreamDecoder
 from ...shared.layout import RESULTS
+from .. import follow, shipped_code
 from .. import launcher as launchers
-from .. import shipped_code
 from ..follow import EventQueue, Tally
 from . import cluster, manifest
 from .bootstrap import STACKS_REQUEST, announced_version
@@ -180,7 +179,8 @@ class KubernetesJob:
         self._finished = False
         self.over = threading.Event()  # set once the end is known (then delivered: ``finished``)
         self._deleted = False
-        self._watchdog = _watchdog(namespace, name)
+        self._watchdog = follow.watchdog([sys.executable, "-m", "mpi_magic.backends.kubernetes.watchdog", namespace,
+                                          name])  # (deletes the job if the kernel dies)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} pods", daemon=True).start()
 
     # -- the pods ---------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class KubernetesJob:
         if self._log is not None:
             self._log_done.wait(LOG_WAIT)
         self._delete()  # (its launcher, kept for its log; a job's end leaves nothing of it)
-        _release(self._watchdog)
+        follow.release(self._watchdog)
         self._api.close()
         self.over.set()  # (the end is known: a stop that waits for it need not wait for room in the queue)
         self._events.put([*self._decoder.rejections(), end])
@@ -480,25 +480,6 @@ def _ended(pod) -> tuple[int | None, str]:
             ended = status.state.terminated
             return ended.exit_code, f"{ended.reason or 'exited'} with status {ended.exit_code}"
     return None, pod.status.reason or pod.status.message or "failed"
-
-
-def _watchdog(namespace: str, name: str) -> subprocess.Popen:
-    """A process of its own session that deletes the job when the notebook's end of its pipe closes
-    without saying "ended": the kernel exited or was killed."""
-    return subprocess.Popen([sys.executable, "-m", "mpi_magic.backends.kubernetes.watchdog", namespace, name],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def _release(watchdog: subprocess.Popen) -> None:
-    """The job has ended: its watchdog leaves without deleting anything."""
-    try:
-        assert watchdog.stdin is not None
-        watchdog.stdin.write(b"ended\n")
-        watchdog.stdin.close()
-    except OSError:
-        pass
-    watchdog.wait()
 
 
 if TYPE_CHECKING:  # read by the type checker only

@@ -20,9 +20,8 @@ import secrets
 from typing import TYPE_CHECKING
 
 from ...shared import jobdir
-from ...shared.channel import SocketChannel, interrupt_message
-from ..channel_ranks import ChannelRanks, this_host
-from ..follow import stop_then_wait
+from ...shared.channel import SocketChannel
+from ..channel_ranks import ClusterSessionRanks, this_host
 from .bootstrap import SESSION_SECRET
 
 if TYPE_CHECKING:
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
     from .backend import KubernetesBackend, KubernetesJob
 
 START_LIMIT = 1800.0  # seconds from creating the job until every rank is up: Kueue, the scheduler and image pulls
-DELETE_WAIT = 30.0  # seconds a stop waits for the job's end after deleting it
 
 
 def start(backend: KubernetesBackend, name: str, options: LaunchOptions, config: Config) -> KubernetesSessionRanks:
@@ -51,56 +49,22 @@ def start(backend: KubernetesBackend, name: str, options: LaunchOptions, config:
     return KubernetesSessionRanks(job, cells)
 
 
-class KubernetesSessionRanks(ChannelRanks):
+class KubernetesSessionRanks(ClusterSessionRanks):
     """A session's MPIJob, and the channel to its rank 0."""
 
-    stop_description = "an interrupt to rank 0, which passes it on to every rank"
-    latency = 0.0
-    released = None  # the job ends with the notebook: no other notebook takes it over
     start_limit = START_LIMIT
-    launcher = None  # mpirun runs in the launcher pod
-    stacks_dir = None
 
     job: KubernetesJob
 
     def __init__(self, job: KubernetesJob, cells: SocketChannel):
-        super().__init__(job, cells)
-        self.name = job.name
-        self._cell = 0  # the cell sent last, which an interrupt is for
+        super().__init__(job, cells, job.name)
 
     @property
     def job_name(self) -> str:
         return self.job.name
 
-    def _new_cell(self, number: int) -> None:
-        self._cell = number
-        self.job.new_cell()
-
-    def request_stacks(self) -> bool:
-        """As a one-off job's ranks are asked (a file the launcher watches), idle or in a cell."""
-        return self.job.request_stacks()
-
-    def interrupt(self, pids: dict[int, int]) -> None:
-        """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
-        if self._cell:
-            self.cells.send(interrupt_message(self._cell))
-
-    def memory(self, pids: dict[int, int]) -> dict[int, int]:
-        return {}  # each rank's memory comes with its events (the resources it reports)
-
     def facts(self) -> list[str]:
         return [f"MPIJob {self.job.namespace}/{self.job.name}: {'ended' if self.job.finished else 'running'}"]
-
-    def let_go(self, reason: str) -> None:
-        """A session's job cannot outlive the notebook's hold on it: it is stopped."""
-        self.stop(wait=False)
-
-    def stop(self, wait: bool = True) -> None:
-        """Close the channel and delete the job, unless it has ended; ranks told that the session ends had
-        their moment to leave by themselves before this (``Session.stop``)."""
-        self.cells.close()
-        stop_then_wait(self.job.cancel, self.job.over.is_set, DELETE_WAIT if wait else 0,
-                       lambda: self.job.over.wait(0.05))
 
 
 if TYPE_CHECKING:  # read by the type checker only

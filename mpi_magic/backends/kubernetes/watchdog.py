@@ -1,5 +1,5 @@
-"""Beside the notebook while a job runs: deletes the job (with its pods) once the notebook's end of
-its pipe closes without saying "ended", the kernel having exited or been killed.
+"""What a job's watchdog (``follow.watchdog``) runs once the kernel exited or was killed without
+ending the job: delete it, with its pods.
 
     python -m mpi_magic.backends.kubernetes.watchdog NAMESPACE JOB
 """
@@ -11,8 +11,6 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     namespace, name = (sys.argv[1:] if argv is None else argv)[:2]
-    if sys.stdin.readline().strip() == "ended":
-        return 0
     from .cluster import GROUP, PLURAL, VERSION, connect, kubernetes
 
     api, _ = connect()

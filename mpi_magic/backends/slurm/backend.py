@@ -23,6 +23,7 @@ from ...shared.events import Allocation, Event, LauncherExited, StreamDecoder
 from ...shared.layout import RESULTS
 from ...shared.unreachable import stopped_answering
 from .. import launcher as launchers
+from .. import follow
 from ..follow import EventQueue, Tally
 from . import cluster, commands
 from .commands import SlurmSetupError
@@ -278,7 +279,7 @@ class SlurmJob:
         self._fallback_due: float | None = None  # when the ranks are asked for their stacks the second way
         self.over = threading.Event()  # set once the end is delivered (before ``poll`` hands it out)
         self._wake = threading.Event()  # set when output is due (a session's cell was sent)
-        self._watchdog = _watchdog(job_id)
+        self._watchdog = follow.watchdog([commands.client("scancel"), job_id])  # (the kernel's death)
         threading.Thread(target=self._follow, name=f"mpi_magic {name} files", daemon=True).start()
         watcher.watch(job_id, self._on_state)
 
@@ -336,7 +337,7 @@ class SlurmJob:
         end = self._end(exit_path)
         if self._requeued():
             end = self._cancel_requeued(end)
-        _release(self._watchdog)
+        follow.release(self._watchdog)
         self._events.put([*self._decoder.rejections(), end])
         self.over.set()
 
@@ -610,26 +611,6 @@ def node_failure(down: dict[str, str]) -> str:
     else:
         said = "Slurm's reasons: " + "; ".join(f"{node}: {reason}" for node, reason in down.items())
     return f"{'node' if len(down) == 1 else 'nodes'} {', '.join(down)} of the job failed (NODE_FAIL; {said})"
-
-
-def _watchdog(job_id: str) -> subprocess.Popen:
-    """A process of its own session that cancels the job when the notebook's end of its pipe
-    closes without saying "ended": the kernel exited or was killed."""
-    return subprocess.Popen(["/bin/sh", "-c", 'read word; [ "$word" = ended ] || exec "$0" "$1"',
-                             commands.client("scancel"), job_id],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
-def _release(watchdog: subprocess.Popen) -> None:
-    """The job has ended: its watchdog leaves without cancelling anything."""
-    try:
-        assert watchdog.stdin is not None
-        watchdog.stdin.write(b"ended\n")
-        watchdog.stdin.close()
-    except OSError:
-        pass
-    watchdog.wait()
 
 
 def _reap(salloc: subprocess.Popen, stop: bool = False) -> bool:

@@ -16,10 +16,9 @@ import secrets
 from typing import TYPE_CHECKING
 
 from ...shared import envvars, jobdir
-from ...shared.channel import SocketChannel, interrupt_message
+from ...shared.channel import SocketChannel
 from .. import launcher as launchers
-from ..channel_ranks import ChannelRanks, this_host
-from ..follow import stop_then_wait
+from ..channel_ranks import ClusterSessionRanks, this_host
 
 if TYPE_CHECKING:
     from ...options import Config, LaunchOptions
@@ -45,57 +44,25 @@ def start(backend: SlurmBackend, name: str, options: LaunchOptions, config: Conf
     return SlurmSessionRanks(job, cells)
 
 
-class SlurmSessionRanks(ChannelRanks):
-    """A session's batch job, and the channel to its rank 0."""
+class SlurmSessionRanks(ClusterSessionRanks):
+    """A session's batch job, and the channel to its rank 0; its ranks are asked for their stacks through
+    Slurm (``scancel --signal``), as a one-off job's are."""
 
-    stop_description = "an interrupt to rank 0, which passes it on to every rank"
-    latency = 0.0
-    released = None  # the allocation ends with the notebook: no other notebook takes it over
     start_limit = START_LIMIT
-    launcher = None  # the launcher runs on a node of the cluster
-    stacks_dir = None
+    stop_wait = CANCEL_WAIT
 
     job: SlurmJob
 
     def __init__(self, job: SlurmJob, cells: SocketChannel):
-        super().__init__(job, cells)
-        self.name = job.name
-        self._cell = 0  # the cell sent last, which an interrupt is for
+        super().__init__(job, cells, job.name)
 
     @property
     def job_name(self) -> str:
         return self.job.job_id
 
-    def _new_cell(self, number: int) -> None:
-        self._cell = number
-        self.job.new_cell()
-
-    def request_stacks(self) -> bool:
-        """Through Slurm, as a one-off job's ranks are asked (``scancel --signal``), idle or in a cell."""
-        return self.job.request_stacks()
-
-    def interrupt(self, pids: dict[int, int]) -> None:
-        """One message: rank 0 interrupts itself and tells the others (``KeyboardInterrupt`` in the cell)."""
-        if self._cell:
-            self.cells.send(interrupt_message(self._cell))
-
-    def memory(self, pids: dict[int, int]) -> dict[int, int]:
-        return {}  # each rank's memory comes with its events (the resources it reports)
-
     def facts(self) -> list[str]:
         state = "ended" if self.job.over.is_set() else self.job.state.state.lower() if self.job.state else "submitted"
         return [f"Slurm job {self.job.job_id}: {state}"]
-
-    def let_go(self, reason: str) -> None:
-        """An allocation cannot outlive the notebook's hold on it: it is stopped."""
-        self.stop(wait=False)
-
-    def stop(self, wait: bool = True) -> None:
-        """Close the channel and cancel the job (``scancel``), unless it has ended; ranks told that the
-        session ends had their moment to leave by themselves before this (``Session.stop``)."""
-        self.cells.close()
-        stop_then_wait(self.job.cancel, self.job.over.is_set, CANCEL_WAIT if wait else 0,
-                       lambda: self.job.over.wait(0.05))
 
 
 if TYPE_CHECKING:  # read by the type checker only

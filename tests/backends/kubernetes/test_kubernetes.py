@@ -31,6 +31,33 @@ def k8s(ip, kubernetes):
     assert wait_until(lambda: kubernetes_left(kubernetes) == [], GONE_WITHIN), f"left: {kubernetes_left(kubernetes)}"
 
 
+# a cell whose two ranks each say they run (a file in ``started``), then talk to each other until the test is over
+BOTH_RUNNING_CELL = textwrap.dedent("""\
+    import os, time, mpi_magic
+    from mpi4py import MPI
+    open(os.path.join(started, str(mpi_magic.rank())), "w").close()
+    for step in range(6000):
+        MPI.COMM_WORLD.allreduce(step)
+        time.sleep(0.05)
+    """)
+
+
+def _once_both_run(ip, tmp_path, action) -> threading.Thread:
+    """A thread that calls ``action()`` once both ranks of the next ``BOTH_RUNNING_CELL`` run; its ``waited``
+    says whether they did (within 30 s)."""
+    started = tmp_path / "started"
+    started.mkdir()
+    ip.user_ns["started"] = str(started)  # (the pods share this machine's files)
+
+    def wait_then_act() -> None:
+        thread.waited = wait_until(lambda: len(os.listdir(started)) == 2, 30)
+        action()
+
+    thread = threading.Thread(target=wait_then_act)
+    thread.start()
+    return thread
+
+
 def _bed(cluster):
     from mpi_magic.testing.hosts import TestHosts
 
@@ -272,30 +299,19 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
                                                                                      tmp_path):
     api = config.new_client_from_config(config_file=kubernetes_cluster.kubeconfig)
     core = client.CoreV1Api(api)
-    started = tmp_path / "started"  # where each rank says it runs (the pods share this machine's files)
-    started.mkdir()
-    k8s.user_ns["started"] = str(started)
 
-    running = []
-
-    def delete_a_worker() -> None:  # once every rank runs, as kubectl delete pod would
-        running.append(wait_until(lambda: len(os.listdir(started)) == 2, 30))
+    def delete_a_worker() -> None:  # as kubectl delete pod would
         worker = next(p for p in core.list_namespaced_pod("default").items if p.metadata.name.endswith("-worker-1"))
         core.delete_namespaced_pod(worker.metadata.name, "default")
 
-    deleter = threading.Thread(target=delete_a_worker)
-    deleter.start()
+    deleter = _once_both_run(k8s, tmp_path, delete_a_worker)
     try:
         with pytest.raises(RankExitError) as raised:
-            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", textwrap.dedent("""\
-                import os, time, mpi_magic
-                open(os.path.join(started, str(mpi_magic.rank())), "w").close()
-                time.sleep(600)
-                """))
+            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", BOTH_RUNNING_CELL)
     finally:
         deleter.join()
         api.close()
-    assert running == [True], "both ranks ran when the pod was deleted"
+    assert deleter.waited, "both ranks ran when the pod was deleted"
     name = k8s.user_ns["job"].name
     assert str(raised.value) == (f"ranks [0, 1] stopped before the cell finished: pod {name}-worker-1 of the job was "
                                  "deleted from outside this notebook (on node node-2)")
@@ -304,32 +320,14 @@ def test_a_worker_pod_deleted_from_outside_ends_the_cell_naming_the_pod_and_its_
 @needs_hosts()
 def test_a_lost_node_ends_the_cell_naming_its_worker_pod_and_node(k8s, kubernetes_cluster, tmp_path):
     bed = _bed(kubernetes_cluster)
-    started = tmp_path / "started"
-    started.mkdir()
-    k8s.user_ns["started"] = str(started)
-
-    running = []
-
-    def lose() -> None:  # once every rank runs: its link down and every process of it killed
-        running.append(wait_until(lambda: len(os.listdir(started)) == 2, 30))
-        bed.lose("node-2")
-
-    loser = threading.Thread(target=lose)
-    loser.start()
+    loser = _once_both_run(k8s, tmp_path, lambda: bed.lose("node-2"))  # its link down, every process of it killed
     try:
         with pytest.raises(RankExitError) as raised:
-            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", textwrap.dedent("""\
-                import os, time, mpi_magic
-                from mpi4py import MPI
-                open(os.path.join(started, str(mpi_magic.rank())), "w").close()
-                for step in range(6000):
-                    MPI.COMM_WORLD.allreduce(step)
-                    time.sleep(0.05)
-                """))
+            run(k8s, "--backend kubernetes -i 2 -g 1 --out job", BOTH_RUNNING_CELL)
     finally:
         loser.join()
         bed.mend("node-2")
-    assert running == [True], "both ranks ran when the node was lost"
+    assert loser.waited, "both ranks ran when the node was lost"
     name = k8s.user_ns["job"].name
     assert str(raised.value).startswith(f"ranks [0, 1] stopped before the cell finished: worker pod {name}-worker-1 "
                                         "on node node-2 failed ("), str(raised.value)
