@@ -214,14 +214,18 @@ def test_kubernetes_runs_the_quickstart_as_mpijobs_across_worker_pods_and_names_
     shown = text_of(code_cell(nb, "print(total, hosts)").outputs).splitlines()
     assert shown[0] == "100.0 ['node-1', 'node-1', 'node-2', 'node-2']", "2 slots on each of 2 workers, summed"
     assert "kubernetes completed: 4 ranks (4 completed)" in shown[1]
-    assert shown[2] == "[(0, 0, 'node-1'), (1, 0, 'node-1'), (2, 1, 'node-2'), (3, 1, 'node-2')]"
+    name = re.search(r"Job (mpi-\S+) kubernetes", shown[1]).group(1)
+    assert shown[2] == (f"[(0, 0, '{name}-worker-0 on node-1'), (1, 0, '{name}-worker-0 on node-1'), "
+                        f"(2, 1, '{name}-worker-1 on node-2'), (3, 1, '{name}-worker-1 on node-2')]"), \
+        "each rank's host is its worker pod and that pod's node"
     assert text_of(code_cell(nb, "where").outputs) == "[(0, 0), (1, 0), (2, 1), (3, 1)]"
     planned = text_of(code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2 --dry-run").outputs)
     job = json.loads(planned[planned.index("{"):])
     assert (job["kind"], job["metadata"]["labels"]["team"], job["spec"]["slotsPerWorker"]) == ("MPIJob", "ml", 2)
     failed = code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2\nfrom mpi4py")
-    assert [(e.ename, e.evalue) for e in failed.outputs if e.output_type == "error"] == [
-        ("RemoteRankError", "rank 3 (instance 1, node-2) raised ZeroDivisionError: division by zero")]
+    errors = [(e.ename, e.evalue) for e in failed.outputs if e.output_type == "error"]
+    assert len(errors) == 1 and errors[0][0] == "RemoteRankError" and re.fullmatch(
+        r"rank 3 \(instance 1, mpi-\S+-worker-1 on node-2\) raised ZeroDivisionError: division by zero", errors[0][1])
     waited = code_cell(nb, "%%mpirun_remote --backend kubernetes --instances 2 --gpus 2 --node-selector pool=a100")
     assert "Kubernetes: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector." in \
         text_of(waited.outputs)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ...errors import LauncherNotFound
 from ...shared import envvars, wire
-from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited, StreamDecoder
+from ...shared.events import QUEUED, RUNNING, Allocation, Event, LauncherExited, RankStarted, StreamDecoder
 from ...shared.layout import RESULTS
 from .. import follow, shipped_code
 from .. import launcher as launchers
@@ -396,9 +396,20 @@ class KubernetesJob:
         if not lines:
             return
         decoded = self._decoder.feed_lines(lines, "stdout")
+        for event in decoded:
+            if isinstance(event, RankStarted):  # where it runs, as the cluster names it: its pod and node
+                event.host = self._where(event.instance, event.host)
         self._tally.take(decoded)
         if decoded:
             self._events.put(decoded)
+
+    def _where(self, instance: int, said: str) -> str:
+        """"POD on NODE" for the worker pod of ``instance`` (a rank's own hostname, ``said``, is its pod's
+        name on a cluster, its node's on the emulator); ``said`` where the pod is not known."""
+        pod = f"{self.name}-worker-{instance}"
+        found = self._pods.get(pod)
+        node = found.spec.node_name if found is not None and found.spec else None
+        return f"{pod} on {node}" if node else said
 
     # -- the notebook's side ----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class On:
 
     name: str
     ip: object
-    host_of: Callable[[int], str]  # the host an error names for the ranks of an instance
+    host_of: Callable[[int, str], str]  # the host an error names for the ranks of an instance (of a job so named)
     gone: Callable[[object], bool]  # nothing of an ended job (or session) is left where it ran
     stop_description: str  # how an interrupt stops its jobs, as the sentence says it
     environ: dict[str, str]  # what another Python (a second kernel) needs to run cells there as this shell does
@@ -67,20 +67,20 @@ def _on(request, ip) -> On:
         registry.register(scripted.declaration())
         request.addfinalizer(lambda: registry.unregister("scripted"))
         ip.run_line_magic("mpirun_config", "backend=scripted view=text")
-        return On("scripted", ip, lambda instance: socket.gethostname(),
+        return On("scripted", ip, lambda instance, job: socket.gethostname(),
                   lambda ran: wait_until(lambda: ran.status == "stopped", 10), "a scripted stop",
                   {"MPI_MAGIC_BACKEND": "scripted"})
     if request.param == "slurm":
         cluster = request.getfixturevalue("slurm_cluster")
         request.getfixturevalue("slurm")  # (which fails the test if a job is left in the queue)
         ip.run_line_magic("mpirun_config", "backend=slurm")
-        return On("slurm", ip, lambda instance: f"n{instance + 1}",
+        return On("slurm", ip, lambda instance, job: f"n{instance + 1}",
                   lambda ran: wait_until(lambda: not slurm_listed(cluster, ran.name), SLURM_GONE_WITHIN), "scancel",
                   {**cluster.environ, "MPI_MAGIC_BACKEND": "slurm"})
     if request.param == "kubernetes":
         cluster = request.getfixturevalue("kubernetes")
         ip.run_line_magic("mpirun_config", "backend=kubernetes view=text")
-        return On("kubernetes", ip, lambda instance: f"node-{instance + 1}",
+        return On("kubernetes", ip, lambda instance, job: f"{job}-worker-{instance} on node-{instance + 1}",
                   lambda ran: wait_until(lambda: not kubernetes_left(cluster, ran.name), 10),
                   "the MPIJob deleted", {**cluster.environ, "MPI_MAGIC_BACKEND": "kubernetes"})
     if request.param == "sagemaker":
@@ -95,10 +95,10 @@ def _on(request, ip) -> On:
             name = getattr(ran, "job_name", None) or ran.name
             return wait_until(lambda: aws.client("sagemaker").describe_training_job(TrainingJobName=name)[
                 "TrainingJobStatus"] in ("Completed", "Failed", "Stopped"), 30)
-        return On("sagemaker", ip, lambda instance: f"algo-{instance + 1}", ended, "StopTrainingJob",
+        return On("sagemaker", ip, lambda instance, job: f"algo-{instance + 1}", ended, "StopTrainingJob",
                   {**request.getfixturevalue("local_aws_env"), **settings})
     ip.run_line_magic("mpirun_config", "view=text")
-    return On("local", ip, lambda instance: socket.gethostname(), _no_rank_process, "SIGINT, then SIGTERM, then SIGKILL",
+    return On("local", ip, lambda instance, job: socket.gethostname(), _no_rank_process, "SIGINT, then SIGTERM, then SIGKILL",
               {"MPI_MAGIC_BACKEND": "local"})
 
 
@@ -139,11 +139,11 @@ def test_a_failing_rank_is_named_with_its_host_and_line_and_its_frames_open_in_t
             "    raise ValueError('bad shard')\n"
             "time.sleep(120)\n"
         ))
-    assert str(raised.value).startswith(f"rank 3 (instance 1, {on.host_of(1)}) raised ValueError: bad shard"), \
+    job = on.ip.user_ns["job"]
+    assert str(raised.value).startswith(f"rank 3 (instance 1, {on.host_of(1, job.name)}) raised ValueError: bad shard"), \
         str(raised.value)
     assert re.search(r"Cell In\[\d+\], line 5, in <module>\n    raise ValueError\('bad shard'\)\n",
                      raised.value.remote_traceback), "the cell's frame, as the notebook names its cells"
-    job = on.ip.user_ns["job"]
     assert job.status == "failed" and on.gone(job), "the others were stopped, and nothing of the job is left"
     monkeypatch.setattr(sys, "stdin", io.StringIO("p shard\nq\n"))
     capsys.readouterr()

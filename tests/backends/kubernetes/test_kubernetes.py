@@ -85,15 +85,16 @@ def test_a_cell_runs_as_an_mpijob_across_worker_pods_and_brings_its_values_back(
 
 
 @needs_hosts()
-def test_a_failing_rank_is_named_with_its_node_and_the_job_goes(k8s):
+def test_a_failing_rank_is_named_with_its_pod_and_node_and_the_job_goes(k8s):
     with pytest.raises(RemoteRankError) as raised:
-        run(k8s, "--backend kubernetes -i 2 -g 2", textwrap.dedent("""\
+        run(k8s, "--backend kubernetes -i 2 -g 2 --out job", textwrap.dedent("""\
             from mpi4py import MPI
             if MPI.COMM_WORLD.rank == 3:
                 raise KeyError("missing shard")
             MPI.COMM_WORLD.barrier()
             """))
-    assert str(raised.value).startswith("rank 3 (instance 1, node-2) raised KeyError: 'missing shard'")
+    name = k8s.user_ns["job"].name
+    assert str(raised.value).startswith(f"rank 3 (instance 1, {name}-worker-1 on node-2) raised KeyError: 'missing shard'")
 
 
 @needs_hosts()
