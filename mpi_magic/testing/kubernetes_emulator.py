@@ -44,8 +44,9 @@ LOCAL_QUEUES = ("kueue.x-k8s.io", "v1beta1", "localqueues", "LocalQueue")  # Kue
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ADMIT_AFTER = 1.0  # seconds Kueue takes to admit a job whose local queue is not held
 CORE = {"pods": "Pod", "events": "Event", "namespaces": "Namespace", "secrets": "Secret", "configmaps": "ConfigMap",
-        "nodes": "Node"}
-CLUSTER_SCOPED = ("namespaces", "nodes")
+        "nodes": "Node", "serviceaccounts": "ServiceAccount"}
+PRIORITY_CLASSES = ("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass")
+CLUSTER_SCOPED = ("namespaces", "nodes", "priorityclasses")
 # the MPI Operator's labels on an MPIJob's pods (``training.kubeflow.org/...``)
 VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-mpi-magic", "platform": "linux/amd64"}
 USER = "system:serviceaccount:default:notebook"  # whom the bearer token names, in a 403's words
@@ -83,8 +84,9 @@ class Store:
         self._changed = threading.Condition()
         self.logs: dict[tuple[str, str], list[str]] = {}  # (namespace, pod): its lines, for the log endpoint
         self._logged = threading.Condition()  # notified as lines come, and as a pod ends
-        for name in namespaces:
+        for name in namespaces:  # (each with its default service account, as the cluster makes it)
             self.create("namespaces", "", {"metadata": {"name": name}})
+            self.create("serviceaccounts", name, {"metadata": {"name": "default"}})
 
     def _next(self) -> str:
         self._version += 1
@@ -126,7 +128,7 @@ class Store:
 
     def served(self) -> list[tuple[str, str, str, str]]:
         """The custom resources this cluster has: (group, version, plural, kind)."""
-        return [MPIJOBS] * self.mpi_operator + [LOCAL_QUEUES] * self.kueue
+        return [PRIORITY_CLASSES] + [MPIJOBS] * self.mpi_operator + [LOCAL_QUEUES] * self.kueue
 
     def _admission(self, job: dict) -> None:
         """Kueue's part: a suspended job whose local queue exists and is not held is admitted (resumed)
@@ -406,7 +408,8 @@ def _discovery(store: Store, path: str) -> dict | None:
     for group, version, plural, kind in served:
         if path == f"/apis/{group}/{version}":
             return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}", "resources": [
-                {"name": plural, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": verbs}]}
+                {"name": plural, "singularName": kind.lower(), "namespaced": plural not in CLUSTER_SCOPED, "kind": kind,
+                 "verbs": verbs}]}
     return None
 
 

@@ -45,7 +45,7 @@ def _mpijob(name: str) -> dict:
 def test_the_mpijob_resource_is_discovered_created_listed_and_read(cluster):
     store, api = cluster
     groups = client.ApisApi(api).get_api_versions().groups
-    assert [g.name for g in groups] == [GROUP, "kueue.x-k8s.io"], "the MPI Operator's and Kueue's"
+    assert [g.name for g in groups] == ["scheduling.k8s.io", GROUP, "kueue.x-k8s.io"], "PriorityClasses, the MPI Operator's, Kueue's"
     resources = client.CustomObjectsApi(api).get_api_resources(GROUP, VERSION).resources
     assert [(r.name, r.kind, r.namespaced) for r in resources] == [(PLURAL, "MPIJob", True)]
     objects = client.CustomObjectsApi(api)
@@ -151,7 +151,7 @@ def test_a_cluster_refuses_as_kubernetes_does(cluster, tmp_path):
         client.CoreV1Api(config.new_client_from_config(config_file=str(bad))).list_namespaced_pod("ml")
     assert unauthorised.value.status == 401
     store.mpi_operator = False  # a cluster without Kubeflow's MPI Operator
-    assert [g.name for g in client.ApisApi(api).get_api_versions().groups] == ["kueue.x-k8s.io"]
+    assert [g.name for g in client.ApisApi(api).get_api_versions().groups] == ["scheduling.k8s.io", "kueue.x-k8s.io"]
     with pytest.raises(ApiException) as no_crd:
         client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "ml", PLURAL)
     assert no_crd.value.status == 404

@@ -77,7 +77,8 @@ class KubernetesBackend:
         self.api, default_namespace = cluster.connect()
         try:
             self.namespace = settings.get("namespace") or default_namespace
-            cluster.check(self.api, self.namespace, settings.get("queue"))
+            cluster.check(self.api, self.namespace, settings.get("queue"), settings.get("priority_class"),
+                          settings.get("service_account"))
             self.placement = manifest.PodPlacement(
                 namespace=self.namespace, service_account=settings.get("service_account"),
                 node_selector=settings.get("node_selector") or {}, tolerations=settings.get("tolerations") or [],

@@ -83,8 +83,10 @@ def _message(exc: Exception) -> str:
         return str(getattr(exc, "reason", exc))
 
 
-def check(api, namespace: str, queue: str | None) -> None:
-    """What the API can tell before the job is created: the MPIJob resource, the namespace, the queue."""
+def check(api, namespace: str, queue: str | None, priority_class: str | None = None,
+          service_account: str | None = None) -> None:
+    """What the API can tell before the job is created: the MPIJob resource, the namespace, the queue, the
+    pods' PriorityClass and service account (which the operator could not make pods with)."""
     k8s = kubernetes()
     api_exception = k8s.client.exceptions.ApiException
     try:
@@ -102,6 +104,24 @@ def check(api, namespace: str, queue: str | None) -> None:
                                        f"(kubectl get namespaces lists them), or create it") from None
         if exc.status != 403:  # (many users may not read namespaces, only use their own)
             raise refusal(exc, "get", "namespaces", namespace) from None
+    if service_account:
+        try:
+            k8s.client.CoreV1Api(api).read_namespaced_service_account(service_account, namespace)
+        except api_exception as exc:
+            if exc.status == 404:
+                raise KubernetesSetupError(f"there is no service account {service_account} in namespace {namespace} "
+                                           f"(kubectl get serviceaccounts -n {namespace} lists them)") from None
+            if exc.status != 403:
+                raise refusal(exc, "get", "serviceaccounts", namespace) from None
+    if priority_class:
+        try:
+            k8s.client.SchedulingV1Api(api).read_priority_class(priority_class)
+        except api_exception as exc:
+            if exc.status == 404:
+                raise KubernetesSetupError(f"the cluster has no PriorityClass {priority_class} (kubectl get "
+                                           "priorityclasses lists them)") from None
+            if exc.status != 403:
+                raise refusal(exc, "get", "priorityclasses.scheduling.k8s.io", namespace) from None
     if queue:
         if KUEUE not in groups:
             raise KubernetesSetupError(f"--queue {queue} names a Kueue queue, but the cluster has no Kueue "

@@ -172,6 +172,19 @@ def test_a_cluster_without_the_mpi_operator_or_the_namespace_or_the_queue_is_nam
     assert store.listed(PLURAL, None)[0] == [], "nothing was created"
 
 
+def test_a_priority_class_or_service_account_the_cluster_lacks_is_named_before_anything_is_made(ip, api_server):
+    store = api_server()
+    assert _refused(ip, "--priority-class urgent") == ("the cluster has no PriorityClass urgent (kubectl get "
+                                                       "priorityclasses lists them)")
+    assert _refused(ip, "--service-account trainer") == ("there is no service account trainer in namespace default "
+                                                         "(kubectl get serviceaccounts -n default lists them)")
+    store.create("priorityclasses", "", {"metadata": {"name": "urgent"}, "value": 1000})
+    store.create("serviceaccounts", "default", {"metadata": {"name": "trainer"}})
+    ip.run_cell_magic("mpirun_remote", "--backend kubernetes -i 2 -g 1 --priority-class urgent --service-account "
+                                       "trainer --dry-run", "x = 1")  # (taken: the job would be made)
+    assert store.listed(PLURAL, None)[0] == []
+
+
 def test_a_verb_the_cluster_forbids_is_named_with_its_resource_and_namespace(ip, api_server):
     store = api_server(forbidden=(("create", "mpijobs", "default"),))
     assert _refused(ip, "") == (
