@@ -84,6 +84,7 @@ class Store:
         self._changed = threading.Condition()
         self.logs: dict[tuple[str, str], list[str]] = {}  # (namespace, pod): its lines, for the log endpoint
         self._logged = threading.Condition()  # notified as lines come, and as a pod ends
+        self.log_follow_limit: float | None = None  # seconds after which a followed log is ended (as a proxy cuts it)
         for name in namespaces:  # (each with its default service account, as the cluster makes it)
             self.create("namespaces", "", {"metadata": {"name": name}})
             self.create("serviceaccounts", name, {"metadata": {"name": "default"}})
@@ -532,6 +533,7 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
 
             def lines() -> Iterator[bytes]:
                 sent = 0
+                cut_at = time.monotonic() + store.log_follow_limit if store.log_follow_limit else None
                 while True:
                     try:  # (looked at before the lines: a pod that has ended wrote its last line before)
                         phase = store.get("pods", namespace, name).get("status", {}).get("phase")
@@ -543,6 +545,8 @@ def make_server(store: Store, token: str, host: str = "127.0.0.1", port: int = 0
                         yield line.encode() + b"\n"
                     if not follow or phase in ("Succeeded", "Failed", "gone"):
                         return
+                    if cut_at is not None and time.monotonic() > cut_at:
+                        return  # (the pod runs on: a follower has to ask again)
                     store.wait_for_log(namespace, name, sent, 1.0)
 
             self._stream(lines(), "text/plain")
@@ -579,10 +583,12 @@ class KubernetesEmulator:
     """The API server in a process of its own (``start``/``stop``), its kubeconfig in ``root``; with
     ``nodes``, that many nodes (test hosts, root needed) of ``gpus`` GPUs each run its pods."""
 
-    def __init__(self, root: str, nodes: int = 0, gpus: int = 0, mpijob_schema: str | None = None):
+    def __init__(self, root: str, nodes: int = 0, gpus: int = 0, mpijob_schema: str | None = None,
+                 log_follow_limit: float | None = None):
         self.root = root
         self.kubeconfig = os.path.join(root, "kubeconfig")
         self.nodes, self.gpus, self.mpijob_schema = nodes, gpus, mpijob_schema
+        self.log_follow_limit = log_follow_limit
         self._server = None
 
     @property
@@ -592,7 +598,7 @@ class KubernetesEmulator:
 
     def start(self) -> KubernetesEmulator:
         self._server = _started(self.root, ends_with_parent=True, nodes=self.nodes, gpus=self.gpus,
-                                schema=self.mpijob_schema)
+                                schema=self.mpijob_schema, log_follow_limit=self.log_follow_limit)
         if self._server is None:
             raise RuntimeError(f"the Kubernetes emulator did not start (see {self.root}/server.log)")
         return self
@@ -618,7 +624,8 @@ def environ(root: str) -> dict[str, str]:
     return found
 
 
-def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, schema: str | None = None):
+def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, schema: str | None = None,
+             log_follow_limit: float | None = None):
     """The server's process, once it said it serves (None where it did not); what it says after that
     goes to ``server.log`` in ``root``, so that whoever started it need not read on."""
     import subprocess
@@ -626,7 +633,8 @@ def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, s
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "server.log"), "ab") as log:
         server = servers.start([sys.executable, "-m", MODULE, "serve", "--root", root, "--nodes", str(nodes),
-                                "--gpus", str(gpus), *(["--mpijob-schema", schema] if schema else [])],
+                                "--gpus", str(gpus), *(["--mpijob-schema", schema] if schema else []),
+                                *(["--log-follow-limit", repr(log_follow_limit)] if log_follow_limit else [])],
                                ends_with_parent=ends_with_parent, stdout=subprocess.PIPE, stderr=log, text=True)
     assert server.stdout is not None
     if server.stdout.readline().strip() == "ready":
@@ -636,7 +644,7 @@ def _started(root: str, ends_with_parent: bool, nodes: int = 0, gpus: int = 0, s
     return None
 
 
-def _serve(root: str, nodes: int, gpus: int, schema_file: str | None) -> int:
+def _serve(root: str, nodes: int, gpus: int, schema_file: str | None, log_follow_limit: float | None = None) -> int:
     import signal
 
     token = secrets.token_hex(16)
@@ -645,6 +653,7 @@ def _serve(root: str, nodes: int, gpus: int, schema_file: str | None) -> int:
         with open(schema_file, encoding="utf-8") as f:
             schema = json.load(f)["openAPIV3Schema"]
     store = Store(mpijob_schema=schema)
+    store.log_follow_limit = log_follow_limit
     server = make_server(store, token)
     if nodes:
         from .kubernetes_nodes import Nodes
@@ -676,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=0,
                         help="nodes (test hosts, as root) that run the pods; with none they stay Pending")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs (nvidia.com/gpu) each node has")
+    parser.add_argument("--log-follow-limit", type=float, metavar="SECONDS",
+                        help="end every followed log after this long, as a proxy's timeout does")
     parser.add_argument("--mpijob-schema", metavar="JSON",
                         help="a file whose openAPIV3Schema (the MPIJob CRD's) every MPIJob created must pass, "
                              "fields it does not name refused (jsonschema needed)")
@@ -683,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="its folder: the kubeconfig and the server's pid (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.action == "serve":
-        return _serve(args.root, args.nodes, args.gpus, args.mpijob_schema)
+        return _serve(args.root, args.nodes, args.gpus, args.mpijob_schema, args.log_follow_limit)
     if args.action == "stop":
         import signal
 
@@ -698,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         psutil.wait_procs([server], timeout=STOP_LIMIT)  # (its nodes go down first)
         return 0
-    if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus, schema=args.mpijob_schema) is None:
+    if _started(args.root, ends_with_parent=False, nodes=args.nodes, gpus=args.gpus, schema=args.mpijob_schema,
+                log_follow_limit=args.log_follow_limit) is None:
         print(f"kubernetes_emulator: it did not start (see {args.root}/server.log)", file=sys.stderr)
         return 1
     for name, value in environ(args.root).items():

@@ -363,26 +363,52 @@ class KubernetesJob:
 
     def _read_log(self, pod: str) -> None:
         """The launcher's log, followed to its end: its first line names the image's mpirun (whose tags the
-        ranks' lines carry), the rest are the ranks' and mpirun's."""
-        stream = None
+        ranks' lines carry), the rest are the ranks' and mpirun's. A stream that ends while the launcher
+        runs (a connection cut by a proxy, a server's limit) is opened again, the lines read already skipped."""
+        read = 0  # whole lines delivered
+        tries = 0
+        while True:
+            stream = None
+            try:
+                stream = self._core.read_namespaced_pod_log(pod, self.namespace, follow=True, _preload_content=False)
+                skip, pending = read, b""
+                for chunk in stream.stream(amt=1 << 16):
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    skipped = min(skip, len(lines))
+                    skip -= skipped
+                    fresh = lines[skipped:]
+                    read += len(fresh)
+                    self._deliver([line.decode("utf-8", errors="replace") for line in fresh])
+                if not self._launcher_runs(pod):
+                    if pending and not skip:
+                        self._deliver([pending.decode("utf-8", errors="replace")])
+                    break
+            except self._api_exception as exc:
+                if exc.status in (401, 403) or not self._launcher_runs(pod) or tries >= WATCH_RETRIES:
+                    self._log_failed = str(cluster.refusal(exc, "get", "pods/log", self.namespace)) if exc.status in (
+                        401, 403) else f"{exc.status} {exc.reason}"
+                    break
+            except Exception as exc:  # noqa: BLE001 - the connection broke, or the pod went (deleted)
+                if not self._launcher_runs(pod) or tries >= WATCH_RETRIES:
+                    self._log_failed = f"{type(exc).__name__}: {exc}"  # (what was read stands)
+                    break
+            finally:
+                if stream is not None:
+                    stream.release_conn()
+            tries += 1
+            if self._stopping.wait(0.1 * tries):
+                break
+        self._log_done.set()
+
+    def _launcher_runs(self, pod: str) -> bool:
+        """Whether the launcher's container still runs, as the API says now (its log may have more to come)."""
+        if self._stopping.is_set():
+            return False
         try:
-            stream = self._core.read_namespaced_pod_log(pod, self.namespace, follow=True, _preload_content=False)
-            pending = b""
-            for chunk in stream.stream(amt=1 << 16):
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                self._deliver([line.decode("utf-8", errors="replace") for line in lines])
-            if pending:
-                self._deliver([pending.decode("utf-8", errors="replace")])
-        except self._api_exception as exc:
-            self._log_failed = str(cluster.refusal(exc, "get", "pods/log", self.namespace)) if exc.status in (
-                401, 403) else f"{exc.status} {exc.reason}"
-        except Exception as exc:  # noqa: BLE001 - the connection broke, or the pod went (deleted): what was read stands
-            self._log_failed = f"{type(exc).__name__}: {exc}"
-        finally:
-            if stream is not None:
-                stream.release_conn()
-            self._log_done.set()
+            return self._core.read_namespaced_pod(pod, self.namespace).status.phase in ("Pending", "Running")
+        except Exception:  # noqa: BLE001 - gone, or the API unreachable: nothing more to read
+            return False
 
     def _deliver(self, lines: list[str]) -> None:
         if lines and not self._announced:

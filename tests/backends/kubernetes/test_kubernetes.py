@@ -369,3 +369,25 @@ def test_a_job_stopped_while_kueue_holds_it_ends_at_once_and_leaves_nothing(k8s,
     finally:
         objects.delete_namespaced_custom_object(*queues, "held")
         api.close()
+
+
+@needs_hosts()
+def test_a_launchers_log_cut_while_it_runs_is_followed_again_and_nothing_is_lost_or_said_twice(ip, tmp_path,
+                                                                                               monkeypatch, capsys):
+    cut = emulator.KubernetesEmulator(str(tmp_path / "k8s"), nodes=3, log_follow_limit=1.0).start()  # (as a proxy)
+    try:
+        for name, value in cut.environ.items():
+            monkeypatch.setenv(name, value)
+        ip.run_line_magic("mpirun_config", "view=text")
+        run(ip, "--backend kubernetes -i 2 -g 1 --gather", textwrap.dedent("""\
+            import time, mpi_magic
+            for step in range(8):
+                print(f"step {step} of rank {mpi_magic.rank()}", flush=True)
+                time.sleep(0.5)
+            done = mpi_magic.rank()
+            """))
+        assert ip.user_ns["done"] == [0, 1], "both ranks' ends came through"
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+        assert said == [f"step {step} of rank 0" for step in range(8)], "rank 0's prints, each once, in order"
+    finally:
+        cut.stop()
