@@ -145,6 +145,7 @@ class KubernetesBackend:
         try:
             objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, job)
         except k8s.client.exceptions.ApiException as exc:
+            self.api.close()  # (nothing follows a job that was not made)
             if exc.status == 409:
                 raise KubernetesSetupError(f"an MPIJob named {job_name} is in namespace {self.namespace} already: "
                                            f"delete it (kubectl delete mpijob {job_name} -n {self.namespace}) or "
