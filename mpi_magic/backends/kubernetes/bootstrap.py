@@ -33,7 +33,7 @@ HOSTFILE = "/etc/mpi/hostfile"  # where the operator mounts it
 ANNOUNCED = "mpi_magic launcher runs "  # the log's first line: then what the image's ``mpirun --version`` says first
 STACKS_REQUEST = "stacks-request"  # in the job folder: written by the notebook to ask every rank for its stack
 SESSION_SECRET = "session-secret"  # in a session's folder: the channel's secret, which the API never carries
-LOOK_EVERY = 0.5  # seconds between looks at it
+REQUEST_LOOK = 0.5  # seconds between looks at the stacks request
 WORKERS_LIMIT = 300.0  # seconds the workers' sshd get to listen (the launcher starts once their pods run)
 # what the ranks get of the pod's environment (mpirun over ssh passes on none of it)
 FORWARDED_PREFIXES = (envvars.PREFIX, "NCCL_", "FI_", "OMP_", "CUDA_", "PYTHON", "LD_LIBRARY_PATH", "PATH")
@@ -129,7 +129,7 @@ def ask_for_stacks(mpirun: subprocess.Popen, request: str) -> None:
 
     seen, fallback_due = written(), None
     while mpirun.poll() is None:
-        time.sleep(LOOK_EVERY)
+        time.sleep(REQUEST_LOOK)
         try:
             if fallback_due is not None and time.monotonic() >= fallback_due:
                 fallback_due = None
