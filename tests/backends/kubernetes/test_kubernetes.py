@@ -391,3 +391,30 @@ def test_a_launchers_log_cut_while_it_runs_is_followed_again_and_nothing_is_lost
         assert said == [f"step {step} of rank 0" for step in range(8)], "rank 0's prints, each once, in order"
     finally:
         cut.stop()
+
+
+@needs_hosts()
+def test_an_exported_kubernetes_job_runs_from_bash_as_an_mpijob_of_the_same_shape(k8s, kubernetes, cache_dir, tmp_path):
+    import pickle
+    import subprocess
+    import sys
+
+    k8s.user_ns["base"] = 10
+    run(k8s, "--backend kubernetes -i 2 -g 1 --gather --out job", textwrap.dedent("""\
+        import mpi_magic
+        from mpi4py import MPI
+        total = base + MPI.COMM_WORLD.allreduce(mpi_magic.rank())
+        print("rank", mpi_magic.rank(), "of instance", mpi_magic.instance())
+        """))
+    folder = tmp_path / "exported"
+    k8s.run_line_magic("mpirun_export", f"--to {folder}")
+    launch = (folder / "launch.txt").read_text()
+    manifest = json.loads(launch[launch.index("{"):])
+    assert manifest["kind"] == "MPIJob" and manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    done = subprocess.run(["bash", str(folder / "run.sh")], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHON": sys.executable, "MPI_MAGIC_CACHE_DIR": cache_dir})
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank 0] rank 0 of instance 0", "[rank 1] rank 1 of instance 1"]
+    with open(folder / "results.pickle", "rb") as f:
+        assert pickle.load(f) == {"total": k8s.user_ns["total"]}
+    assert "(kubernetes, 2 x 1) completed" in done.stderr
