@@ -1,7 +1,8 @@
 """The cluster, as the backend reaches it through the ``kubernetes`` client: the kubeconfig (or, in a
 pod, its service account), and what the API can tell before a job is created, each refusal one
-sentence that says what to do: no cluster to talk to, no MPIJob resource, an unknown namespace or
-Kueue queue, credentials it does not take, a verb it forbids, more GPU workers than its nodes hold."""
+sentence that says what to do: no cluster to talk to, no MPIJob resource, an unknown namespace, Kueue
+queue, PriorityClass or service account, credentials it does not take, a verb it forbids, more GPU
+workers than its nodes hold."""
 
 from __future__ import annotations
 
