@@ -169,9 +169,19 @@ def browser_page(dark: bool = False):
 
 
 def open_notebook(page, server: Server, notebook: str, ui: str = "lab") -> None:
-    """Open ``notebook`` in JupyterLab (``lab``) or Notebook 7 (``notebook``) and wait for its kernel."""
-    page.goto(server.url(f"lab/tree/{notebook}" if ui == "lab" else f"notebooks/{notebook}"),
-              timeout=90_000)  # (JupyterLab's page loads in seconds, but a loaded machine may take ten times that)
+    """Open ``notebook`` in JupyterLab (``lab``) or Notebook 7 (``notebook``) and wait for its theme and its
+    kernel. A page whose theme's stylesheet did not come (a request lost on a loaded machine: the page is
+    then drawn without its styles, and no colour is the theme's) is loaded again, once."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    url = server.url(f"lab/tree/{notebook}" if ui == "lab" else f"notebooks/{notebook}")
+    page.goto(url, timeout=90_000)  # (JupyterLab's page loads in seconds, but a loaded machine may take ten times that)
+    themed = "() => !!document.body.dataset.jpThemeName"  # (set by JupyterLab once its theme's stylesheet is in)
+    try:
+        page.wait_for_function(themed, timeout=45_000, polling=200)
+    except PlaywrightTimeout:
+        page.reload(timeout=90_000)
+        page.wait_for_function(themed, timeout=45_000, polling=200)
     page.wait_for_function("""() => {
         const accept = document.querySelector('.jp-Dialog .jp-mod-accept');  // "select kernel", if asked
         if (accept) accept.click();
