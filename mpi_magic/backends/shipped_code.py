@@ -4,6 +4,7 @@ versions cannot drift from the notebook's: as an archive, or as a folder on a vo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import io
@@ -41,11 +42,17 @@ def archive() -> bytes:
 
 def folder_in(parent: str) -> str:
     """The folder under ``parent`` that holds (or would hold) a copy of the packages, named by their contents."""
+    return os.path.join(parent, _digest())
+
+
+@functools.cache
+def _digest() -> str:
+    """The packages' contents, hashed once a process (not at every cell: they do not change under a kernel)."""
     digest = hashlib.sha256()
     for path, name in _sources():
         with open(path, "rb") as f:
             digest.update(name.encode() + b"\0" + f.read())
-    return os.path.join(parent, digest.hexdigest()[:16])
+    return digest.hexdigest()[:16]
 
 
 def copied_into(parent: str) -> str:

@@ -210,10 +210,12 @@ class Nodes:
         except OSError as exc:
             return self._ended(pod, node, 128, "StartError", str(exc))
         with self._lock:
-            if (namespace, name) not in self._bound:  # deleted meanwhile
-                self._stop_process(process)
-                return
-            self._running[(namespace, name)] = process
+            deleted = (namespace, name) not in self._bound  # (meanwhile)
+            if not deleted:
+                self._running[(namespace, name)] = process
+        if deleted:  # (stopped without the lock: that takes seconds)
+            self._stop_process(process)
+            return
         self._event(pod, "Normal", "Created", f"Created container {container['name']}", "kubelet", node)
         started = _now()
         self._update_pod(namespace, name, lambda p: p["status"].update(

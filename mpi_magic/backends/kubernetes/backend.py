@@ -93,9 +93,10 @@ class KubernetesBackend:
     def _gpus_per_worker(self, options: LaunchOptions) -> int:
         """GPUs each worker asks for: one per rank where the nodes have GPUs (none where none has, or
         where they cannot be listed); a job whose workers more nodes would have to hold than there are is refused."""
-        room = cluster.gpu_room(self.api, self.placement.node_selector, options.procs_per_instance)
-        if room is None or room == 0 and cluster.gpu_room(self.api, self.placement.node_selector, 1) == 0:
-            return 0  # no node has a GPU: the ranks run on the CPUs
+        gpus = cluster.node_gpus(self.api, self.placement.node_selector)  # (one list of the nodes)
+        if not gpus or not any(gpus):
+            return 0  # no node has a GPU (or none can be listed): the ranks run on the CPUs
+        room = sum(count // options.procs_per_instance for count in gpus)
         if room < options.instances:
             raise KubernetesSetupError(
                 f"the job's {options.instances} workers of {options.procs_per_instance} GPUs each do not fit the "

@@ -138,13 +138,13 @@ def check(api, namespace: str, queue: str | None, priority_class: str | None = N
                 raise refusal(exc, "get", f"localqueues.{KUEUE}", namespace) from None
 
 
-def gpu_room(api, node_selector: dict[str, str], gpus: int) -> int | None:
-    """How many workers of ``gpus`` GPUs the nodes that match ``node_selector`` hold at most (by what
-    each node has, not what runs there); None where the nodes cannot be listed (a user may not)."""
+def node_gpus(api, node_selector: dict[str, str]) -> list[int] | None:
+    """The GPUs each node that matches ``node_selector`` has (by what it has, not what runs there); None
+    where the nodes cannot be listed (a user may not)."""
     k8s = kubernetes()
     selector = ",".join(f"{key}={value}" for key, value in node_selector.items())
     try:
         nodes = k8s.client.CoreV1Api(api).list_node(label_selector=selector).items
     except Exception:  # noqa: BLE001 - forbidden, or unreachable: the scheduler will say
         return None
-    return sum(int((node.status.allocatable or {}).get(GPU_RESOURCE, 0)) // gpus for node in nodes)
+    return [int((node.status.allocatable or {}).get(GPU_RESOURCE, 0)) for node in nodes]
